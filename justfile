@@ -1,0 +1,26 @@
+# loomem tasks. Cargo's target directory lives outside the checkout so that
+# fresh clones (CI) build incrementally.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+export CARGO_TARGET_DIR := env_var_or_default("CARGO_TARGET_DIR", env_var("HOME") / ".cache/loomem/target")
+
+# List the recipes.
+default:
+    @just --list
+
+# Install what a bare Debian machine lacks (protoc, nats-server, just).
+setup:
+    bash scripts/setup.sh
+
+# Set up, build, and run the daemon on the default config.toml (port 3030, data in ./data).
+run: setup
+    cargo run --bin loomem -- serve --config config.toml
+
+# Run every test: unit, router and integration (real daemon, real Lance tables).
+test:
+    cargo test --locked
+
+# Run the criterion benchmarks.
+bench:
+    cargo bench --locked

@@ -1,0 +1,131 @@
+//! Engine-wide information: status, the caller's identity, namespaces.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::auth::{Caller, Role};
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::pipeline::StageStatsSnapshot;
+use crate::store::sql_str;
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub status: &'static str,
+    pub uptime_secs: u64,
+    pub config_summary: ConfigSummary,
+    pub chunks: usize,
+    pub bus: &'static str,
+    pub embedder: EmbedderStatus,
+    /// Cumulative per-stage counts and timings, by pipeline.
+    pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
+}
+
+/// The reference's summary keys; `rocksdb_keys` and `tantivy_docs` count the
+/// chunks and the full-text-searchable chunks (every chunk: unindexed rows are
+/// scored flat until the index is refreshed).
+#[derive(Debug, Serialize)]
+pub struct ConfigSummary {
+    pub vector_enabled: bool,
+    pub tantivy_enabled: bool,
+    pub scheduler_enabled: bool,
+    pub rocksdb_keys: usize,
+    pub tantivy_docs: usize,
+    pub embeddings_count: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EmbedderStatus {
+    pub model: String,
+    pub dim: usize,
+}
+
+/// The filter that limits a count to the streams the caller may see.
+fn visible(caller: &Caller) -> Option<String> {
+    caller.streams.as_ref().map(|s| {
+        let list: Vec<String> = s.iter().map(|x| sql_str(x)).collect();
+        format!("stream IN ({})", list.join(", "))
+    })
+}
+
+fn and(a: &Option<String>, b: &str) -> String {
+    match a {
+        Some(a) => format!("({a}) AND {b}"),
+        None => b.to_string(),
+    }
+}
+
+pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
+    let scope = visible(caller);
+    let chunks = engine.store.count(scope.clone()).await?;
+    let embedded = engine
+        .store
+        .count(Some(and(&scope, "embedding IS NOT NULL")))
+        .await?;
+    Ok(Status {
+        status: "ok",
+        uptime_secs: engine.uptime().as_secs(),
+        config_summary: ConfigSummary {
+            vector_enabled: engine.cfg.search.vector_weight > 0.0,
+            tantivy_enabled: engine.cfg.search.bm25_weight > 0.0,
+            scheduler_enabled: engine.cfg.scheduler.enabled,
+            rocksdb_keys: chunks,
+            tantivy_docs: chunks,
+            embeddings_count: embedded,
+        },
+        chunks,
+        bus: engine.bus.kind(),
+        embedder: EmbedderStatus {
+            model: engine.embedder.model().to_string(),
+            dim: engine.embedder.dim(),
+        },
+        pipelines: engine
+            .pipelines
+            .all()
+            .map(|p| (p.name.clone(), p.stats()))
+            .collect(),
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct WhoAmI {
+    pub name: String,
+    pub role: Role,
+    pub active_stream: String,
+    /// `["*"]` for a key that sees every stream.
+    pub accessible_streams: Vec<String>,
+    pub auth_mode: &'static str,
+}
+
+pub fn whoami(engine: &Engine, caller: &Caller) -> WhoAmI {
+    WhoAmI {
+        name: caller.name.clone(),
+        role: caller.role,
+        active_stream: caller.default_stream().to_string(),
+        accessible_streams: caller.streams.clone().unwrap_or_else(|| vec!["*".into()]),
+        auth_mode: if engine.auth.passthrough() {
+            "passthrough"
+        } else {
+            "token"
+        },
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Namespaces {
+    pub namespaces: BTreeMap<String, String>,
+}
+
+/// The configured namespace labels whose streams the caller may see.
+pub fn namespaces(engine: &Engine, caller: &Caller) -> Namespaces {
+    Namespaces {
+        namespaces: engine
+            .cfg
+            .namespaces
+            .iter()
+            .filter(|(_, stream)| caller.can_see(stream))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}

@@ -1,0 +1,88 @@
+//! Request extractors: the JSON body (any content type, errors naming the field)
+//! and the authenticated caller.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::de::DeserializeOwned;
+
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::error::Error;
+
+/// A JSON body. Malformed JSON is a 400; a body of the wrong shape is a 422
+/// whose detail names the offending field.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Error::TooLarge("request body is too large".into())
+            } else {
+                Error::BadRequest(format!("cannot read request body: {r}"))
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        bytes
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let field = if path == "." {
+                    "body".to_string()
+                } else {
+                    path
+                };
+                Error::invalid(&field, inner.to_string())
+            }
+            _ => Error::BadRequest(format!("malformed JSON: {inner}")),
+        }
+    })
+}
+
+/// Authenticate every request that reaches the protected routes, and hand the
+/// caller to the handler through the request's extensions.
+pub async fn require_auth(
+    State(engine): State<Arc<Engine>>,
+    mut req: Request,
+    next: Next,
+) -> Result<Response, Error> {
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let caller = engine.auth.authenticate(header)?;
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+/// The caller `require_auth` resolved.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or(Error::Unauthorized)
+    }
+}

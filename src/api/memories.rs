@@ -1,0 +1,65 @@
+//! Writing and deleting memories.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+
+use super::ApiJson;
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::memory::{self, PurgeRequest, PurgeResponse, StoreRequest, StoreResponse};
+
+pub async fn store(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<StoreRequest>,
+) -> Result<Json<StoreResponse>> {
+    Ok(Json(memory::store(&engine, &caller, req).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteRequest {
+    id: String,
+}
+
+pub async fn delete(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<DeleteRequest>,
+) -> Result<Json<serde_json::Value>> {
+    memory::delete(&engine, &caller, &req.id, None).await?;
+    Ok(Json(
+        serde_json::json!({ "status": "deleted", "id": req.id }),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct NsQuery {
+    ns: Option<String>,
+}
+
+pub async fn delete_rest(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<NsQuery>,
+) -> Result<Json<serde_json::Value>> {
+    let stream = match q.ns.as_deref() {
+        Some(ns) => Some(caller.resolve_stream(Some(ns), &engine.cfg.namespaces)?),
+        None => None,
+    };
+    memory::delete(&engine, &caller, &id, stream.as_deref()).await?;
+    Ok(Json(serde_json::json!({ "deleted": true, "id": id })))
+}
+
+pub async fn purge(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<PurgeRequest>,
+) -> Result<Json<PurgeResponse>> {
+    Ok(Json(memory::purge(&engine, &caller, req).await?))
+}

@@ -1,0 +1,70 @@
+//! The REST API: `router(engine)` builds every route. Handlers are thin: parse,
+//! call one service function, shape the answer.
+
+mod error;
+mod extract;
+mod memories;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::{delete, get, post};
+use axum::{middleware, Json, Router};
+
+use crate::admin;
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::search::{self, SearchRequest, SearchResponse};
+
+pub use extract::{parse_json, ApiJson};
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    let protected = Router::new()
+        .route("/v1/store", post(memories::store))
+        .route("/v1/delete", post(memories::delete))
+        .route("/api/memories/{id}", delete(memories::delete_rest))
+        .route("/v1/purge-namespace", post(memories::purge))
+        .route("/v1/search", post(search_handler))
+        .route("/v1/status", get(status))
+        .route("/v1/namespaces", get(namespaces))
+        .route("/v1/whoami", get(whoami))
+        .route_layer(middleware::from_fn_with_state(
+            engine.clone(),
+            extract::require_auth,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(engine.cfg.server.max_body_bytes))
+        .with_state(engine)
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn not_found(uri: axum::http::Uri) -> Error {
+    Error::NotFound(format!("no route for {}", uri.path()))
+}
+
+async fn search_handler(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<SearchRequest>,
+) -> Result<Json<SearchResponse>> {
+    Ok(Json(search::search(&engine, &caller, req).await?))
+}
+
+async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<admin::Status>> {
+    Ok(Json(admin::status(&engine, &caller).await?))
+}
+
+async fn namespaces(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<admin::Namespaces> {
+    Json(admin::namespaces(&engine, &caller))
+}
+
+async fn whoami(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<admin::WhoAmI> {
+    Json(admin::whoami(&engine, &caller))
+}

@@ -1,0 +1,425 @@
+//! Typed daemon configuration: parse `config.toml`, apply `LOOMEM_<SECTION>__<KEY>`
+//! environment overrides, then validate. Loading is a pure function of the file text
+//! and an environment map, so tests call it directly.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The prefix every override variable starts with; sections and keys are joined by `__`.
+pub const ENV_PREFIX: &str = "LOOMEM_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config is not valid TOML: {0}")]
+    Syntax(String),
+    #[error("environment override {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub storage: StorageConfig,
+    pub bus: BusConfig,
+    pub pipeline: PipelineConfig,
+    pub embed: EmbedConfig,
+    #[serde(default)]
+    pub llm: LlmConfig,
+    pub search: SearchConfig,
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// Human-readable labels mapped to stream ids (`personal = "100"`).
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, String>,
+    /// The directory the config file was read from; relative paths resolve against it.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Name of the environment variable holding the admin API key.
+    pub auth_token_env: String,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long `/v1/store` waits for the pipeline to commit before answering 504.
+    pub store_timeout_ms: u64,
+    /// Tokens limited to some streams, each read from its own environment variable.
+    #[serde(default)]
+    pub tokens: Vec<ScopedToken>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopedToken {
+    /// A label for logs and `/v1/whoami`.
+    pub name: String,
+    /// The environment variable that holds the token.
+    pub token_env: String,
+    /// The streams this token may read and write; the first is its default stream.
+    pub streams: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    pub data_dir: PathBuf,
+    /// Most rows the writer folds into one Lance commit.
+    pub write_batch_max_rows: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusKind {
+    Embedded,
+    Jetstream,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusConfig {
+    pub kind: BusKind,
+    pub nats_url: String,
+    /// Most messages the worker pulls into one pipeline batch.
+    pub batch_size: usize,
+    /// How long the worker waits to fill a batch, in milliseconds.
+    pub batch_wait_ms: u64,
+    /// Deliveries of one message before it goes to `dead_letters`.
+    pub max_deliver: u32,
+    /// Capacity of the in-process queue (`embedded` bus).
+    pub queue_capacity: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Directory of pipeline definitions (`store.toml`, …), relative to the config file.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbedProvider {
+    Hash,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedConfig {
+    pub provider: EmbedProvider,
+    /// Vector dimension; fixed for the life of a data directory.
+    pub dim: usize,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// Base URL of an OpenAI-compatible endpoint; empty = no LLM.
+    #[serde(default)]
+    pub base_url: String,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub api_key_env: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Reciprocal-rank-fusion constant k.
+    pub rrf_k: f32,
+    pub bm25_weight: f32,
+    pub vector_weight: f32,
+    /// Candidates each leg returns before fusion.
+    pub candidates: usize,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+impl Config {
+    /// Read `path`, apply overrides from `env`, validate.
+    pub fn load(path: &Path, env: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Self::parse(&text, env, base)
+    }
+
+    /// Parse TOML text with overrides from `env`; relative paths resolve against `base_dir`.
+    pub fn parse(
+        text: &str,
+        env: &HashMap<String, String>,
+        base_dir: PathBuf,
+    ) -> Result<Config, ConfigError> {
+        let mut root: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax(e.to_string()))?;
+        apply_env_overrides(&mut root, env)?;
+        let mut cfg: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+                let key = e.path().to_string();
+                invalid(&key, e.into_inner().to_string())
+            })?;
+        cfg.base_dir = base_dir;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.host.trim().is_empty() {
+            return Err(invalid("server.host", "must not be empty"));
+        }
+        if self.server.auth_token_env.trim().is_empty() {
+            return Err(invalid("server.auth_token_env", "must name a variable"));
+        }
+        if self.server.max_body_bytes < 1024 {
+            return Err(invalid("server.max_body_bytes", "must be at least 1024"));
+        }
+        for (i, t) in self.server.tokens.iter().enumerate() {
+            if t.streams.is_empty() {
+                return Err(invalid(
+                    &format!("server.tokens[{i}].streams"),
+                    "must list at least one stream",
+                ));
+            }
+        }
+        if self.storage.data_dir.as_os_str().is_empty() {
+            return Err(invalid("storage.data_dir", "must not be empty"));
+        }
+        if self.storage.write_batch_max_rows == 0 {
+            return Err(invalid("storage.write_batch_max_rows", "must be > 0"));
+        }
+        if self.bus.batch_size == 0 {
+            return Err(invalid("bus.batch_size", "must be > 0"));
+        }
+        if self.bus.max_deliver == 0 {
+            return Err(invalid("bus.max_deliver", "must be > 0"));
+        }
+        if self.bus.queue_capacity == 0 {
+            return Err(invalid("bus.queue_capacity", "must be > 0"));
+        }
+        if self.bus.kind == BusKind::Jetstream && !self.bus.nats_url.starts_with("nats://") {
+            return Err(invalid("bus.nats_url", "must start with nats://"));
+        }
+        if !(8..=4096).contains(&self.embed.dim) {
+            return Err(invalid("embed.dim", "must be between 8 and 4096"));
+        }
+        if self.search.rrf_k <= 0.0 || !self.search.rrf_k.is_finite() {
+            return Err(invalid("search.rrf_k", "must be a positive number"));
+        }
+        for (key, w) in [
+            ("search.bm25_weight", self.search.bm25_weight),
+            ("search.vector_weight", self.search.vector_weight),
+        ] {
+            if w < 0.0 || !w.is_finite() {
+                return Err(invalid(key, "must be >= 0"));
+            }
+        }
+        if self.search.candidates == 0 {
+            return Err(invalid("search.candidates", "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// `path` resolved against the config file's directory when relative.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.resolve(&self.storage.data_dir)
+    }
+
+    pub fn pipelines_dir(&self) -> PathBuf {
+        self.resolve(&self.pipeline.dir)
+    }
+}
+
+/// Apply every `LOOMEM_<SECTION>__<KEY>=value` variable to the parsed table. The
+/// value takes the type of the key it replaces; a new key is read as a TOML
+/// literal when it is one, else as a string.
+fn apply_env_overrides(
+    root: &mut toml::Table,
+    env: &HashMap<String, String>,
+) -> Result<(), ConfigError> {
+    let mut vars: Vec<_> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__"))
+        .collect();
+    vars.sort();
+    for (var, raw) in vars {
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(ConfigError::Env {
+                var: var.clone(),
+                message: "empty section or key name".into(),
+            });
+        }
+        let (leaf, sections) = path.split_last().expect("split yields a part");
+        let mut table = &mut *root;
+        for section in sections {
+            let entry = table
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            table = entry.as_table_mut().ok_or_else(|| ConfigError::Env {
+                var: var.clone(),
+                message: format!("`{section}` is not a section"),
+            })?;
+        }
+        let value = typed_override(table.get(leaf), raw).map_err(|message| ConfigError::Env {
+            var: var.clone(),
+            message,
+        })?;
+        table.insert(leaf.clone(), value);
+    }
+    Ok(())
+}
+
+fn typed_override(existing: Option<&toml::Value>, raw: &str) -> Result<toml::Value, String> {
+    use toml::Value;
+    match existing {
+        Some(Value::String(_)) => Ok(Value::String(raw.to_string())),
+        Some(Value::Integer(_)) => raw
+            .trim()
+            .parse::<i64>()
+            .map(Value::Integer)
+            .map_err(|_| format!("expected an integer, got {raw:?}")),
+        Some(Value::Float(_)) => raw
+            .trim()
+            .parse::<f64>()
+            .map(Value::Float)
+            .map_err(|_| format!("expected a number, got {raw:?}")),
+        Some(Value::Boolean(_)) => match raw.trim() {
+            "true" | "1" => Ok(Value::Boolean(true)),
+            "false" | "0" => Ok(Value::Boolean(false)),
+            _ => Err(format!("expected true or false, got {raw:?}")),
+        },
+        Some(Value::Array(_)) | Some(Value::Table(_)) | None => {
+            match format!("v = {raw}").parse::<toml::Table>() {
+                Ok(mut t) => Ok(t.remove("v").expect("parsed key")),
+                Err(_) if matches!(existing, None) => Ok(Value::String(raw.to_string())),
+                Err(e) => Err(format!("expected a TOML value: {e}")),
+            }
+        }
+        Some(Value::Datetime(_)) => Err("datetime keys cannot be overridden".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> String {
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config.toml")).unwrap()
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn shipped_config_parses_with_documented_defaults() {
+        let cfg = Config::parse(&shipped(), &HashMap::new(), PathBuf::from(".")).unwrap();
+        assert_eq!(cfg.server.port, 3030);
+        assert_eq!(cfg.server.auth_token_env, "LOOMEM_AUTH_TOKEN");
+        assert_eq!(cfg.storage.data_dir, PathBuf::from("./data"));
+        assert_eq!(cfg.embed.dim, 384);
+    }
+
+    #[test]
+    fn env_overrides_take_the_type_of_the_key() {
+        let cfg = Config::parse(
+            &shipped(),
+            &env(&[
+                ("LOOMEM_SERVER__PORT", "8080"),
+                ("LOOMEM_STORAGE__DATA_DIR", "/var/lib/loomem"),
+                ("LOOMEM_BUS__KIND", "embedded"),
+                ("LOOMEM_EMBED__PROVIDER", "hash"),
+                ("LOOMEM_NAMESPACES__WORK", "110"),
+                ("LOOMEM_AUTH_TOKEN", "not-a-key-path"),
+            ]),
+            PathBuf::from("."),
+        )
+        .unwrap();
+        assert_eq!(cfg.server.port, 8080);
+        assert_eq!(cfg.storage.data_dir, PathBuf::from("/var/lib/loomem"));
+        assert_eq!(cfg.bus.kind, BusKind::Embedded);
+        assert_eq!(cfg.namespaces.get("work").map(String::as_str), Some("110"));
+    }
+
+    #[test]
+    fn bad_env_value_names_the_variable() {
+        let err = Config::parse(
+            &shipped(),
+            &env(&[("LOOMEM_SERVER__PORT", "eighty")]),
+            PathBuf::from("."),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("LOOMEM_SERVER__PORT"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let cases = [
+            ("LOOMEM_BUS__KIND", "kafka", "bus.kind"),
+            ("LOOMEM_SERVER__PORT", "70000", "server.port"),
+            ("LOOMEM_BUS__BATCH_SIZE", "0", "bus.batch_size"),
+            ("LOOMEM_SEARCH__RRF_K", "-1.0", "search.rrf_k"),
+            ("LOOMEM_SERVER__PROT", "1", "server"),
+        ];
+        for (var, value, key) in cases {
+            let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{var}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_config_dir() {
+        let cfg = Config::parse(&shipped(), &HashMap::new(), PathBuf::from("/etc/loomem")).unwrap();
+        assert_eq!(cfg.data_dir(), PathBuf::from("/etc/loomem/./data"));
+        assert_eq!(cfg.pipelines_dir(), PathBuf::from("/etc/loomem/pipelines"));
+    }
+}

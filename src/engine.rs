@@ -1,0 +1,121 @@
+//! The running engine: storage, embedder, bus, pipelines and the worker, wired
+//! together once. REST, MCP and the CLI all call into it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::auth::Auth;
+use crate::bus::{Bus, Consumer, EmbeddedBus};
+use crate::config::{BusKind, Config};
+use crate::embed::{self, Embedder};
+use crate::ingest::{run_worker, Waiters, WorkerConfig};
+use crate::pipeline::{BuildContext, Pipelines};
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("embedder: {0}")]
+    Embed(#[from] crate::embed::EmbedError),
+    #[error("{0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
+    #[error("bus: {0}")]
+    Bus(String),
+}
+
+pub struct Engine {
+    pub cfg: Config,
+    pub store: Arc<Store>,
+    pub embedder: Arc<dyn Embedder>,
+    pub bus: Bus,
+    pub waiters: Arc<Waiters>,
+    pub pipelines: Arc<Pipelines>,
+    pub auth: Auth,
+    started: Instant,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Engine {
+    /// Open the store, build the pipelines and start the pipeline worker.
+    pub async fn start(
+        cfg: Config,
+        env: &HashMap<String, String>,
+    ) -> Result<Arc<Engine>, StartError> {
+        let embedder = embed::from_config(&cfg.embed)?;
+        let store = Arc::new(
+            Store::open(
+                &cfg.data_dir(),
+                embedder.dim(),
+                cfg.storage.write_batch_max_rows,
+            )
+            .await?,
+        );
+        let ctx = BuildContext {
+            store: store.clone(),
+            embedder: embedder.clone(),
+        };
+        let pipelines = Arc::new(Pipelines::load(&cfg.pipelines_dir(), &["store"], &ctx)?);
+        let (bus, consumer) = match cfg.bus.kind {
+            BusKind::Embedded => {
+                let (bus, consumer) = EmbeddedBus::new(cfg.bus.queue_capacity);
+                (Bus::Embedded(bus), Consumer::Embedded(consumer))
+            }
+            BusKind::Jetstream => {
+                return Err(StartError::Bus(
+                    "bus.kind = \"jetstream\" is not available in this build; use \"embedded\""
+                        .into(),
+                ))
+            }
+        };
+        let waiters = Arc::new(Waiters::default());
+        let worker = tokio::spawn(run_worker(
+            consumer,
+            pipelines.clone(),
+            waiters.clone(),
+            WorkerConfig {
+                batch_size: cfg.bus.batch_size,
+                batch_wait: Duration::from_millis(cfg.bus.batch_wait_ms),
+                max_deliver: cfg.bus.max_deliver,
+            },
+        ));
+        let auth = Auth::from_config(&cfg.server, env);
+        if auth.passthrough() {
+            tracing::warn!(
+                var = %cfg.server.auth_token_env,
+                "no API key configured: local passthrough mode, every request is accepted as admin"
+            );
+        }
+        Ok(Arc::new(Engine {
+            cfg,
+            store,
+            embedder,
+            bus,
+            waiters,
+            pipelines,
+            auth,
+            started: Instant::now(),
+            worker: Mutex::new(Some(worker)),
+        }))
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Stop taking writes, let the worker drain the bus, flush the writer.
+    pub async fn shutdown(&self) {
+        match &self.bus {
+            Bus::Embedded(b) => b.close(),
+        }
+        let worker = self.worker.lock().expect("worker lock").take();
+        if let Some(worker) = worker {
+            let _ = worker.await;
+        }
+        self.store.close().await;
+        tracing::info!("engine stopped; all accepted writes are committed");
+    }
+}

@@ -1,0 +1,19 @@
+//! loomem: a long-term memory engine for AI agents. Writes flow over a bus through
+//! staged pipelines into LanceDB tables; agents recall through hybrid search.
+
+pub mod admin;
+pub mod api;
+pub mod auth;
+pub mod bus;
+pub mod config;
+pub mod embed;
+pub mod engine;
+pub mod error;
+pub mod ingest;
+pub mod memory;
+pub mod model;
+pub mod pipeline;
+pub mod search;
+pub mod server;
+pub mod store;
+pub mod time;

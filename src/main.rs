@@ -1,0 +1,69 @@
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use loomem::config::Config;
+
+#[derive(Parser)]
+#[command(
+    name = "loomem",
+    version,
+    about = "Long-term memory engine for AI agents"
+)]
+struct Cli {
+    /// Path to the configuration file.
+    #[arg(
+        long,
+        global = true,
+        default_value = "config.toml",
+        env = "LOOMEM_CONFIG"
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: REST API, pipeline worker.
+    Serve,
+    /// Parse and validate the configuration and pipelines, then exit.
+    CheckConfig,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("LOOMEM_LOG").unwrap_or_else(|_| {
+            EnvFilter::new("info,lance=warn,lancedb=warn,lance_index=warn,lance_core=warn")
+        }))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let cfg = Config::load(&cli.config, &env)
+        .with_context(|| format!("loading {}", cli.config.display()))?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve => {
+                let addr = format!("{}:{}", cfg.server.host, cfg.server.port);
+                let listener = tokio::net::TcpListener::bind(&addr)
+                    .await
+                    .with_context(|| format!("binding {addr}"))?;
+                loomem::server::serve(cfg, env, listener, loomem::server::shutdown_signal())
+                    .await?;
+            }
+            Command::CheckConfig => {
+                println!(
+                    "config ok: data_dir={} bus={:?}",
+                    cfg.data_dir().display(),
+                    cfg.bus.kind
+                );
+            }
+        }
+        Ok(())
+    })
+}

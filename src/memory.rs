@@ -1,0 +1,291 @@
+//! Writing and removing memories: the service functions behind `/v1/store`,
+//! `/v1/delete`, `DELETE /api/memories/{id}` and `/v1/purge-namespace`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Caller;
+use crate::bus::Envelope;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::ingest::Outcome;
+use crate::model::{now_micros, Chunk};
+use crate::store::sql_str;
+use crate::time::parse_instant;
+
+/// Longest memory accepted, in characters.
+pub const MAX_CONTENT_CHARS: usize = 1_000_000;
+
+/// The body of `POST /v1/store`: the reference fields plus the rest of the record's
+/// writable columns.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreRequest {
+    pub content: String,
+    pub stream: Option<String>,
+    pub level: Option<i32>,
+    pub metadata: Option<serde_json::Value>,
+    pub user_id: Option<String>,
+    pub app_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub session_id: Option<String>,
+    pub title: Option<String>,
+    pub memory_type: Option<String>,
+    pub subject: Option<String>,
+    pub source: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub importance: Option<f32>,
+    pub confidence: Option<f32>,
+    pub pinned: Option<bool>,
+    pub immutable: Option<bool>,
+    pub expires_at: Option<serde_json::Value>,
+    pub valid_from: Option<serde_json::Value>,
+    pub valid_until: Option<serde_json::Value>,
+    /// A caller-chosen id (idempotent re-stores); a fresh UUID otherwise.
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StoreResponse {
+    pub id: String,
+    pub status: &'static str,
+}
+
+fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "id",
+            "must be 1-128 characters of letters, digits, - _ . :",
+        ))
+    }
+}
+
+fn unit_interval(field: &str, v: Option<f32>, default: f32, max: f32) -> Result<f32> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && (0.0..=max).contains(&x) => Ok(x),
+        Some(_) => Err(Error::invalid(
+            field,
+            format!("must be between 0 and {max}"),
+        )),
+    }
+}
+
+/// Validate a store request into the chunk that goes on the bus.
+pub fn chunk_from_request(engine: &Engine, caller: &Caller, req: StoreRequest) -> Result<Chunk> {
+    let chars = req.content.chars().count();
+    if chars > MAX_CONTENT_CHARS {
+        return Err(Error::TooLarge(format!(
+            "content: {chars} characters; at most {MAX_CONTENT_CHARS} are accepted"
+        )));
+    }
+    if req.content.trim().is_empty() {
+        return Err(Error::invalid("content", "must not be empty"));
+    }
+    let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
+    let id = match req.id {
+        Some(id) => {
+            check_id(&id)?;
+            id
+        }
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let level = req.level.unwrap_or(0);
+    if !(0..=1).contains(&level) {
+        return Err(Error::invalid(
+            "level",
+            "must be 0 (raw) or 1 (consolidated)",
+        ));
+    }
+    let metadata = match req.metadata {
+        None | Some(serde_json::Value::Null) => None,
+        Some(m @ serde_json::Value::Object(_)) => Some(m.to_string()),
+        Some(_) => return Err(Error::invalid("metadata", "must be a JSON object")),
+    };
+    let now = now_micros();
+    let mut chunk = Chunk::new(id, stream, req.content, now);
+    chunk.level = level;
+    chunk.metadata = metadata;
+    chunk.user_id = req.user_id;
+    chunk.app_id = req.app_id;
+    chunk.agent_id = req.agent_id;
+    chunk.session_id = req.session_id;
+    chunk.title = req.title;
+    chunk.subject = req.subject.filter(|s| !s.trim().is_empty());
+    chunk.source = req.source;
+    chunk.tags = req.tags;
+    if let Some(t) = req.memory_type {
+        let t = t.trim().to_lowercase();
+        if t.is_empty() || t.len() > 64 {
+            return Err(Error::invalid("memory_type", "must be 1-64 characters"));
+        }
+        chunk.memory_type = t;
+    }
+    chunk.importance = unit_interval("importance", req.importance, 1.0, 10.0)?;
+    chunk.confidence = unit_interval("confidence", req.confidence, 1.0, 1.0)?;
+    chunk.pinned = req.pinned.unwrap_or(false);
+    chunk.immutable = req.immutable.unwrap_or(false);
+    chunk.expires_at = req
+        .expires_at
+        .as_ref()
+        .map(|v| parse_instant("expires_at", v))
+        .transpose()?;
+    chunk.valid_from = req
+        .valid_from
+        .as_ref()
+        .map(|v| parse_instant("valid_from", v))
+        .transpose()?;
+    chunk.valid_until = req
+        .valid_until
+        .as_ref()
+        .map(|v| parse_instant("valid_until", v))
+        .transpose()?;
+    if let (Some(from), Some(until)) = (chunk.valid_from, chunk.valid_until) {
+        if until <= from {
+            return Err(Error::invalid("valid_until", "must be after valid_from"));
+        }
+    }
+    Ok(chunk)
+}
+
+/// Store one memory and wait until the pipeline has committed it.
+pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Result<StoreResponse> {
+    let caller_chose_id = req.id.is_some();
+    let chunk = chunk_from_request(engine, caller, req)?;
+    if caller_chose_id {
+        // An id names one memory in one stream: never let a write move or
+        // overwrite another stream's memory.
+        if let Some(existing) = engine.store.get(&chunk.id).await? {
+            if existing.stream != chunk.stream {
+                return Err(Error::Conflict(format!(
+                    "id `{}` is taken in another stream",
+                    chunk.id
+                )));
+            }
+        }
+    }
+    let id = chunk.id.clone();
+    let waiting = engine.waiters.register(&id);
+    if let Err(e) = engine
+        .bus
+        .publish(vec![Envelope {
+            pipeline: "store".into(),
+            chunk,
+        }])
+        .await
+    {
+        engine.waiters.forget(&id);
+        return Err(e.into());
+    }
+    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
+    match tokio::time::timeout(timeout, waiting).await {
+        Ok(Ok(Outcome::Stored)) => Ok(StoreResponse {
+            id,
+            status: "stored",
+        }),
+        Ok(Ok(Outcome::Duplicate { existing_id })) => Ok(StoreResponse {
+            id: existing_id,
+            status: "stored",
+        }),
+        Ok(Ok(Outcome::Dropped { reason })) => Err(Error::invalid(
+            "content",
+            format!("nothing to store ({reason})"),
+        )),
+        Ok(Ok(Outcome::Failed { error })) => Err(Error::Internal(format!(
+            "the memory was not stored: {error}"
+        ))),
+        Ok(Err(_)) => Err(Error::Internal(
+            "the pipeline worker stopped before storing the memory".into(),
+        )),
+        Err(_) => {
+            engine.waiters.forget(&id);
+            Err(Error::Timeout(format!(
+                "memory {id} was accepted but not committed within {} ms; it will still be stored",
+                timeout.as_millis()
+            )))
+        }
+    }
+}
+
+/// Delete one memory the caller can see; NotFound otherwise (also when it lives
+/// in a stream the caller may not see, or outside `only_stream` when given).
+pub async fn delete(
+    engine: &Engine,
+    caller: &Caller,
+    id: &str,
+    only_stream: Option<&str>,
+) -> Result<()> {
+    let not_found = || Error::NotFound(format!("no memory with id `{id}`"));
+    if id.trim().is_empty() {
+        return Err(Error::invalid("id", "must not be empty"));
+    }
+    let chunk = engine.store.get(id).await?.ok_or_else(not_found)?;
+    if !caller.can_see(&chunk.stream) || only_stream.is_some_and(|s| s != chunk.stream) {
+        return Err(not_found());
+    }
+    let n = engine
+        .store
+        .delete_where(format!("id = {}", sql_str(id)))
+        .await?;
+    if n == 0 {
+        return Err(not_found());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeRequest {
+    pub stream: Option<String>,
+    #[serde(default = "yes")]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub confirmed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+pub struct PurgeResponse {
+    pub status: &'static str,
+    pub stream: String,
+    pub dry_run: bool,
+    pub deleted_count: usize,
+    pub deleted_ids: Vec<String>,
+}
+
+/// List (dry run) or delete every memory of a stream.
+pub async fn purge(engine: &Engine, caller: &Caller, req: PurgeRequest) -> Result<PurgeResponse> {
+    let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
+    if !req.dry_run && !req.confirmed {
+        return Err(Error::invalid(
+            "confirmed",
+            "must be true to delete (with dry_run: false)",
+        ));
+    }
+    let predicate = format!("stream = {}", sql_str(&stream));
+    let mut ids = engine.store.ids(predicate.clone()).await?;
+    ids.sort();
+    if !req.dry_run {
+        engine.store.delete_where(predicate).await?;
+        tracing::info!(%stream, count = ids.len(), "stream purged");
+    }
+    Ok(PurgeResponse {
+        status: "ok",
+        stream,
+        dry_run: req.dry_run,
+        deleted_count: ids.len(),
+        deleted_ids: ids,
+    })
+}

@@ -1,0 +1,331 @@
+//! Staged pipelines: a batch of records goes through the stages a
+//! `pipelines/<name>.toml` file names, in order; each stage keeps, drops (with a
+//! reason) or fails records and the runner counts what each stage did.
+
+pub mod stages;
+mod stats;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::embed::Embedder;
+use crate::model::Chunk;
+use crate::store::Store;
+
+pub use stats::{StageStats, StageStatsSnapshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("pipeline {file}: {message}")]
+    Definition { file: String, message: String },
+    #[error("stage `{stage}`: {message}")]
+    Config { stage: String, message: String },
+    #[error("stage `{stage}` failed on the batch: {message}")]
+    Batch {
+        stage: &'static str,
+        message: String,
+    },
+}
+
+/// What a stage decided about one record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Disposition {
+    Keep,
+    /// Deliberately not stored; `existing_id` names the stored memory it duplicates.
+    Drop {
+        reason: &'static str,
+        existing_id: Option<String>,
+    },
+    /// This record cannot be processed; the rest of the batch goes on.
+    Fail(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub chunk: Chunk,
+    pub disposition: Disposition,
+}
+
+impl Record {
+    pub fn new(chunk: Chunk) -> Record {
+        Record {
+            chunk,
+            disposition: Disposition::Keep,
+        }
+    }
+
+    pub fn is_kept(&self) -> bool {
+        self.disposition == Disposition::Keep
+    }
+}
+
+/// The records of a batch that are still kept.
+pub fn kept(batch: &mut [Record]) -> impl Iterator<Item = &mut Record> {
+    batch.iter_mut().filter(|r| r.is_kept())
+}
+
+/// A step of a pipeline. It sees the whole batch and acts on the kept records.
+pub trait Stage: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// An `Err` fails the whole batch (to be retried); per-record trouble is a `Disposition`.
+    fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>>;
+}
+
+/// A stage that looks at one record at a time.
+pub trait RecordStage: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn apply(&self, record: &mut Record);
+}
+
+impl<T: RecordStage> Stage for T {
+    fn name(&self) -> &'static str {
+        RecordStage::name(self)
+    }
+
+    fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
+        for r in kept(batch) {
+            self.apply(r);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// What the stages may hold on to when built.
+#[derive(Clone)]
+pub struct BuildContext {
+    pub store: Arc<Store>,
+    pub embedder: Arc<dyn Embedder>,
+}
+
+/// What one stage did to one batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageReport {
+    pub stage: &'static str,
+    pub records_in: usize,
+    pub records_out: usize,
+    pub dropped: BTreeMap<&'static str, usize>,
+    pub failed: usize,
+    pub micros: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineFile {
+    #[serde(default)]
+    description: String,
+    stages: Vec<StageDef>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StageDef {
+    stage: String,
+    #[serde(flatten)]
+    params: toml::Table,
+}
+
+pub struct Pipeline {
+    pub name: String,
+    pub description: String,
+    stages: Vec<Box<dyn Stage>>,
+    stats: Vec<StageStats>,
+}
+
+impl Pipeline {
+    /// Build a pipeline from the text of its definition file.
+    pub fn from_toml(
+        name: &str,
+        text: &str,
+        ctx: &BuildContext,
+    ) -> Result<Pipeline, PipelineError> {
+        let def_err = |message: String| PipelineError::Definition {
+            file: format!("{name}.toml"),
+            message,
+        };
+        let file: PipelineFile = toml::from_str(text).map_err(|e| def_err(e.to_string()))?;
+        if file.stages.last().map(|s| s.stage.as_str()) != Some("write") {
+            return Err(def_err("the last stage must be `write`".into()));
+        }
+        let mut stages = Vec::new();
+        for def in file.stages {
+            stages.push(stages::build(&def.stage, def.params, ctx)?);
+        }
+        let stats = stages.iter().map(|s| StageStats::new(s.name())).collect();
+        Ok(Pipeline {
+            name: name.to_string(),
+            description: file.description,
+            stages,
+            stats,
+        })
+    }
+
+    pub fn stage_names(&self) -> Vec<&'static str> {
+        self.stages.iter().map(|s| s.name()).collect()
+    }
+
+    /// Run the batch through every stage; the `write` stage commits what is kept.
+    pub async fn run(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
+        let mut reports = Vec::with_capacity(self.stages.len());
+        for (stage, stats) in self.stages.iter().zip(&self.stats) {
+            let before: Vec<bool> = batch.iter().map(Record::is_kept).collect();
+            let records_in = before.iter().filter(|k| **k).count();
+            let started = Instant::now();
+            stage.process(batch).await?;
+            let micros = started.elapsed().as_micros() as u64;
+            let mut report = StageReport {
+                stage: stage.name(),
+                records_in,
+                records_out: 0,
+                dropped: BTreeMap::new(),
+                failed: 0,
+                micros,
+            };
+            for (r, was_kept) in batch.iter().zip(before) {
+                match (&r.disposition, was_kept) {
+                    (Disposition::Keep, _) => report.records_out += 1,
+                    (Disposition::Drop { reason, .. }, true) => {
+                        *report.dropped.entry(reason).or_default() += 1
+                    }
+                    (Disposition::Fail(_), true) => report.failed += 1,
+                    _ => {}
+                }
+            }
+            stats.record(&report);
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+
+    pub fn stats(&self) -> Vec<StageStatsSnapshot> {
+        self.stats.iter().map(StageStats::snapshot).collect()
+    }
+}
+
+/// Every pipeline defined in a directory, by file stem.
+pub struct Pipelines {
+    by_name: HashMap<String, Arc<Pipeline>>,
+}
+
+impl Pipelines {
+    /// Load every `*.toml` in `dir`; `required` names must be among them.
+    pub fn load(
+        dir: &Path,
+        required: &[&str],
+        ctx: &BuildContext,
+    ) -> Result<Pipelines, PipelineError> {
+        let dir_err = |message: String| PipelineError::Definition {
+            file: dir.display().to_string(),
+            message,
+        };
+        let entries = std::fs::read_dir(dir).map_err(|e| dir_err(e.to_string()))?;
+        let mut by_name = HashMap::new();
+        for entry in entries {
+            let path = entry.map_err(|e| dir_err(e.to_string()))?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let name = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let text = std::fs::read_to_string(&path).map_err(|e| dir_err(e.to_string()))?;
+            by_name.insert(
+                name.clone(),
+                Arc::new(Pipeline::from_toml(&name, &text, ctx)?),
+            );
+        }
+        for name in required {
+            if !by_name.contains_key(*name) {
+                return Err(dir_err(format!("no pipeline `{name}.toml`")));
+            }
+        }
+        Ok(Pipelines { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Pipeline>> {
+        self.by_name.get(name)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Pipeline>> {
+        self.by_name.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embed::HashEmbedder;
+
+    async fn ctx(dir: &Path) -> BuildContext {
+        BuildContext {
+            store: Arc::new(Store::open(dir, 16, 100).await.unwrap()),
+            embedder: Arc::new(HashEmbedder::new(16)),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_shipped_pipeline_builds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = ctx(tmp.path()).await;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+        let all = Pipelines::load(&dir, &["store"], &ctx).unwrap();
+        assert_eq!(
+            all.get("store").unwrap().stage_names(),
+            vec!["sanitize", "redact_pii", "embed", "write"]
+        );
+    }
+
+    #[tokio::test]
+    async fn definitions_are_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = ctx(tmp.path()).await;
+        let bad = [
+            (
+                "[[stages]]\nstage = \"sanitize\"\n",
+                "last stage must be `write`",
+            ),
+            (
+                "[[stages]]\nstage = \"teleport\"\n[[stages]]\nstage = \"write\"\n",
+                "unknown stage",
+            ),
+            (
+                "[[stages]]\nstage = \"redact_pii\"\nemail = true\n[[stages]]\nstage = \"write\"\n",
+                "unknown field `email`",
+            ),
+        ];
+        for (text, want) in bad {
+            let err = Pipeline::from_toml("t", text, &ctx)
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(err.contains(want), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_runner_reports_what_each_stage_did() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = ctx(tmp.path()).await;
+        let text = "[[stages]]\nstage = \"sanitize\"\n[[stages]]\nstage = \"embed\"\n[[stages]]\nstage = \"write\"\n";
+        let p = Pipeline::from_toml("t", text, &ctx).unwrap();
+        let mut batch = vec![
+            Record::new(Chunk::new("1".into(), "s".into(), "<b>kept</b>".into(), 1)),
+            Record::new(Chunk::new("2".into(), "s".into(), "<br>".into(), 1)),
+        ];
+        let reports = p.run(&mut batch).await.unwrap();
+        assert_eq!(reports[0].records_in, 2);
+        assert_eq!(reports[0].records_out, 1);
+        assert_eq!(reports[0].dropped["empty_after_sanitize"], 1);
+        assert_eq!(reports[2].records_out, 1);
+        let stored = ctx.store.get("1").await.unwrap().unwrap();
+        assert_eq!(stored.content, "kept");
+        assert_eq!(stored.embed_model.as_deref(), Some("hash-16"));
+        assert!(ctx.store.get("2").await.unwrap().is_none());
+        assert_eq!(p.stats()[0].records_in, 2);
+    }
+}

@@ -1,0 +1,469 @@
+//! Hybrid recall: a BM25 leg (Lance full-text index) and a vector leg run
+//! concurrently over the same prefilter, then fuse by weighted reciprocal rank.
+//! Every filter is pushed down into Lance, so a filter never empties a
+//! truncated top-k.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use chrono::{Datelike, Duration as ChronoDuration, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::model::{now_micros, Chunk, Micros};
+use crate::store::{sql_str, Hit};
+use crate::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
+
+/// Largest `top_k` accepted.
+pub const MAX_TOP_K: usize = 1000;
+/// `top_k` for aggregation questions ("how many …").
+const AGGREGATION_TOP_K: usize = 30;
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    pub query: String,
+    pub top_k: Option<usize>,
+    pub stream: Option<String>,
+    pub streams: Option<Vec<String>>,
+    pub date_from: Option<serde_json::Value>,
+    pub date_to: Option<serde_json::Value>,
+    pub entity: Option<String>,
+    #[serde(default)]
+    pub trace: bool,
+    #[serde(default)]
+    pub dry_run: bool,
+    pub valid_at: Option<serde_json::Value>,
+    #[serde(default)]
+    pub include_superseded: bool,
+    pub fact_type: Option<String>,
+    pub subject: Option<String>,
+    pub min_confidence: Option<f64>,
+    /// `today`, `this_week` or `this_month` (MCP `memory_search`).
+    pub time_filter: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchResponse {
+    pub results: Vec<SearchResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_metadata: Option<TraceMetadata>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchResult {
+    pub chunk_id: String,
+    pub content: String,
+    pub score_final: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_info: Option<TraceInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceInfo {
+    pub level: String,
+    pub source: Option<String>,
+    pub is_latest: bool,
+    pub created_at: i64,
+    pub memory_type: String,
+    pub importance: f32,
+    pub access_count: i64,
+    pub version: i32,
+    pub superseded_by: Option<String>,
+    pub stream: String,
+    /// 1-based rank and raw score in each leg that found it (BM25 score, cosine distance).
+    pub legs: HashMap<&'static str, LegTrace>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LegTrace {
+    pub rank: usize,
+    pub score: f32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceMetadata {
+    pub total_results_before_topk: usize,
+    pub dedup_removed: usize,
+    pub search_latency_us: u64,
+    pub query_complexity: &'static str,
+    pub top_k: usize,
+    pub streams: Vec<String>,
+    pub filter: String,
+}
+
+/// A timestamp literal for a Lance filter.
+fn ts_lit(m: Micros) -> String {
+    format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
+}
+
+/// The streams a search covers: `streams` when given, else `stream`, else the caller's default.
+fn resolve_streams(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Result<Vec<String>> {
+    let ns = &engine.cfg.namespaces;
+    match &req.streams {
+        Some(list) if !list.is_empty() => {
+            let mut out = Vec::new();
+            for s in list {
+                let s = caller.resolve_stream(Some(s), ns)?;
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+            Ok(out)
+        }
+        _ => Ok(vec![caller.resolve_stream(req.stream.as_deref(), ns)?]),
+    }
+}
+
+/// The Lance SQL prefilter for a request.
+pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Result<String> {
+    let list: Vec<String> = streams.iter().map(|s| sql_str(s)).collect();
+    let mut clauses = vec![format!("stream IN ({})", list.join(", "))];
+    clauses.push(format!(
+        "(expires_at IS NULL OR expires_at > {})",
+        ts_lit(now)
+    ));
+    if !req.include_superseded {
+        clauses.push("superseded_by IS NULL".into());
+    }
+    if let Some(v) = &req.date_from {
+        clauses.push(format!(
+            "created_at >= {}",
+            ts_lit(parse_instant("date_from", v)?)
+        ));
+    }
+    if let Some(v) = &req.date_to {
+        let mut t = parse_instant("date_to", v)?;
+        // A bare date includes the whole day.
+        if v.as_str().is_some_and(is_date_only) {
+            t += DAY_MICROS;
+            clauses.push(format!("created_at < {}", ts_lit(t)));
+        } else {
+            clauses.push(format!("created_at <= {}", ts_lit(t)));
+        }
+    }
+    if let Some(v) = &req.valid_at {
+        let t = ts_lit(parse_instant("valid_at", v)?);
+        clauses.push(format!(
+            "(valid_from IS NULL OR valid_from <= {t}) AND (valid_until IS NULL OR valid_until > {t})"
+        ));
+    }
+    if let Some(e) = req
+        .entity
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        clauses.push(format!(
+            "array_has(entities, {})",
+            sql_str(&e.to_lowercase())
+        ));
+    }
+    if let Some(t) = req
+        .fact_type
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        clauses.push(format!("memory_type = {}", sql_str(&t.to_lowercase())));
+    }
+    if let Some(s) = req
+        .subject
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        clauses.push(format!("lower(subject) = {}", sql_str(&s.to_lowercase())));
+    }
+    if let Some(c) = req.min_confidence {
+        if !c.is_finite() {
+            return Err(Error::invalid("min_confidence", "must be a number"));
+        }
+        clauses.push(format!("confidence >= {c}"));
+    }
+    if let Some(tf) = &req.time_filter {
+        clauses.push(format!(
+            "created_at >= {}",
+            ts_lit(time_filter_start(tf, now)?)
+        ));
+    }
+    Ok(clauses.join(" AND "))
+}
+
+fn time_filter_start(tf: &str, now: Micros) -> Result<Micros> {
+    let now = Utc
+        .timestamp_micros(now)
+        .single()
+        .ok_or_else(|| Error::Internal("clock".into()))?;
+    let today = now.date_naive();
+    let day = match tf {
+        "today" => today,
+        "this_week" => {
+            today - ChronoDuration::days(i64::from(today.weekday().num_days_from_monday()))
+        }
+        "this_month" => today.with_day(1).expect("day 1 exists"),
+        _ => {
+            return Err(Error::invalid(
+                "time_filter",
+                "must be one of today, this_week, this_month",
+            ))
+        }
+    };
+    Ok(day
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc()
+        .timestamp_micros())
+}
+
+fn is_aggregation(query: &str) -> bool {
+    let q = query.to_lowercase();
+    [
+        "how many",
+        "how much",
+        "how often",
+        "count of",
+        "number of",
+        "list all",
+        "total ",
+    ]
+    .iter()
+    .any(|p| q.contains(p))
+}
+
+fn complexity(query: &str) -> &'static str {
+    match query.split_whitespace().count() {
+        0..=3 => "simple",
+        4..=10 => "medium",
+        _ => "complex",
+    }
+}
+
+struct Fused {
+    chunk: Chunk,
+    score: f32,
+    legs: HashMap<&'static str, LegTrace>,
+}
+
+/// Weighted reciprocal-rank fusion of the legs, best first; score_final in (0, 1].
+fn fuse(legs: Vec<(&'static str, f32, Vec<Hit>)>, k: f32) -> Vec<Fused> {
+    let max: f32 = legs.iter().map(|(_, w, _)| w / (k + 1.0)).sum();
+    let mut by_id: HashMap<String, Fused> = HashMap::new();
+    for (leg, weight, hits) in legs {
+        for (i, hit) in hits.into_iter().enumerate() {
+            let rank = i + 1;
+            let e = by_id.entry(hit.chunk.id.clone()).or_insert_with(|| Fused {
+                chunk: hit.chunk,
+                score: 0.0,
+                legs: HashMap::new(),
+            });
+            e.score += weight / (k + rank as f32);
+            e.legs.insert(
+                leg,
+                LegTrace {
+                    rank,
+                    score: hit.score,
+                },
+            );
+        }
+    }
+    let mut out: Vec<Fused> = by_id.into_values().collect();
+    for f in &mut out {
+        if max > 0.0 {
+            f.score /= max;
+        }
+    }
+    out.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| b.chunk.created_at.cmp(&a.chunk.created_at))
+            .then_with(|| a.chunk.id.cmp(&b.chunk.id))
+    });
+    out
+}
+
+pub async fn search(
+    engine: &Engine,
+    caller: &Caller,
+    req: SearchRequest,
+) -> Result<SearchResponse> {
+    let started = Instant::now();
+    let query = req.query.trim().to_string();
+    if query.is_empty() {
+        return Err(Error::invalid("query", "must not be empty"));
+    }
+    let mut top_k = req.top_k.unwrap_or(10);
+    if top_k == 0 || top_k > MAX_TOP_K {
+        return Err(Error::invalid(
+            "top_k",
+            format!("must be between 1 and {MAX_TOP_K}"),
+        ));
+    }
+    if is_aggregation(&query) {
+        top_k = top_k.max(AGGREGATION_TOP_K);
+    }
+    let streams = resolve_streams(engine, caller, &req)?;
+    let filter = build_filter(&streams, &req, now_micros())?;
+    let s = &engine.cfg.search;
+    let candidates = s.candidates.max(top_k);
+
+    let texts = [query.clone()];
+    let bm25 = async {
+        if s.bm25_weight > 0.0 {
+            engine.store.search_text(&query, &filter, candidates).await
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let vector = async {
+        if s.vector_weight > 0.0 {
+            let v = engine.embedder.embed(&texts).await?;
+            let v = v
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Internal("no query vector".into()))?;
+            Ok::<_, Error>(engine.store.search_vector(&v, &filter, candidates).await?)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let (bm25, vector) = tokio::join!(bm25, vector);
+    let fused = fuse(
+        vec![
+            ("bm25", s.bm25_weight, bm25?),
+            ("vector", s.vector_weight, vector?),
+        ],
+        s.rrf_k,
+    );
+    let total = fused.len();
+
+    // Collapse near-identical results: the same normalised text keeps its best hit.
+    let mut seen = std::collections::HashSet::new();
+    let mut dedup_removed = 0;
+    let mut results = Vec::new();
+    for f in fused {
+        if !seen.insert(f.chunk.content_hash.clone()) {
+            dedup_removed += 1;
+            continue;
+        }
+        if results.len() == top_k {
+            continue;
+        }
+        results.push(result(f, req.trace));
+    }
+    Ok(SearchResponse {
+        results,
+        trace_metadata: req.trace.then(|| TraceMetadata {
+            total_results_before_topk: total,
+            dedup_removed,
+            search_latency_us: started.elapsed().as_micros() as u64,
+            query_complexity: complexity(&query),
+            top_k,
+            streams,
+            filter,
+        }),
+    })
+}
+
+fn result(f: Fused, trace: bool) -> SearchResult {
+    let c = f.chunk;
+    let content = if c.superseded_by.is_some() {
+        format!("[UPDATED] {}", c.content)
+    } else {
+        c.content.clone()
+    };
+    SearchResult {
+        chunk_id: c.id.clone(),
+        content,
+        score_final: f.score,
+        trace_info: trace.then(|| TraceInfo {
+            level: format!("L{}", c.level),
+            source: c.source.clone(),
+            is_latest: c.superseded_by.is_none(),
+            created_at: to_secs(c.created_at),
+            memory_type: c.memory_type.clone(),
+            importance: c.importance,
+            access_count: c.access_count,
+            version: c.version,
+            superseded_by: c.superseded_by.clone(),
+            stream: c.stream.clone(),
+            legs: f.legs,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(id: &str) -> Hit {
+        Hit {
+            chunk: Chunk::new(id.into(), "s".into(), id.into(), 0),
+            score: 0.5,
+        }
+    }
+
+    #[test]
+    fn rrf_rewards_agreement_between_legs() {
+        let fused = fuse(
+            vec![
+                ("bm25", 1.0, vec![hit("a"), hit("b"), hit("c")]),
+                ("vector", 1.0, vec![hit("b"), hit("d"), hit("a")]),
+            ],
+            60.0,
+        );
+        let ids: Vec<&str> = fused.iter().map(|f| f.chunk.id.as_str()).collect();
+        // b: ranks 2 and 1; a: 1 and 3; d: 2 in one leg; c: 3 in one leg.
+        assert_eq!(ids, vec!["b", "a", "d", "c"]);
+        assert!(fused[0].score <= 1.0 && fused[0].score > 0.9);
+        assert_eq!(fused[0].legs["bm25"].rank, 2);
+        assert_eq!(fused[0].legs["vector"].rank, 1);
+    }
+
+    #[test]
+    fn weights_tilt_the_fusion() {
+        let fused = fuse(
+            vec![
+                ("bm25", 0.0, vec![hit("a")]),
+                ("vector", 1.0, vec![hit("b")]),
+            ],
+            60.0,
+        );
+        assert_eq!(fused[0].chunk.id, "b");
+        assert_eq!(fused[1].score, 0.0);
+    }
+
+    #[test]
+    fn filter_pushes_every_condition_down() {
+        let req = SearchRequest {
+            query: "q".into(),
+            date_from: Some(serde_json::json!("2026-01-01")),
+            date_to: Some(serde_json::json!("2026-01-31")),
+            entity: Some("Cursor".into()),
+            fact_type: Some("preference".into()),
+            min_confidence: Some(0.5),
+            valid_at: Some(serde_json::json!(1_700_000_000)),
+            ..Default::default()
+        };
+        let f = build_filter(&["a'b".into()], &req, 0).unwrap();
+        assert!(f.starts_with("stream IN ('a''b')"), "{f}");
+        for part in [
+            "superseded_by IS NULL",
+            "array_has(entities, 'cursor')",
+            "memory_type = 'preference'",
+            "confidence >= 0.5",
+            "valid_from IS NULL OR valid_from <=",
+            "created_at < arrow_cast(1769904000000000",
+        ] {
+            assert!(f.contains(part), "missing {part} in {f}");
+        }
+    }
+
+    #[test]
+    fn aggregation_questions_are_recognised() {
+        assert!(is_aggregation("How many books did I buy?"));
+        assert!(!is_aggregation("What IDE do I use?"));
+    }
+}

@@ -1,0 +1,187 @@
+//! Bad input gets a clear 4xx with `{"detail": …}` and stores nothing.
+
+use serde_json::json;
+
+use crate::fixture::{Daemon, Options};
+
+fn detail(body: &serde_json::Value) -> &str {
+    body["detail"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no detail in {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_error_code_with_a_detail() {
+    let d = Daemon::start(Options::default()).await;
+
+    let (s, body) = d
+        .post_raw("/v1/store", b"{\"content\": \"unterminated".to_vec())
+        .await;
+    assert_eq!(s, 400);
+    assert!(detail(&body).contains("malformed JSON"), "{body}");
+
+    let (s, body) = d
+        .call("POST", "/v1/store", Some(json!({"stream": "s"})))
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).contains("content"), "{body}");
+
+    let (s, body) = d
+        .call("POST", "/v1/store", Some(json!({"content": 5})))
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("content:"), "{body}");
+
+    let (s, body) = d
+        .call("POST", "/v1/store", Some(json!({"content": "   "})))
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("content:"), "{body}");
+
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "x", "contnet": "typo"})),
+        )
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).contains("contnet"), "{body}");
+
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "x", "level": 7})),
+        )
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("level:"), "{body}");
+
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "x", "metadata": [1]})),
+        )
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("metadata:"), "{body}");
+
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "x", "top_k": "ten"})),
+        )
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("top_k:"), "{body}");
+
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "x", "top_k": 0})),
+        )
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("top_k:"), "{body}");
+
+    let (s, body) = d
+        .call("POST", "/v1/search", Some(json!({"query": ""})))
+        .await;
+    assert_eq!(s, 422);
+    assert!(detail(&body).starts_with("query:"), "{body}");
+
+    let (s, body) = d
+        .call("POST", "/v1/delete", Some(json!({"id": "no-such-id"})))
+        .await;
+    assert_eq!(s, 404);
+    assert!(detail(&body).contains("no-such-id"), "{body}");
+
+    let (s, body) = d.call("GET", "/v1/nothing-here", None).await;
+    assert_eq!(s, 404);
+    assert!(detail(&body).contains("/v1/nothing-here"), "{body}");
+
+    // Nothing above stored anything.
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_over_a_million_characters_is_413() {
+    let d = Daemon::start(Options::default()).await;
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "a".repeat(1_000_001)})),
+        )
+        .await;
+    assert_eq!(s, 413, "{body}");
+    assert!(detail(&body).contains("1000000"), "{body}");
+    // Exactly the limit is fine.
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "word ".repeat(200_000)})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    // A body past the server's byte limit is refused before parsing.
+    let (s, body) = d.post_raw("/v1/store", vec![b' '; 9 * 1024 * 1024]).await;
+    assert_eq!(s, 413, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_style_form_content_type_is_read_as_json() {
+    // `curl -d '{…}'` sends application/x-www-form-urlencoded; the quickstart relies on it.
+    let d = Daemon::start(Options::default()).await;
+    let resp = d
+        .http
+        .post(format!("{}/v1/store", d.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"content":"User prefers dark mode","stream":"100"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chosen_id_cannot_take_over_another_streams_memory() {
+    let d = Daemon::start(Options::default()).await;
+    let (s, _) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "mine", "stream": "a", "id": "fixed-1"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "theirs", "stream": "b", "id": "fixed-1"})),
+        )
+        .await;
+    assert_eq!(s, 409, "{body}");
+    assert_eq!(
+        d.search_ids(json!({"query": "mine", "stream": "a"})).await,
+        vec!["fixed-1".to_string()]
+    );
+    // Re-storing the same id in the same stream replaces it (idempotent upsert).
+    let (s, _) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "mine again", "stream": "a", "id": "fixed-1"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 1);
+}

@@ -1,0 +1,211 @@
+//! A real daemon on 127.0.0.1:0 over a temp data dir, started through the same
+//! `server::serve` the binary uses; stopped (gracefully) on `stop` or drop.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use loomem::config::Config;
+
+pub const ADMIN_TOKEN: &str = "admin-secret-token";
+pub const TOKEN_A: &str = "token-for-stream-a";
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// How a test wants its daemon configured.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Set the admin token and a scoped token (`agent-a`, streams `a` and `a2`).
+    pub auth: bool,
+    /// Extra `LOOMEM_*` overrides.
+    pub env: Vec<(String, String)>,
+}
+
+impl Options {
+    pub fn with_auth() -> Options {
+        Options {
+            auth: true,
+            ..Default::default()
+        }
+    }
+}
+
+pub struct Daemon {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub data_dir: PathBuf,
+    token: Option<String>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+    // Owns the temp dir when this daemon created it.
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The environment a daemon is started with, and the config file it reads.
+pub fn daemon_env(data_dir: &Path, opts: &Options) -> (PathBuf, HashMap<String, String>) {
+    let mut env: HashMap<String, String> = HashMap::new();
+    env.insert(
+        "LOOMEM_STORAGE__DATA_DIR".into(),
+        data_dir.display().to_string(),
+    );
+    env.insert("LOOMEM_SERVER__PORT".into(), "0".into());
+    env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
+    env.insert("LOOMEM_EMBED__PROVIDER".into(), "hash".into());
+    if opts.auth {
+        env.insert("LOOMEM_AUTH_TOKEN".into(), ADMIN_TOKEN.into());
+        env.insert("TEST_TOKEN_A".into(), TOKEN_A.into());
+    }
+    for (k, v) in &opts.env {
+        env.insert(k.clone(), v.clone());
+    }
+    (repo_root().join("config.toml"), env)
+}
+
+impl Daemon {
+    pub async fn start(opts: Options) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        let mut d = Daemon::start_at(&data, opts).await;
+        d._dir = Some(dir);
+        d
+    }
+
+    /// Start on an existing data directory (the caller owns it).
+    pub async fn start_at(data_dir: &Path, opts: Options) -> Daemon {
+        let (config_path, env) = daemon_env(data_dir, &opts);
+        let mut cfg = Config::load(&config_path, &env).expect("config loads");
+        if opts.auth {
+            cfg.server.tokens.push(loomem::config::ScopedToken {
+                name: "agent-a".into(),
+                token_env: "TEST_TOKEN_A".into(),
+                streams: vec!["a".into(), "a2".into()],
+            });
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            loomem::server::serve(cfg, env, listener, async move {
+                let _ = stop_rx.await;
+            })
+            .await
+            .expect("daemon runs");
+        });
+        let d = Daemon {
+            url: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            data_dir: data_dir.to_path_buf(),
+            token: opts.auth.then(|| ADMIN_TOKEN.to_string()),
+            stop: Some(stop_tx),
+            task: Some(task),
+            _dir: None,
+        };
+        d.wait_healthy().await;
+        d
+    }
+
+    async fn wait_healthy(&self) {
+        for _ in 0..200 {
+            if let Ok(r) = self.http.get(format!("{}/health", self.url)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        panic!("daemon at {} never became healthy", self.url);
+    }
+
+    /// Graceful stop: in-flight requests finish, the writer flushes.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("daemon task");
+        }
+        self._dir.take()
+    }
+
+    /// Send a request with this daemon's admin token (if any).
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_as(self.token.as_deref(), method, path, body)
+            .await
+    }
+
+    /// Send a request with the given bearer token (or none).
+    pub async fn call_as(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self.http.request(
+            method.parse().expect("method"),
+            format!("{}{}", self.url, path),
+        );
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("body");
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, json)
+    }
+
+    /// Raw body bytes, for malformed-input tests.
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}{}", self.url, path)).body(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.expect("request sent");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn store(&self, content: &str, stream: &str) -> String {
+        let (status, body) = self
+            .call(
+                "POST",
+                "/v1/store",
+                Some(serde_json::json!({"content": content, "stream": stream})),
+            )
+            .await;
+        assert_eq!(status, 200, "store failed: {body}");
+        assert_eq!(body["status"], "stored");
+        body["id"].as_str().expect("id").to_string()
+    }
+
+    /// Ids of a search's results, best first.
+    pub async fn search_ids(&self, body: Value) -> Vec<String> {
+        let (status, resp) = self.call("POST", "/v1/search", Some(body)).await;
+        assert_eq!(status, 200, "search failed: {resp}");
+        resp["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| r["chunk_id"].as_str().expect("chunk_id").to_string())
+            .collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}

@@ -1,0 +1,8 @@
+//! Integration tests: the real daemon on 127.0.0.1:0 with real Lance tables in a
+//! temp dir.
+
+mod api;
+mod auth;
+mod errors;
+mod fixture;
+mod restart;

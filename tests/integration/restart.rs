@@ -1,0 +1,99 @@
+//! Durability: what was stored survives a restart, graceful or by signal.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::fixture::{daemon_env, Daemon, Options};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_every_stored_memory() {
+    let d = Daemon::start(Options::default()).await;
+    let data = d.data_dir.clone();
+    let mut ids = Vec::new();
+    for i in 0..25 {
+        ids.push(
+            d.store(&format!("fact {i}: the heron nests by lake {i}"), "r")
+                .await,
+        );
+    }
+    let dir = d.stop().await;
+
+    let d = Daemon::start_at(&data, Options::default()).await;
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 25);
+    let mut found = d
+        .search_ids(json!({"query": "heron lake", "stream": "r", "top_k": 100}))
+        .await;
+    found.sort();
+    ids.sort();
+    assert_eq!(found, ids);
+    drop(d);
+    drop(dir);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_and_flushes_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (config, env) = daemon_env(&data, &Options::default());
+    let port = free_port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .envs(env)
+        .env("LOOMEM_SERVER__PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..400 {
+        if http.get(format!("{url}/health")).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(up, "binary never answered /health");
+    let resp: serde_json::Value = http
+        .post(format!("{url}/v1/store"))
+        .json(&json!({"content": "The binary stored this", "stream": "bin"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = resp["id"].as_str().unwrap().to_string();
+
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+
+    let d = Daemon::start_at(&data, Options::default()).await;
+    assert_eq!(
+        d.search_ids(json!({"query": "binary stored", "stream": "bin"}))
+            .await,
+        vec![id]
+    );
+}
