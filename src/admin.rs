@@ -16,7 +16,8 @@ pub struct Status {
     pub uptime_secs: u64,
     pub config_summary: ConfigSummary,
     pub chunks: usize,
-    pub bus: &'static str,
+    pub dead_letters: usize,
+    pub bus: BusStatus,
     pub embedder: EmbedderStatus,
     /// Cumulative per-stage counts and timings, by pipeline.
     pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
@@ -33,6 +34,12 @@ pub struct ConfigSummary {
     pub rocksdb_keys: usize,
     pub tantivy_docs: usize,
     pub embeddings_count: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BusStatus {
+    pub kind: &'static str,
+    pub connected: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,7 +82,11 @@ pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
             embeddings_count: embedded,
         },
         chunks,
-        bus: engine.bus.kind(),
+        dead_letters: engine.store.count_dead_letters(scope.clone()).await?,
+        bus: BusStatus {
+            kind: engine.bus.kind(),
+            connected: engine.bus.connected(),
+        },
         embedder: EmbedderStatus {
             model: engine.embedder.model().to_string(),
             dim: engine.embedder.dim(),

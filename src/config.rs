@@ -108,6 +108,20 @@ pub struct BusConfig {
     pub max_deliver: u32,
     /// Capacity of the in-process queue (`embedded` bus).
     pub queue_capacity: usize,
+    /// JetStream stream holding every write (subjects `loomem.in.<stream>`).
+    pub stream_name: String,
+    /// Durable pull consumer shared by every loomem worker (a work queue).
+    pub consumer_name: String,
+    /// How long a delivered message may stay unacknowledged before redelivery.
+    pub ack_wait_ms: u64,
+    /// Window in which JetStream drops a repeated `Nats-Msg-Id`.
+    pub duplicate_window_secs: u64,
+    /// Size cap of the JetStream stream in bytes (-1 = unlimited).
+    pub max_bytes: i64,
+    /// Most delivered-but-unacknowledged messages per consumer.
+    pub max_ack_pending: i64,
+    /// How long a publish waits for JetStream's acknowledgement.
+    pub publish_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -230,6 +244,24 @@ impl Config {
         }
         if self.bus.kind == BusKind::Jetstream && !self.bus.nats_url.starts_with("nats://") {
             return Err(invalid("bus.nats_url", "must start with nats://"));
+        }
+        for (key, name) in [
+            ("bus.stream_name", &self.bus.stream_name),
+            ("bus.consumer_name", &self.bus.consumer_name),
+        ] {
+            let ok = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !ok {
+                return Err(invalid(key, "must be letters, digits, - or _"));
+            }
+        }
+        if self.bus.ack_wait_ms < 100 {
+            return Err(invalid("bus.ack_wait_ms", "must be at least 100"));
+        }
+        if self.bus.max_ack_pending < 1 {
+            return Err(invalid("bus.max_ack_pending", "must be > 0"));
         }
         if !(8..=4096).contains(&self.embed.dim) {
             return Err(invalid("embed.dim", "must be between 8 and 4096"));
@@ -364,6 +396,8 @@ mod tests {
         assert_eq!(cfg.server.auth_token_env, "LOOMEM_AUTH_TOKEN");
         assert_eq!(cfg.storage.data_dir, PathBuf::from("./data"));
         assert_eq!(cfg.embed.dim, 384);
+        assert_eq!(cfg.bus.kind, BusKind::Jetstream);
+        assert_eq!(cfg.bus.nats_url, "nats://127.0.0.1:4222");
     }
 
     #[test]

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::auth::Auth;
-use crate::bus::{Bus, Consumer, EmbeddedBus};
+use crate::bus::{Bus, Consumer, EmbeddedBus, JetStreamBus, Notifier};
 use crate::config::{BusKind, Config};
 use crate::embed::{self, Embedder};
-use crate::ingest::{run_worker, Waiters, WorkerConfig};
+use crate::ingest::{Worker, WorkerConfig};
 use crate::pipeline::{BuildContext, Pipelines};
 use crate::store::Store;
 
@@ -23,8 +24,8 @@ pub enum StartError {
     Embed(#[from] crate::embed::EmbedError),
     #[error("{0}")]
     Pipeline(#[from] crate::pipeline::PipelineError),
-    #[error("bus: {0}")]
-    Bus(String),
+    #[error("{0}")]
+    Bus(#[from] crate::bus::BusError),
 }
 
 pub struct Engine {
@@ -32,10 +33,11 @@ pub struct Engine {
     pub store: Arc<Store>,
     pub embedder: Arc<dyn Embedder>,
     pub bus: Bus,
-    pub waiters: Arc<Waiters>,
+    pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: Auth,
     started: Instant,
+    stop_worker: watch::Sender<bool>,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -59,29 +61,33 @@ impl Engine {
             embedder: embedder.clone(),
         };
         let pipelines = Arc::new(Pipelines::load(&cfg.pipelines_dir(), &["store"], &ctx)?);
-        let (bus, consumer) = match cfg.bus.kind {
+        let (stop_worker, stop_rx) = watch::channel(false);
+        let (bus, consumer, notifier) = match cfg.bus.kind {
             BusKind::Embedded => {
                 let (bus, consumer) = EmbeddedBus::new(cfg.bus.queue_capacity);
-                (Bus::Embedded(bus), Consumer::Embedded(consumer))
+                (
+                    Bus::Embedded(bus),
+                    Consumer::Embedded(consumer),
+                    Notifier::Local(Default::default()),
+                )
             }
             BusKind::Jetstream => {
-                return Err(StartError::Bus(
-                    "bus.kind = \"jetstream\" is not available in this build; use \"embedded\""
-                        .into(),
-                ))
+                let (bus, consumer) = JetStreamBus::connect(&cfg.bus, stop_rx).await?;
+                let notifier = Notifier::Nats(bus.client().clone());
+                (Bus::JetStream(bus), Consumer::JetStream(consumer), notifier)
             }
         };
-        let waiters = Arc::new(Waiters::default());
-        let worker = tokio::spawn(run_worker(
-            consumer,
-            pipelines.clone(),
-            waiters.clone(),
-            WorkerConfig {
+        let worker = Worker {
+            pipelines: pipelines.clone(),
+            store: store.clone(),
+            notifier: notifier.clone(),
+            cfg: WorkerConfig {
                 batch_size: cfg.bus.batch_size,
                 batch_wait: Duration::from_millis(cfg.bus.batch_wait_ms),
                 max_deliver: cfg.bus.max_deliver,
             },
-        ));
+        };
+        let worker = tokio::spawn(worker.run(consumer));
         let auth = Auth::from_config(&cfg.server, env);
         if auth.passthrough() {
             tracing::warn!(
@@ -94,10 +100,11 @@ impl Engine {
             store,
             embedder,
             bus,
-            waiters,
+            notifier,
             pipelines,
             auth,
             started: Instant::now(),
+            stop_worker,
             worker: Mutex::new(Some(worker)),
         }))
     }
@@ -106,11 +113,14 @@ impl Engine {
         self.started.elapsed()
     }
 
-    /// Stop taking writes, let the worker drain the bus, flush the writer.
+    /// Stop taking writes, let the worker finish (embedded: drain the queue;
+    /// JetStream: finish the batch in hand, the rest stays in the stream), flush
+    /// the writer.
     pub async fn shutdown(&self) {
-        match &self.bus {
-            Bus::Embedded(b) => b.close(),
+        if let Bus::Embedded(b) = &self.bus {
+            b.close();
         }
+        let _ = self.stop_worker.send(true);
         let worker = self.worker.lock().expect("worker lock").take();
         if let Some(worker) = worker {
             let _ = worker.await;

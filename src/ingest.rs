@@ -1,63 +1,15 @@
 //! The pipeline worker: pulls batches off the bus, runs each through its
-//! pipeline (whose `write` stage commits once), then tells waiting writers what
-//! became of their memory and acknowledges the messages.
+//! pipeline (whose `write` stage commits once), then acknowledges. A failing
+//! message is retried with backoff until `max_deliver`, then kept in
+//! `dead_letters` with its last error and acknowledged: never silently dropped.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
-use crate::bus::{Consumer, Delivery};
+use crate::bus::{Consumer, Delivery, Envelope, Notifier, Outcome};
+use crate::model::{now_micros, DeadLetter};
 use crate::pipeline::{Disposition, Pipelines, Record};
-
-/// What became of one accepted write.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Stored,
-    /// Not stored because an equal memory exists.
-    Duplicate {
-        existing_id: String,
-    },
-    /// Deliberately not stored (e.g. nothing left after sanitizing).
-    Dropped {
-        reason: &'static str,
-    },
-    Failed {
-        error: String,
-    },
-}
-
-/// Writers waiting for their memory to be stored, by memory id.
-#[derive(Default)]
-pub struct Waiters {
-    by_id: Mutex<HashMap<String, Vec<oneshot::Sender<Outcome>>>>,
-}
-
-impl Waiters {
-    pub fn register(&self, id: &str) -> oneshot::Receiver<Outcome> {
-        let (tx, rx) = oneshot::channel();
-        self.by_id
-            .lock()
-            .expect("waiters lock")
-            .entry(id.to_string())
-            .or_default()
-            .push(tx);
-        rx
-    }
-
-    /// Drop the waiters of `id` (a writer that gave up).
-    pub fn forget(&self, id: &str) {
-        self.by_id.lock().expect("waiters lock").remove(id);
-    }
-
-    fn notify(&self, id: &str, outcome: &Outcome) {
-        let waiting = self.by_id.lock().expect("waiters lock").remove(id);
-        for tx in waiting.into_iter().flatten() {
-            let _ = tx.send(outcome.clone());
-        }
-    }
-}
+use crate::store::Store;
 
 pub struct WorkerConfig {
     pub batch_size: usize,
@@ -65,104 +17,174 @@ pub struct WorkerConfig {
     pub max_deliver: u32,
 }
 
-/// Run until the bus is closed and drained.
-pub async fn run_worker(
-    mut consumer: Consumer,
-    pipelines: Arc<Pipelines>,
-    waiters: Arc<Waiters>,
-    cfg: WorkerConfig,
-) {
-    while let Some(batch) = consumer.next_batch(cfg.batch_size, cfg.batch_wait).await {
-        process(batch, &pipelines, &waiters, &cfg).await;
-    }
-    tracing::debug!("pipeline worker stopped");
+pub struct Worker {
+    pub pipelines: Arc<Pipelines>,
+    pub store: Arc<Store>,
+    pub notifier: Notifier,
+    pub cfg: WorkerConfig,
 }
 
-async fn process(
-    batch: Vec<Delivery>,
-    pipelines: &Pipelines,
-    waiters: &Waiters,
-    cfg: &WorkerConfig,
-) {
-    // Group by pipeline, keeping arrival order within each group.
-    let mut groups: Vec<(String, Vec<Delivery>)> = Vec::new();
-    for d in batch {
-        match groups.iter_mut().find(|(p, _)| *p == d.envelope.pipeline) {
-            Some((_, g)) => g.push(d),
-            None => groups.push((d.envelope.pipeline.clone(), vec![d])),
+/// Delay before the `attempt`-th redelivery: 100 ms doubling, at most 10 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100 * 2u64.pow(attempt.saturating_sub(1).min(7)))
+        .min(Duration::from_secs(10))
+}
+
+impl Worker {
+    /// Run until the bus is closed (embedded: and drained) or the worker is stopped.
+    pub async fn run(self, mut consumer: Consumer) {
+        while let Some(batch) = consumer
+            .next_batch(self.cfg.batch_size, self.cfg.batch_wait)
+            .await
+        {
+            self.process(batch).await;
+        }
+        tracing::debug!("pipeline worker stopped");
+    }
+
+    async fn process(&self, batch: Vec<Delivery>) {
+        // Group by pipeline, keeping arrival order within each group.
+        let mut groups: Vec<(String, Vec<Delivery>)> = Vec::new();
+        for d in batch {
+            let name = match &d.envelope {
+                Ok(e) => e.pipeline.clone(),
+                Err(poison) => {
+                    let error = poison.error.clone();
+                    self.give_up(d, error).await;
+                    continue;
+                }
+            };
+            match groups.iter_mut().find(|(p, _)| *p == name) {
+                Some((_, g)) => g.push(d),
+                None => groups.push((name, vec![d])),
+            }
+        }
+        for (name, deliveries) in groups {
+            self.process_group(&name, deliveries).await;
         }
     }
-    for (name, deliveries) in groups {
-        let Some(pipeline) = pipelines.get(&name) else {
-            let error = format!("no pipeline named `{name}`");
-            tracing::error!(%error);
+
+    async fn process_group(&self, name: &str, deliveries: Vec<Delivery>) {
+        let Some(pipeline) = self.pipelines.get(name) else {
             for d in deliveries {
-                waiters.notify(
-                    &d.envelope.chunk.id,
-                    &Outcome::Failed {
-                        error: error.clone(),
-                    },
-                );
-                d.ack().await;
+                self.give_up(d, format!("no pipeline named `{name}`")).await;
             }
-            continue;
+            return;
         };
-        let mut attempt = 0;
-        let outcome = loop {
-            attempt += 1;
-            let mut records: Vec<Record> = deliveries
-                .iter()
-                .map(|d| Record::new(d.envelope.chunk.clone()))
-                .collect();
-            match pipeline.run(&mut records).await {
-                Ok(reports) => {
-                    tracing::debug!(pipeline = %name, ?reports, "batch committed");
-                    break Ok(records);
+        let mut records: Vec<Record> = deliveries
+            .iter()
+            .filter_map(|d| d.envelope.as_ref().ok())
+            .map(|e| Record::new(e.chunk.clone()))
+            .collect();
+        match pipeline.run(&mut records).await {
+            Ok(reports) => {
+                tracing::debug!(pipeline = %name, ?reports, "batch committed");
+                for (d, r) in deliveries.into_iter().zip(records) {
+                    match r.disposition {
+                        Disposition::Fail(error) => self.retry_or_give_up(d, error).await,
+                        Disposition::Keep => self.settle(d, Outcome::Stored).await,
+                        Disposition::Drop {
+                            existing_id: Some(existing_id),
+                            ..
+                        } => self.settle(d, Outcome::Duplicate { existing_id }).await,
+                        Disposition::Drop { reason, .. } => {
+                            self.settle(
+                                d,
+                                Outcome::Dropped {
+                                    reason: reason.to_string(),
+                                },
+                            )
+                            .await
+                        }
+                    }
                 }
-                Err(e) if attempt < cfg.max_deliver => {
-                    let backoff = Duration::from_millis(50 * 2u64.pow(attempt.min(6)));
-                    tracing::warn!(pipeline = %name, attempt, error = %e, "batch failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                }
-                Err(e) => break Err(e.to_string()),
             }
-        };
-        match outcome {
-            Ok(records) => {
-                for r in &records {
-                    waiters.notify(&r.chunk.id, &record_outcome(r));
-                }
-            }
-            Err(error) => {
-                tracing::error!(pipeline = %name, %error, "batch failed for good");
-                for d in &deliveries {
-                    waiters.notify(
-                        &d.envelope.chunk.id,
-                        &Outcome::Failed {
-                            error: error.clone(),
-                        },
-                    );
+            Err(e) => {
+                tracing::warn!(pipeline = %name, error = %e, "batch failed");
+                let error = e.to_string();
+                for d in deliveries {
+                    self.retry_or_give_up(d, error.clone()).await;
                 }
             }
         }
-        for d in deliveries {
-            d.ack().await;
+    }
+
+    async fn settle(&self, d: Delivery, outcome: Outcome) {
+        if let Ok(e) = &d.envelope {
+            if e.notify {
+                self.notifier.notify(&e.chunk.id, &outcome).await;
+            }
         }
+        d.ack().await;
+    }
+
+    async fn retry_or_give_up(&self, d: Delivery, error: String) {
+        if d.attempt < self.cfg.max_deliver {
+            let delay = backoff(d.attempt);
+            d.retry(delay).await;
+        } else {
+            self.give_up(d, error).await;
+        }
+    }
+
+    /// Keep the message in `dead_letters`, tell its writer, acknowledge it.
+    async fn give_up(&self, d: Delivery, error: String) {
+        let (memory_id, stream, pipeline, payload, notify) = match &d.envelope {
+            Ok(e) => (
+                Some(e.chunk.id.clone()),
+                Some(e.chunk.stream.clone()),
+                Some(e.pipeline.clone()),
+                serde_json::to_string(e).unwrap_or_default(),
+                e.notify,
+            ),
+            Err(p) => (None, None, None, p.raw.clone(), false),
+        };
+        tracing::error!(memory_id = ?memory_id, attempts = d.attempt, %error, "message dead-lettered");
+        let row = DeadLetter {
+            id: uuid::Uuid::new_v4().to_string(),
+            memory_id: memory_id.clone(),
+            stream,
+            pipeline,
+            payload,
+            error: error.clone(),
+            attempts: d.attempt as i32,
+            failed_at: now_micros(),
+        };
+        if let Err(e) = self.store.dead_letter(vec![row]).await {
+            // Without a dead-letter row the message must not be acknowledged.
+            tracing::error!(error = %e, "cannot write dead letter; leaving the message for redelivery");
+            let delay = backoff(d.attempt);
+            d.retry(delay).await;
+            return;
+        }
+        if let (Some(id), true) = (&memory_id, notify) {
+            self.notifier.notify(id, &Outcome::Failed { error }).await;
+        }
+        d.ack().await;
     }
 }
 
-fn record_outcome(r: &Record) -> Outcome {
-    match &r.disposition {
-        Disposition::Keep => Outcome::Stored,
-        Disposition::Drop {
-            existing_id: Some(existing_id),
-            ..
-        } => Outcome::Duplicate {
-            existing_id: existing_id.clone(),
-        },
-        Disposition::Drop { reason, .. } => Outcome::Dropped { reason },
-        Disposition::Fail(error) => Outcome::Failed {
-            error: error.clone(),
-        },
+/// Envelopes for chunks that go through `pipeline`.
+pub fn envelopes(pipeline: &str, chunks: Vec<crate::model::Chunk>, notify: bool) -> Vec<Envelope> {
+    chunks
+        .into_iter()
+        .map(|chunk| Envelope {
+            pipeline: pipeline.to_string(),
+            chunk,
+            notify,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(4), Duration::from_millis(800));
+        assert_eq!(backoff(30), Duration::from_secs(10));
     }
 }

@@ -6,10 +6,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
-use crate::bus::Envelope;
+use crate::bus::{Envelope, Outcome};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::ingest::Outcome;
 use crate::model::{now_micros, Chunk};
 use crate::store::sql_str;
 use crate::time::parse_instant;
@@ -45,6 +44,9 @@ pub struct StoreRequest {
     pub valid_until: Option<serde_json::Value>,
     /// A caller-chosen id (idempotent re-stores); a fresh UUID otherwise.
     pub id: Option<String>,
+    /// Wait until the memory is committed (default) or answer once the bus
+    /// has accepted it (`"status": "accepted"`).
+    pub wait: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -160,6 +162,7 @@ pub fn chunk_from_request(engine: &Engine, caller: &Caller, req: StoreRequest) -
 /// Store one memory and wait until the pipeline has committed it.
 pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Result<StoreResponse> {
     let caller_chose_id = req.id.is_some();
+    let wait = req.wait.unwrap_or(true);
     let chunk = chunk_from_request(engine, caller, req)?;
     if caller_chose_id {
         // An id names one memory in one stream: never let a write move or
@@ -174,45 +177,79 @@ pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Resul
         }
     }
     let id = chunk.id.clone();
-    let waiting = engine.waiters.register(&id);
-    if let Err(e) = engine
-        .bus
-        .publish(vec![Envelope {
-            pipeline: "store".into(),
-            chunk,
-        }])
-        .await
-    {
-        engine.waiters.forget(&id);
-        return Err(e.into());
+    let envelope = Envelope {
+        pipeline: "store".into(),
+        chunk,
+        notify: wait,
+    };
+    if !wait {
+        engine.bus.publish(vec![envelope]).await?;
+        return Ok(StoreResponse {
+            id,
+            status: "accepted",
+        });
     }
+    let watch = engine.notifier.watch(&id).await?;
     let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
-    match tokio::time::timeout(timeout, waiting).await {
-        Ok(Ok(Outcome::Stored)) => Ok(StoreResponse {
+    match engine.bus.publish(vec![envelope]).await {
+        Err(e) => {
+            engine.notifier.forget(&id);
+            return Err(e.into());
+        }
+        Ok(0) => {}
+        Ok(_) => {
+            // The very same write was accepted moments ago (a client retry): it is
+            // stored, or about to be, under its id.
+            engine.notifier.forget(&id);
+            return await_stored(engine, id, timeout).await;
+        }
+    }
+    match tokio::time::timeout(timeout, watch.outcome()).await {
+        Ok(Some(Outcome::Stored)) => Ok(StoreResponse {
             id,
             status: "stored",
         }),
-        Ok(Ok(Outcome::Duplicate { existing_id })) => Ok(StoreResponse {
+        Ok(Some(Outcome::Duplicate { existing_id })) => Ok(StoreResponse {
             id: existing_id,
             status: "stored",
         }),
-        Ok(Ok(Outcome::Dropped { reason })) => Err(Error::invalid(
+        Ok(Some(Outcome::Dropped { reason })) => Err(Error::invalid(
             "content",
             format!("nothing to store ({reason})"),
         )),
-        Ok(Ok(Outcome::Failed { error })) => Err(Error::Internal(format!(
-            "the memory was not stored: {error}"
+        Ok(Some(Outcome::Failed { error })) => Err(Error::Internal(format!(
+            "the memory was not stored and is kept in dead_letters: {error}"
         ))),
-        Ok(Err(_)) => Err(Error::Internal(
+        Ok(None) => Err(Error::Internal(
             "the pipeline worker stopped before storing the memory".into(),
         )),
         Err(_) => {
-            engine.waiters.forget(&id);
+            engine.notifier.forget(&id);
             Err(Error::Timeout(format!(
                 "memory {id} was accepted but not committed within {} ms; it will still be stored",
                 timeout.as_millis()
             )))
         }
+    }
+}
+
+/// Wait (polling the table) until `id` is committed.
+async fn await_stored(engine: &Engine, id: String, timeout: Duration) -> Result<StoreResponse> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if engine.store.get(&id).await?.is_some() {
+            return Ok(StoreResponse {
+                id,
+                status: "stored",
+            });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout(format!(
+                "memory {id} was accepted but not committed within {} ms; it will still be stored",
+                timeout.as_millis()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

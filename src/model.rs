@@ -480,3 +480,60 @@ mod tests {
         assert_ne!(content_hash("dark mode"), content_hash("light mode"));
     }
 }
+
+/// A message the pipeline gave up on, kept with its last error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub id: String,
+    /// The memory id the message carried, when it could be read.
+    pub memory_id: Option<String>,
+    pub stream: Option<String>,
+    pub pipeline: Option<String>,
+    /// The message as received (JSON text, or the raw bytes read lossily).
+    pub payload: String,
+    pub error: String,
+    pub attempts: i32,
+    pub failed_at: Micros,
+}
+
+pub fn dead_letter_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("memory_id", DataType::Utf8, true),
+        Field::new("stream", DataType::Utf8, true),
+        Field::new("pipeline", DataType::Utf8, true),
+        Field::new("payload", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, false),
+        Field::new("attempts", DataType::Int32, false),
+        Field::new("failed_at", ts(), false),
+    ]))
+}
+
+pub fn dead_letters_to_batch(rows: &[DeadLetter]) -> Result<RecordBatch, ModelError> {
+    let s = |f: &dyn Fn(&DeadLetter) -> Option<&str>| -> ArrayRef {
+        let mut b = StringBuilder::new();
+        for r in rows {
+            b.append_option(f(r));
+        }
+        Arc::new(b.finish())
+    };
+    let mut attempts = Int32Builder::new();
+    let mut failed_at = TimestampMicrosecondBuilder::new();
+    for r in rows {
+        attempts.append_value(r.attempts);
+        failed_at.append_value(r.failed_at);
+    }
+    Ok(RecordBatch::try_new(
+        dead_letter_schema(),
+        vec![
+            s(&|r| Some(&r.id)),
+            s(&|r| r.memory_id.as_deref()),
+            s(&|r| r.stream.as_deref()),
+            s(&|r| r.pipeline.as_deref()),
+            s(&|r| Some(&r.payload)),
+            s(&|r| Some(&r.error)),
+            Arc::new(attempts.finish()),
+            Arc::new(failed_at.finish()),
+        ],
+    )?)
+}

@@ -1,31 +1,54 @@
-//! The in-process bus: a bounded queue. Same accept/store semantics as JetStream
-//! within one process, no durability across a crash (a write that was accepted but
-//! not yet stored is lost if the process dies; `/v1/store` waits for stored).
+//! The in-process bus: a bounded queue. Same accept/store/retry semantics as
+//! JetStream within one process, but nothing survives a crash (a write accepted
+//! and not yet stored is lost if the process dies; `/v1/store` waits for stored).
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{BusError, Delivery, Envelope};
+use super::{BusError, Delivery, Envelope, Settle};
+
+type Item = (Envelope, u32);
 
 #[derive(Clone)]
 pub struct EmbeddedBus {
-    tx: Arc<RwLock<Option<mpsc::Sender<Envelope>>>>,
+    tx: Arc<RwLock<Option<mpsc::Sender<Item>>>>,
 }
 
 pub struct EmbeddedConsumer {
-    rx: mpsc::Receiver<Envelope>,
+    rx: mpsc::Receiver<Item>,
+    requeue: mpsc::WeakSender<Item>,
+}
+
+/// Puts a message back on the queue, unless the bus has closed meanwhile.
+pub struct Requeue(mpsc::WeakSender<Item>);
+
+impl Requeue {
+    pub fn later(self, envelope: Envelope, attempt: u32, delay: Duration) {
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            match self.0.upgrade() {
+                Some(tx) => {
+                    let _ = tx.send((envelope, attempt)).await;
+                }
+                None => {
+                    tracing::error!(id = %envelope.chunk.id, "bus closed before a retry; the write is lost")
+                }
+            }
+        });
+    }
 }
 
 impl EmbeddedBus {
     pub fn new(capacity: usize) -> (EmbeddedBus, EmbeddedConsumer) {
         let (tx, rx) = mpsc::channel(capacity);
+        let requeue = tx.downgrade();
         (
             EmbeddedBus {
                 tx: Arc::new(RwLock::new(Some(tx))),
             },
-            EmbeddedConsumer { rx },
+            EmbeddedConsumer { rx, requeue },
         )
     }
 
@@ -37,7 +60,7 @@ impl EmbeddedBus {
             .clone()
             .ok_or(BusError::Closed)?;
         for e in envelopes {
-            tx.send(e).await.map_err(|_| BusError::Closed)?;
+            tx.send((e, 1)).await.map_err(|_| BusError::Closed)?;
         }
         Ok(())
     }
@@ -49,21 +72,30 @@ impl EmbeddedBus {
 }
 
 impl EmbeddedConsumer {
+    fn delivery(&self, (envelope, attempt): Item) -> Delivery {
+        Delivery {
+            envelope: Ok(envelope),
+            attempt,
+            settle: Settle::Embedded(Requeue(self.requeue.clone())),
+        }
+    }
+
     pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Option<Vec<Delivery>> {
         let first = self.rx.recv().await?;
-        let mut batch = vec![Delivery::embedded(first)];
+        let mut batch = vec![self.delivery(first)];
         let deadline = tokio::time::Instant::now() + wait;
         while batch.len() < max {
-            match self.rx.try_recv() {
-                Ok(e) => batch.push(Delivery::embedded(e)),
+            let item = match self.rx.try_recv() {
+                Ok(item) => item,
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
                     match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                        Ok(Some(e)) => batch.push(Delivery::embedded(e)),
+                        Ok(Some(item)) => item,
                         Ok(None) | Err(_) => break,
                     }
                 }
-            }
+            };
+            batch.push(self.delivery(item));
         }
         Some(batch)
     }

@@ -1,14 +1,19 @@
 //! The ingestion bus between the writers (REST, MCP, import) and the pipeline
-//! worker. `embedded` is an in-process queue; a write is *accepted* once the bus
-//! holds it and *stored* once the worker has committed it.
+//! worker. A write is *accepted* once the bus holds it and *stored* once the
+//! worker has committed it. `jetstream` is durable and shared by every process;
+//! `embedded` is an in-process queue with the same semantics within a process.
 
 mod embedded;
+pub mod jetstream;
+mod notify;
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 pub use embedded::{EmbeddedBus, EmbeddedConsumer};
+pub use jetstream::{JetStreamBus, JetStreamConsumer};
+pub use notify::{LocalWaiters, Notifier, Outcome, Watch};
 
 use crate::model::Chunk;
 
@@ -18,6 +23,8 @@ pub enum BusError {
     Closed,
     #[error("the ingestion bus is unavailable: {0}")]
     Unavailable(String),
+    #[error("cannot encode the message: {0}")]
+    Encode(String),
 }
 
 /// One write on the bus: the memory as accepted and the pipeline to run it through.
@@ -25,55 +32,98 @@ pub enum BusError {
 pub struct Envelope {
     pub pipeline: String,
     pub chunk: Chunk,
+    /// A writer waits for this memory's outcome.
+    #[serde(default)]
+    pub notify: bool,
 }
 
-/// A received envelope and how to settle it with the bus.
+/// A message that cannot be decoded: it goes straight to `dead_letters`.
+#[derive(Debug, Clone)]
+pub struct Poison {
+    pub raw: String,
+    pub error: String,
+}
+
+/// A received message and how to settle it with the bus.
 pub struct Delivery {
-    pub envelope: Envelope,
+    pub envelope: Result<Envelope, Poison>,
     /// How many times this message has been delivered, starting at 1.
     pub attempt: u32,
     settle: Settle,
 }
 
 enum Settle {
-    /// The embedded bus keeps nothing once a message is handed over.
-    Nothing,
+    Embedded(embedded::Requeue),
+    JetStream(Box<async_nats::jetstream::Message>),
 }
 
 impl Delivery {
-    pub fn embedded(envelope: Envelope) -> Delivery {
-        Delivery {
-            envelope,
-            attempt: 1,
-            settle: Settle::Nothing,
+    /// Done with: stored, dropped, or dead-lettered.
+    pub async fn ack(self) {
+        match &self.settle {
+            Settle::Embedded(_) => {}
+            Settle::JetStream(m) => jetstream::ack(m).await,
         }
     }
 
-    /// The message is done with (stored, dropped or dead-lettered).
-    pub async fn ack(self) {
+    /// Deliver again after `delay`.
+    pub async fn retry(self, delay: Duration) {
         match self.settle {
-            Settle::Nothing => {}
+            Settle::Embedded(requeue) => {
+                if let Ok(envelope) = self.envelope {
+                    requeue.later(envelope, self.attempt + 1, delay);
+                }
+            }
+            Settle::JetStream(m) => jetstream::nak(&m, delay).await,
         }
     }
+}
+
+/// A NATS subject token for any stream name or id: `[A-Za-z0-9_-]` stay, every
+/// other byte becomes `~XX`.
+pub fn subject_token(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("~{b:02X}"));
+        }
+    }
+    if out.is_empty() {
+        out.push('~');
+    }
+    out
 }
 
 /// The publishing side, shared by every request handler.
 #[derive(Clone)]
 pub enum Bus {
     Embedded(EmbeddedBus),
+    JetStream(JetStreamBus),
 }
 
 impl Bus {
-    /// Hand envelopes to the bus; Ok means accepted.
-    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<(), BusError> {
+    /// Hand envelopes to the bus; Ok means accepted (durably, for JetStream),
+    /// with the number the bus recognised as already accepted.
+    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<usize, BusError> {
         match self {
-            Bus::Embedded(b) => b.publish(envelopes).await,
+            Bus::Embedded(b) => b.publish(envelopes).await.map(|()| 0),
+            Bus::JetStream(b) => b.publish(envelopes).await,
         }
     }
 
     pub fn kind(&self) -> &'static str {
         match self {
             Bus::Embedded(_) => "embedded",
+            Bus::JetStream(_) => "jetstream",
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        match self {
+            Bus::Embedded(_) => true,
+            Bus::JetStream(b) => b.connected(),
         }
     }
 }
@@ -81,14 +131,30 @@ impl Bus {
 /// The receiving side, owned by the pipeline worker.
 pub enum Consumer {
     Embedded(EmbeddedConsumer),
+    JetStream(JetStreamConsumer),
 }
 
 impl Consumer {
     /// Up to `max` deliveries, waiting at most `wait` after the first one arrives.
-    /// None once the bus is closed and drained.
+    /// None once the bus is closed (and, for the embedded bus, drained).
     pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Option<Vec<Delivery>> {
         match self {
             Consumer::Embedded(c) => c.next_batch(max, wait).await,
+            Consumer::JetStream(c) => c.next_batch(max, wait).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_tokens_are_safe_and_distinct() {
+        assert_eq!(subject_token("__user_default__"), "__user_default__");
+        assert_eq!(subject_token("a.b"), "a~2Eb");
+        assert_eq!(subject_token("a b>*"), "a~20b~3E~2A");
+        assert_eq!(subject_token(""), "~");
+        assert_ne!(subject_token("a.b"), subject_token("a~2Eb"));
     }
 }

@@ -12,11 +12,15 @@ use lancedb::index::Index;
 use lancedb::query::{ExecutableQuery, QueryBase, Select};
 use lancedb::{Connection, DistanceType, Table};
 
-use crate::model::{batch_to_chunks, chunk_schema, chunks_to_batch, Chunk, ModelError};
+use crate::model::{
+    batch_to_chunks, chunk_schema, chunks_to_batch, dead_letter_schema, dead_letters_to_batch,
+    Chunk, DeadLetter, ModelError,
+};
 
 pub use writer::ChunkWriter;
 
 pub const CHUNKS: &str = "chunks";
+pub const DEAD_LETTERS: &str = "dead_letters";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -84,6 +88,7 @@ const HIT_COLUMNS: &[&str] = &[
 pub struct Store {
     db: Connection,
     chunks: Table,
+    dead_letters: Table,
     dim: usize,
     writer: ChunkWriter,
 }
@@ -119,10 +124,18 @@ impl Store {
                 .await?;
             table
         };
+        let dead_letters = if names.iter().any(|n| n == DEAD_LETTERS) {
+            db.open_table(DEAD_LETTERS).execute().await?
+        } else {
+            db.create_empty_table(DEAD_LETTERS, dead_letter_schema())
+                .execute()
+                .await?
+        };
         let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
         Ok(Store {
             db,
             chunks,
+            dead_letters,
             dim,
             writer,
         })
@@ -153,6 +166,22 @@ impl Store {
     /// Wait for pending writes and stop the writer.
     pub async fn close(&self) {
         self.writer.close().await;
+    }
+
+    /// Keep messages the pipeline gave up on (rare: written directly, not batched).
+    pub async fn dead_letter(&self, rows: Vec<DeadLetter>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.dead_letters
+            .add(dead_letters_to_batch(&rows)?)
+            .execute()
+            .await?;
+        Ok(())
+    }
+
+    pub async fn count_dead_letters(&self, filter: Option<String>) -> Result<usize> {
+        Ok(self.dead_letters.count_rows(filter).await?)
     }
 
     pub async fn count(&self, filter: Option<String>) -> Result<usize> {

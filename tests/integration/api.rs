@@ -371,7 +371,8 @@ async fn status_and_whoami_describe_the_engine() {
     assert_eq!(st["config_summary"]["embeddings_count"], 1);
     assert_eq!(st["config_summary"]["vector_enabled"], true);
     assert_eq!(st["embedder"]["dim"], 384);
-    assert_eq!(st["bus"], "embedded");
+    assert_eq!(st["bus"]["kind"], "jetstream");
+    assert_eq!(st["bus"]["connected"], true);
     let (s, me) = d.call("GET", "/v1/whoami", None).await;
     assert_eq!(s, 200);
     assert_eq!(me["auth_mode"], "passthrough");

@@ -10,6 +10,8 @@ use tokio::task::JoinHandle;
 
 use loomem::config::Config;
 
+use crate::nats::NatsServer;
+
 pub const ADMIN_TOKEN: &str = "admin-secret-token";
 pub const TOKEN_A: &str = "token-for-stream-a";
 
@@ -22,6 +24,8 @@ pub fn repo_root() -> PathBuf {
 pub struct Options {
     /// Set the admin token and a scoped token (`agent-a`, streams `a` and `a2`).
     pub auth: bool,
+    /// Use the in-process bus instead of a real nats-server.
+    pub embedded: bool,
     /// Extra `LOOMEM_*` overrides.
     pub env: Vec<(String, String)>,
 }
@@ -33,10 +37,24 @@ impl Options {
             ..Default::default()
         }
     }
+
+    pub fn embedded() -> Options {
+        Options {
+            embedded: true,
+            ..Default::default()
+        }
+    }
+
+    pub fn env(mut self, key: &str, value: &str) -> Options {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
 }
 
 pub struct Daemon {
     pub url: String,
+    /// The daemon's own nats-server (JetStream bus).
+    pub nats: Option<NatsServer>,
     pub http: reqwest::Client,
     pub data_dir: PathBuf,
     token: Option<String>,
@@ -47,14 +65,27 @@ pub struct Daemon {
 }
 
 /// The environment a daemon is started with, and the config file it reads.
-pub fn daemon_env(data_dir: &Path, opts: &Options) -> (PathBuf, HashMap<String, String>) {
+/// `nats_url` is the JetStream server to use (None = the embedded bus).
+pub fn daemon_env(
+    data_dir: &Path,
+    nats_url: Option<&str>,
+    opts: &Options,
+) -> (PathBuf, HashMap<String, String>) {
     let mut env: HashMap<String, String> = HashMap::new();
     env.insert(
         "LOOMEM_STORAGE__DATA_DIR".into(),
         data_dir.display().to_string(),
     );
     env.insert("LOOMEM_SERVER__PORT".into(), "0".into());
-    env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
+    match nats_url {
+        Some(url) => {
+            env.insert("LOOMEM_BUS__KIND".into(), "jetstream".into());
+            env.insert("LOOMEM_BUS__NATS_URL".into(), url.into());
+        }
+        None => {
+            env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
+        }
+    }
     env.insert("LOOMEM_EMBED__PROVIDER".into(), "hash".into());
     if opts.auth {
         env.insert("LOOMEM_AUTH_TOKEN".into(), ADMIN_TOKEN.into());
@@ -75,9 +106,17 @@ impl Daemon {
         d
     }
 
-    /// Start on an existing data directory (the caller owns it).
+    /// Start on an existing data directory (the caller owns it), with a
+    /// nats-server of its own whose JetStream data lives beside it.
     pub async fn start_at(data_dir: &Path, opts: Options) -> Daemon {
-        let (config_path, env) = daemon_env(data_dir, &opts);
+        let nats = (!opts.embedded).then(|| NatsServer::start(&data_dir.with_extension("nats")));
+        Daemon::start_with(data_dir, nats, opts).await
+    }
+
+    /// Start against a given nats-server (or the embedded bus when None).
+    pub async fn start_with(data_dir: &Path, nats: Option<NatsServer>, opts: Options) -> Daemon {
+        let url = nats.as_ref().map(NatsServer::url);
+        let (config_path, env) = daemon_env(data_dir, url.as_deref(), &opts);
         let mut cfg = Config::load(&config_path, &env).expect("config loads");
         if opts.auth {
             cfg.server.tokens.push(loomem::config::ScopedToken {
@@ -100,6 +139,7 @@ impl Daemon {
         });
         let d = Daemon {
             url: format!("http://{addr}"),
+            nats,
             http: reqwest::Client::new(),
             data_dir: data_dir.to_path_buf(),
             token: opts.auth.then(|| ADMIN_TOKEN.to_string()),
@@ -123,15 +163,16 @@ impl Daemon {
         panic!("daemon at {} never became healthy", self.url);
     }
 
-    /// Graceful stop: in-flight requests finish, the writer flushes.
-    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+    /// Graceful stop: in-flight requests finish, the writer flushes. Returns
+    /// the nats-server (still running) and the temp dir, for a restart.
+    pub async fn stop(mut self) -> (Option<NatsServer>, Option<tempfile::TempDir>) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
         if let Some(t) = self.task.take() {
             t.await.expect("daemon task");
         }
-        self._dir.take()
+        (self.nats.take(), self._dir.take())
     }
 
     /// Send a request with this daemon's admin token (if any).

@@ -5,4 +5,5 @@ mod api;
 mod auth;
 mod errors;
 mod fixture;
+mod nats;
 mod restart;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Daemon, Options};
+use crate::nats::NatsServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_keeps_every_stored_memory() {
@@ -18,9 +19,9 @@ async fn a_restart_keeps_every_stored_memory() {
                 .await,
         );
     }
-    let dir = d.stop().await;
+    let (nats, dir) = d.stop().await;
 
-    let d = Daemon::start_at(&data, Options::default()).await;
+    let d = Daemon::start_with(&data, nats, Options::default()).await;
     let (_, st) = d.call("GET", "/v1/status", None).await;
     assert_eq!(st["chunks"], 25);
     let mut found = d
@@ -45,7 +46,8 @@ fn free_port() -> u16 {
 async fn the_binary_serves_and_flushes_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (config, env) = daemon_env(&data, &Options::default());
+    let nats = NatsServer::start(&dir.path().join("nats"));
+    let (config, env) = daemon_env(&data, Some(&nats.url()), &Options::default());
     let port = free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
         .args(["serve", "--config"])

@@ -1,0 +1,269 @@
+//! The durable bus: NATS JetStream. Every write is published on
+//! `loomem.in.<stream>` with its memory id as `Nats-Msg-Id` and is *accepted*
+//! once JetStream acknowledges it; a durable pull consumer, shared by every
+//! loomem process, feeds the pipeline worker. A delivered message that is not
+//! acknowledged within `ack_wait` is redelivered, so a worker that dies
+//! mid-batch loses nothing (and the upsert by id makes the replay harmless).
+
+use std::time::Duration;
+
+use async_nats::connection::State;
+use async_nats::jetstream::{self, consumer, stream, AckKind, Message};
+use futures::StreamExt;
+use tokio::sync::watch;
+
+use super::{subject_token, BusError, Delivery, Envelope, Settle};
+use crate::config::BusConfig;
+
+pub const SUBJECT_PREFIX: &str = "loomem.in";
+
+#[derive(Clone)]
+pub struct JetStreamBus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    url: String,
+    publish_timeout: Duration,
+}
+
+pub struct JetStreamConsumer {
+    consumer: consumer::Consumer<consumer::pull::Config>,
+    messages: Option<consumer::pull::Stream>,
+    prefetch: usize,
+    stop: watch::Receiver<bool>,
+}
+
+fn unavailable(url: &str, e: impl std::fmt::Display) -> BusError {
+    BusError::Unavailable(format!("NATS JetStream at {url}: {e}"))
+}
+
+impl JetStreamBus {
+    /// Connect, create (or reuse) the stream and the durable consumer.
+    pub async fn connect(
+        cfg: &BusConfig,
+        stop: watch::Receiver<bool>,
+    ) -> Result<(JetStreamBus, JetStreamConsumer), BusError> {
+        let url = cfg.nats_url.clone();
+        let log_url = url.clone();
+        let client = async_nats::ConnectOptions::new()
+            .name("loomem")
+            .connection_timeout(Duration::from_secs(5))
+            .max_reconnects(None)
+            .event_callback(move |event| {
+                let url = log_url.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => tracing::info!(%url, "NATS connected"),
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!(%url, "NATS disconnected; reconnecting")
+                        }
+                        other => tracing::debug!(%url, event = %other, "NATS event"),
+                    }
+                }
+            })
+            .connect(url.as_str())
+            .await
+            .map_err(|e| {
+                unavailable(
+                    &url,
+                    format!("{e} (start `nats-server -js`, or set bus.kind = \"embedded\")"),
+                )
+            })?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(Duration::from_millis(cfg.publish_timeout_ms));
+        let stream = js
+            .get_or_create_stream(stream::Config {
+                name: cfg.stream_name.clone(),
+                subjects: vec![format!("{SUBJECT_PREFIX}.>")],
+                storage: stream::StorageType::File,
+                retention: stream::RetentionPolicy::WorkQueue,
+                duplicate_window: Duration::from_secs(cfg.duplicate_window_secs),
+                max_bytes: cfg.max_bytes,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| unavailable(&url, format!("creating stream {}: {e}", cfg.stream_name)))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &cfg.consumer_name,
+                consumer::pull::Config {
+                    durable_name: Some(cfg.consumer_name.clone()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: Duration::from_millis(cfg.ack_wait_ms),
+                    max_deliver: i64::from(cfg.max_deliver),
+                    max_ack_pending: cfg.max_ack_pending,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| {
+                unavailable(
+                    &url,
+                    format!("creating consumer {}: {e}", cfg.consumer_name),
+                )
+            })?;
+        Ok((
+            JetStreamBus {
+                client,
+                js,
+                url,
+                publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
+            },
+            JetStreamConsumer {
+                consumer,
+                messages: None,
+                prefetch: (cfg.batch_size * 2).clamp(64, 8192),
+                stop,
+            },
+        ))
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// Publish every envelope (pipelined), then wait for each acknowledgement.
+    /// Returns how many JetStream recognised as duplicates (same message id within
+    /// the duplicate window: already accepted, not delivered again).
+    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<usize, BusError> {
+        if self.client.connection_state() != State::Connected {
+            return Err(unavailable(&self.url, "not connected"));
+        }
+        let mut acks = Vec::with_capacity(envelopes.len());
+        for e in &envelopes {
+            let payload = serde_json::to_vec(e).map_err(|e| BusError::Encode(e.to_string()))?;
+            let subject = format!("{SUBJECT_PREFIX}.{}", subject_token(&e.chunk.stream));
+            let msg = jetstream::message::PublishMessage::build()
+                .payload(payload.into())
+                .message_id(message_id(&e.chunk));
+            let ack = self
+                .js
+                .send_publish(subject, msg)
+                .await
+                .map_err(|e| unavailable(&self.url, e))?;
+            acks.push(ack);
+        }
+        let mut duplicates = 0;
+        for ack in acks {
+            match tokio::time::timeout(self.publish_timeout, ack).await {
+                Ok(Ok(a)) => duplicates += usize::from(a.duplicate),
+                Ok(Err(e)) => return Err(unavailable(&self.url, e)),
+                Err(_) => return Err(unavailable(&self.url, "no acknowledgement in time")),
+            }
+        }
+        Ok(duplicates)
+    }
+
+    /// Is the connection up (for status)?
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == State::Connected
+    }
+}
+
+/// The `Nats-Msg-Id` of a write: the memory id plus a prefix of its content
+/// hash, so a retried publish of the same write is dropped by JetStream while a
+/// deliberate update of the same id within the window still goes through.
+pub fn message_id(chunk: &crate::model::Chunk) -> String {
+    format!(
+        "{}:{}",
+        chunk.id,
+        &chunk.content_hash[..16.min(chunk.content_hash.len())]
+    )
+}
+
+impl JetStreamConsumer {
+    async fn stream(&mut self) -> Result<&mut consumer::pull::Stream, String> {
+        if self.messages.is_none() {
+            let s = self
+                .consumer
+                .stream()
+                .max_messages_per_batch(self.prefetch)
+                .heartbeat(Duration::from_secs(5))
+                .expires(Duration::from_secs(30))
+                .messages()
+                .await
+                .map_err(|e| e.to_string())?;
+            self.messages = Some(s);
+        }
+        Ok(self.messages.as_mut().expect("just set"))
+    }
+
+    /// Up to `max` deliveries, waiting at most `wait` after the first; None once
+    /// the worker is told to stop. Connection trouble is retried with backoff.
+    pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Option<Vec<Delivery>> {
+        let mut backoff = Duration::from_millis(100);
+        let first = loop {
+            if *self.stop.borrow() {
+                return None;
+            }
+            let mut stop = self.stop.clone();
+            let next = match self.stream().await {
+                Ok(s) => {
+                    tokio::select! {
+                        _ = stop.changed() => return None,
+                        m = s.next() => m.map(|r| r.map_err(|e| e.to_string())),
+                    }
+                }
+                Err(e) => Some(Err(e)),
+            };
+            match next {
+                Some(Ok(m)) => break m,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, ?backoff, "JetStream pull failed; retrying");
+                    self.messages = None;
+                    tokio::select! {
+                        _ = stop.changed() => return None,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                None => self.messages = None,
+            }
+        };
+        let mut batch = vec![delivery(first)];
+        let deadline = tokio::time::Instant::now() + wait;
+        while batch.len() < max {
+            let Some(s) = self.messages.as_mut() else {
+                break;
+            };
+            match tokio::time::timeout_at(deadline, s.next()).await {
+                Ok(Some(Ok(m))) => batch.push(delivery(m)),
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "JetStream pull failed mid-batch");
+                    self.messages = None;
+                    break;
+                }
+                Ok(None) => {
+                    self.messages = None;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Some(batch)
+    }
+}
+
+fn delivery(m: Message) -> Delivery {
+    let attempt = m.info().map(|i| i.delivered.max(1) as u32).unwrap_or(1);
+    let envelope = serde_json::from_slice::<Envelope>(&m.payload).map_err(|e| super::Poison {
+        raw: String::from_utf8_lossy(&m.payload[..m.payload.len().min(64 * 1024)]).into_owned(),
+        error: format!("undecodable message on {}: {e}", m.subject),
+    });
+    Delivery {
+        envelope,
+        attempt,
+        settle: Settle::JetStream(Box::new(m)),
+    }
+}
+
+pub(super) async fn ack(m: &Message) {
+    if let Err(e) = m.ack().await {
+        tracing::warn!(error = %e, "ack failed; the message will be redelivered (harmless: upsert by id)");
+    }
+}
+
+pub(super) async fn nak(m: &Message, delay: Duration) {
+    if let Err(e) = m.ack_with(AckKind::Nak(Some(delay))).await {
+        tracing::warn!(error = %e, "nak failed; the message will be redelivered after ack_wait");
+    }
+}
