@@ -166,6 +166,8 @@ pub struct SearchConfig {
     pub vector_weight: f32,
     /// Candidates each leg returns before fusion.
     pub candidates: usize,
+    /// Vector hits less similar than this (cosine) are not candidates.
+    pub min_similarity: f32,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -276,6 +278,9 @@ impl Config {
             if w < 0.0 || !w.is_finite() {
                 return Err(invalid(key, "must be >= 0"));
             }
+        }
+        if !(-1.0..=1.0).contains(&self.search.min_similarity) {
+            return Err(invalid("search.min_similarity", "must be between -1 and 1"));
         }
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));

@@ -60,7 +60,11 @@ impl Engine {
             store: store.clone(),
             embedder: embedder.clone(),
         };
-        let pipelines = Arc::new(Pipelines::load(&cfg.pipelines_dir(), &["store"], &ctx)?);
+        let pipelines = Arc::new(Pipelines::load(
+            &cfg.pipelines_dir(),
+            &["store", "import"],
+            &ctx,
+        )?);
         let (stop_worker, stop_rx) = watch::channel(false);
         let (bus, consumer, notifier) = match cfg.bus.kind {
             BusKind::Embedded => {

@@ -99,8 +99,14 @@ impl Worker {
                     }
                 }
             }
+            Err(e) if deliveries.len() > 1 => {
+                // One bad record must not take its batch-mates down: run each alone.
+                tracing::warn!(pipeline = %name, error = %e, size = deliveries.len(), "batch failed; retrying its records one by one");
+                for d in deliveries {
+                    Box::pin(self.process_group(name, vec![d])).await;
+                }
+            }
             Err(e) => {
-                tracing::warn!(pipeline = %name, error = %e, "batch failed");
                 let error = e.to_string();
                 for d in deliveries {
                     self.retry_or_give_up(d, error.clone()).await;

@@ -7,6 +7,8 @@ use tracing_subscriber::EnvFilter;
 
 use loomem::config::Config;
 
+mod cli;
+
 #[derive(Parser)]
 #[command(
     name = "loomem",
@@ -32,6 +34,23 @@ enum Command {
     Serve,
     /// Parse and validate the configuration and pipelines, then exit.
     CheckConfig,
+    /// Bulk-import a file: straight onto JetStream, or through a daemon with --url.
+    Import {
+        /// The file to import.
+        path: PathBuf,
+        /// jsonl (one /v1/store object per line), longmemeval, or markdown.
+        #[arg(long, default_value = "jsonl")]
+        format: loomem::import::Format,
+        /// Stream for records that name none.
+        #[arg(long)]
+        stream: Option<String>,
+        /// Send through a running daemon (POST /v1/import) instead of publishing directly.
+        #[arg(long)]
+        url: Option<String>,
+        /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
+        #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +81,36 @@ fn main() -> anyhow::Result<()> {
                     cfg.data_dir().display(),
                     cfg.bus.kind
                 );
+            }
+            Command::Import {
+                path,
+                format,
+                stream,
+                url,
+                token,
+            } => {
+                let text = std::fs::read_to_string(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                let report = match url {
+                    Some(url) => {
+                        cli::import_via_daemon(
+                            &url,
+                            token.as_deref(),
+                            format,
+                            stream.as_deref(),
+                            text,
+                        )
+                        .await?
+                    }
+                    None => cli::import_direct(&cfg, format, stream.as_deref(), &text).await?,
+                };
+                for r in &report.rejected {
+                    eprintln!("{}:{}: rejected: {}", path.display(), r.line, r.error);
+                }
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                if !report.rejected.is_empty() {
+                    std::process::exit(2);
+                }
             }
         }
         Ok(())

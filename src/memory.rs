@@ -42,6 +42,9 @@ pub struct StoreRequest {
     pub expires_at: Option<serde_json::Value>,
     pub valid_from: Option<serde_json::Value>,
     pub valid_until: Option<serde_json::Value>,
+    /// When the memory was recorded; defaults to now (imports of dated
+    /// conversations set it to the conversation's time).
+    pub created_at: Option<serde_json::Value>,
     /// A caller-chosen id (idempotent re-stores); a fresh UUID otherwise.
     pub id: Option<String>,
     /// Wait until the memory is committed (default) or answer once the bus
@@ -84,6 +87,15 @@ fn unit_interval(field: &str, v: Option<f32>, default: f32, max: f32) -> Result<
 
 /// Validate a store request into the chunk that goes on the bus.
 pub fn chunk_from_request(engine: &Engine, caller: &Caller, req: StoreRequest) -> Result<Chunk> {
+    chunk_from_parts(caller, &engine.cfg.namespaces, req)
+}
+
+/// [`chunk_from_request`] without an engine (the CLI importer has none).
+pub fn chunk_from_parts(
+    caller: &Caller,
+    namespaces: &std::collections::BTreeMap<String, String>,
+    req: StoreRequest,
+) -> Result<Chunk> {
     let chars = req.content.chars().count();
     if chars > MAX_CONTENT_CHARS {
         return Err(Error::TooLarge(format!(
@@ -93,7 +105,7 @@ pub fn chunk_from_request(engine: &Engine, caller: &Caller, req: StoreRequest) -
     if req.content.trim().is_empty() {
         return Err(Error::invalid("content", "must not be empty"));
     }
-    let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
+    let stream = caller.resolve_stream(req.stream.as_deref(), namespaces)?;
     let id = match req.id {
         Some(id) => {
             check_id(&id)?;
@@ -113,8 +125,11 @@ pub fn chunk_from_request(engine: &Engine, caller: &Caller, req: StoreRequest) -
         Some(m @ serde_json::Value::Object(_)) => Some(m.to_string()),
         Some(_) => return Err(Error::invalid("metadata", "must be a JSON object")),
     };
-    let now = now_micros();
-    let mut chunk = Chunk::new(id, stream, req.content, now);
+    let created_at = match &req.created_at {
+        Some(v) => parse_instant("created_at", v)?,
+        None => now_micros(),
+    };
+    let mut chunk = Chunk::new(id, stream, req.content, created_at);
     chunk.level = level;
     chunk.metadata = metadata;
     chunk.user_id = req.user_id;

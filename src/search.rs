@@ -324,7 +324,10 @@ pub async fn search(
                 .into_iter()
                 .next()
                 .ok_or_else(|| Error::Internal("no query vector".into()))?;
-            Ok::<_, Error>(engine.store.search_vector(&v, &filter, candidates).await?)
+            let mut hits = engine.store.search_vector(&v, &filter, candidates).await?;
+            // `_distance` is cosine distance: similarity = 1 - distance.
+            hits.retain(|h| 1.0 - h.score >= s.min_similarity);
+            Ok::<_, Error>(hits)
         } else {
             Ok(Vec::new())
         }

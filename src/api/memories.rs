@@ -9,7 +9,8 @@ use serde::Deserialize;
 use super::ApiJson;
 use crate::auth::Caller;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::import::{self, Format, ImportReport};
 use crate::memory::{self, PurgeRequest, PurgeResponse, StoreRequest, StoreResponse};
 
 pub async fn store(
@@ -62,4 +63,30 @@ pub async fn purge(
     ApiJson(req): ApiJson<PurgeRequest>,
 ) -> Result<Json<PurgeResponse>> {
     Ok(Json(memory::purge(&engine, &caller, req).await?))
+}
+
+#[derive(Deserialize)]
+pub struct ImportQuery {
+    format: Option<String>,
+    stream: Option<String>,
+}
+
+/// The body is the file itself (`curl --data-binary @file.jsonl`).
+pub async fn import(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Query(q): Query<ImportQuery>,
+    body: axum::body::Bytes,
+) -> Result<Json<ImportReport>> {
+    let format: Format = q
+        .format
+        .as_deref()
+        .unwrap_or("jsonl")
+        .parse()
+        .map_err(|e: String| Error::invalid("format", e))?;
+    let text = std::str::from_utf8(&body)
+        .map_err(|e| Error::BadRequest(format!("the body is not UTF-8: {e}")))?;
+    Ok(Json(
+        import::import_text(&engine, &caller, format, q.stream.as_deref(), text).await?,
+    ))
 }

@@ -77,15 +77,19 @@ impl Notifier {
                 Ok(Watch::Local(rx))
             }
             Notifier::Nats(client) => {
+                if client.connection_state() != async_nats::connection::State::Connected {
+                    return Err(BusError::Unavailable("NATS is not connected".into()));
+                }
                 let sub = client
                     .subscribe(format!("{DONE_PREFIX}.{}", subject_token(id)))
                     .await
                     .map_err(|e| BusError::Unavailable(format!("NATS subscribe: {e}")))?;
                 // Make sure the server has the subscription before the write is published.
-                client
-                    .flush()
-                    .await
-                    .map_err(|e| BusError::Unavailable(format!("NATS flush: {e}")))?;
+                match tokio::time::timeout(std::time::Duration::from_secs(3), client.flush()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(BusError::Unavailable(format!("NATS flush: {e}"))),
+                    Err(_) => return Err(BusError::Unavailable("NATS did not answer a flush in 3 s".into())),
+                }
                 Ok(Watch::Nats(sub))
             }
         }

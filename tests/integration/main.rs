@@ -5,5 +5,6 @@ mod api;
 mod auth;
 mod errors;
 mod fixture;
+mod jetstream;
 mod nats;
 mod restart;

@@ -1,0 +1,273 @@
+//! Ingestion over a real nats-server: accepted vs stored, imports, redelivery,
+//! dead letters, and riding out a NATS outage.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use loomem::bus::{jetstream::message_id, Envelope};
+use loomem::model::Chunk;
+
+use crate::fixture::{Daemon, Options};
+
+/// Poll `GET /v1/status` until `pred` holds (or fail after `secs`).
+async fn wait_status(d: &Daemon, secs: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let (_, st) = d.call("GET", "/v1/status", None).await;
+        if pred(&st) {
+            return st;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(secs),
+            "timed out waiting for {what}: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn publish_raw(d: &Daemon, subject: &str, msg_id: &str, payload: Vec<u8>) {
+    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let msg = async_nats::jetstream::message::PublishMessage::build()
+        .payload(payload.into())
+        .message_id(msg_id);
+    js.send_publish(subject.to_string(), msg)
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_false_answers_accepted_and_the_memory_is_then_stored() {
+    let d = Daemon::start(Options::default()).await;
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "Accepted first, stored soon", "stream": "w", "wait": false})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["status"], "accepted");
+    wait_status(&d, 20, "the memory to be stored", |st| st["chunks"] == 1).await;
+    let id = body["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        d.search_ids(json!({"query": "accepted stored", "stream": "w"}))
+            .await,
+        vec![id]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_import_reports_rejections_and_resumes_without_duplicates() {
+    let d = Daemon::start(Options::default()).await;
+    let file = "{\"content\":\"Alice owns a red bicycle\"}\n{\"content\":\"\"}\n{\"content\":\"Bob plays the cello\",\"id\":\"bob-1\"}\n{\"content\":\"Carol speaks Polish\"}\n{oops\n";
+    let import = || async {
+        let resp = d
+            .http
+            .post(format!("{}/v1/import?format=jsonl&stream=imp", d.url))
+            .body(file)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        resp.json::<Value>().await.unwrap()
+    };
+    let report = import().await;
+    assert_eq!(report["read"], 5);
+    assert_eq!(report["accepted"], 3);
+    let lines: Vec<u64> = report["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, vec![2, 5]);
+    wait_status(&d, 20, "3 imported memories", |st| st["chunks"] == 3).await;
+
+    // Re-running the same import (an interrupted one, say) adds nothing.
+    let again = import().await;
+    assert_eq!(
+        again["accepted"].as_u64().unwrap() + again["duplicates"].as_u64().unwrap(),
+        3
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 3);
+    assert_eq!(
+        d.search_ids(json!({"query": "cello", "stream": "imp"}))
+            .await,
+        vec!["bob-1".to_string()]
+    );
+
+    let (s, body) = d
+        .call_as(None, "POST", "/v1/import?format=yaml", Some(json!({})))
+        .await;
+    assert_eq!(s, 422, "{body}");
+    assert!(body["detail"].as_str().unwrap().starts_with("format:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivered_write_never_duplicates_a_memory() {
+    let d = Daemon::start(Options::default()).await;
+    let id = d.store("The boiler was serviced in May", "r").await;
+    // The same write delivered again (as after a crash between commit and ack),
+    // under a message id JetStream has not seen, so it really is delivered.
+    let mut chunk = Chunk::new(
+        id.clone(),
+        "r".into(),
+        "The boiler was serviced in May".into(),
+        1,
+    );
+    chunk.created_at = loomem::model::now_micros();
+    let env = Envelope {
+        pipeline: "store".into(),
+        chunk,
+        notify: false,
+    };
+    for i in 0..3 {
+        publish_raw(
+            &d,
+            "loomem.in.r",
+            &format!("replay-{i}"),
+            serde_json::to_vec(&env).unwrap(),
+        )
+        .await;
+    }
+    wait_status(&d, 20, "the replays to be processed", |st| {
+        st["pipelines"]["store"][3]["records_out"].as_u64() == Some(4)
+    })
+    .await;
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 1);
+    assert_eq!(
+        d.search_ids(json!({"query": "boiler serviced", "stream": "r"}))
+            .await,
+        vec![id]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
+    let d = Daemon::start(Options::default().env("LOOMEM_BUS__MAX_DELIVER", "2")).await;
+    // Undecodable bytes.
+    publish_raw(&d, "loomem.in.p", "garbage-1", b"{not an envelope".to_vec()).await;
+    // Decodable, but its 3-dimensional vector cannot be written to a 384-d table.
+    let mut bad = Chunk::new(
+        "bad-vector".into(),
+        "p".into(),
+        "vector of the wrong size".into(),
+        1,
+    );
+    bad.embedding = Some(vec![0.1, 0.2, 0.3]);
+    bad.embed_model = Some("hash-384".into());
+    let good = Chunk::new(
+        "good-one".into(),
+        "p".into(),
+        "a perfectly good memory".into(),
+        1,
+    );
+    for c in [bad, good] {
+        let env = Envelope {
+            pipeline: "store".into(),
+            chunk: c,
+            notify: false,
+        };
+        publish_raw(
+            &d,
+            "loomem.in.p",
+            &message_id(&env.chunk),
+            serde_json::to_vec(&env).unwrap(),
+        )
+        .await;
+    }
+    let st = wait_status(&d, 30, "two dead letters", |st| st["dead_letters"] == 2).await;
+    assert_eq!(st["chunks"], 1, "{st}");
+    assert_eq!(
+        d.search_ids(json!({"query": "perfectly good", "stream": "p"}))
+            .await,
+        vec!["good-one".to_string()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_down_is_a_fast_503_and_the_daemon_recovers_by_itself() {
+    let mut d = Daemon::start(Options::default()).await;
+    d.store("before the outage", "n").await;
+    d.nats.as_mut().unwrap().stop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "during the outage", "stream": "n"})),
+        )
+        .await;
+    assert_eq!(s, 503, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("NATS"), "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "503 took {:?}",
+        started.elapsed()
+    );
+    // Reads keep working during the outage.
+    assert_eq!(
+        d.search_ids(json!({"query": "before outage", "stream": "n"}))
+            .await
+            .len(),
+        1
+    );
+
+    d.nats.as_mut().unwrap().restart();
+    let started = Instant::now();
+    loop {
+        let (s, _) = d
+            .call(
+                "POST",
+                "/v1/store",
+                Some(json!({"content": "after the outage", "stream": "n", "id": "after-1"})),
+            )
+            .await;
+        if s == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no recovery: last status {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        d.search_ids(json!({"query": "after outage", "stream": "n"}))
+            .await[0],
+        "after-1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_embedded_bus_has_the_same_semantics() {
+    let d = Daemon::start(Options::embedded()).await;
+    let id = d.store("Stored through the in-process bus", "e").await;
+    assert_eq!(
+        d.search_ids(json!({"query": "in-process bus", "stream": "e"}))
+            .await,
+        vec![id]
+    );
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "not waited for", "stream": "e", "wait": false})),
+        )
+        .await;
+    assert_eq!((s, body["status"].as_str()), (200, Some("accepted")));
+    wait_status(&d, 10, "the second memory", |st| st["chunks"] == 2).await;
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["bus"]["kind"], "embedded");
+}
