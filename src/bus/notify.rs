@@ -85,10 +85,15 @@ impl Notifier {
                     .await
                     .map_err(|e| BusError::Unavailable(format!("NATS subscribe: {e}")))?;
                 // Make sure the server has the subscription before the write is published.
-                match tokio::time::timeout(std::time::Duration::from_secs(3), client.flush()).await {
+                match tokio::time::timeout(std::time::Duration::from_secs(3), client.flush()).await
+                {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Err(BusError::Unavailable(format!("NATS flush: {e}"))),
-                    Err(_) => return Err(BusError::Unavailable("NATS did not answer a flush in 3 s".into())),
+                    Err(_) => {
+                        return Err(BusError::Unavailable(
+                            "NATS did not answer a flush in 3 s".into(),
+                        ))
+                    }
                 }
                 Ok(Watch::Nats(sub))
             }
