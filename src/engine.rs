@@ -59,6 +59,7 @@ impl Engine {
         let ctx = BuildContext {
             store: store.clone(),
             embedder: embedder.clone(),
+            dir: cfg.pipelines_dir(),
         };
         let pipelines = Arc::new(Pipelines::load(
             &cfg.pipelines_dir(),

@@ -9,6 +9,7 @@ pub mod config;
 pub mod embed;
 pub mod engine;
 pub mod error;
+pub mod graph;
 pub mod import;
 pub mod ingest;
 pub mod memory;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::embed::Embedder;
 use crate::model::Chunk;
-use crate::store::Store;
+use crate::store::{HistoryRow, Neighbor, Store};
 
 pub use stats::{StageStats, StageStatsSnapshot};
 
@@ -49,6 +49,14 @@ pub enum Disposition {
 pub struct Record {
     pub chunk: Chunk,
     pub disposition: Disposition,
+    /// Other chunks this record changes (e.g. the memory it supersedes); the
+    /// `write` stage commits them with the batch.
+    pub also_write: Vec<Chunk>,
+    /// Changes to record in `history`, written after the batch commits.
+    pub history: Vec<HistoryRow>,
+    /// The closest stored memories of the same stream, best first (filled once,
+    /// by the first stage that needs them).
+    pub neighbors: Option<Vec<Neighbor>>,
 }
 
 impl Record {
@@ -56,6 +64,9 @@ impl Record {
         Record {
             chunk,
             disposition: Disposition::Keep,
+            also_write: Vec::new(),
+            history: Vec::new(),
+            neighbors: None,
         }
     }
 
@@ -100,6 +111,41 @@ impl<T: RecordStage> Stage for T {
 pub struct BuildContext {
     pub store: Arc<Store>,
     pub embedder: Arc<dyn Embedder>,
+    /// Where the pipeline files live; stage files named in parameters resolve here.
+    pub dir: std::path::PathBuf,
+}
+
+/// Fill `neighbors` (the `k` most similar latest memories of the record's
+/// stream) for every kept, embedded record that lacks them: one batched vector
+/// search per stream.
+pub async fn ensure_neighbors(
+    store: &Store,
+    batch: &mut [Record],
+    k: usize,
+) -> Result<(), PipelineError> {
+    let mut by_stream: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, r) in batch.iter().enumerate() {
+        if r.is_kept() && r.neighbors.is_none() && r.chunk.embedding.is_some() {
+            by_stream.entry(r.chunk.stream.clone()).or_default().push(i);
+        }
+    }
+    for (stream, idx) in by_stream {
+        let vectors: Vec<&[f32]> = idx
+            .iter()
+            .map(|i| batch[*i].chunk.embedding.as_deref().expect("filtered"))
+            .collect();
+        let found = store
+            .nearest_many(&stream, &vectors, k)
+            .await
+            .map_err(|e| PipelineError::Batch {
+                stage: "neighbors",
+                message: e.to_string(),
+            })?;
+        for (i, n) in idx.into_iter().zip(found) {
+            batch[i].neighbors = Some(n);
+        }
+    }
+    Ok(())
 }
 
 /// What one stage did to one batch.
@@ -265,6 +311,7 @@ mod tests {
         BuildContext {
             store: Arc::new(Store::open(dir, 16, 100).await.unwrap()),
             embedder: Arc::new(HashEmbedder::new(16)),
+            dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines"),
         }
     }
 

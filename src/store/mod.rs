@@ -21,6 +21,60 @@ pub use writer::ChunkWriter;
 
 pub const CHUNKS: &str = "chunks";
 pub const DEAD_LETTERS: &str = "dead_letters";
+pub const ENTITIES: &str = "entities";
+pub const EDGES: &str = "edges";
+pub const HISTORY: &str = "history";
+
+/// One change to a memory, with its reason (supersession, merge, …).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct HistoryRow {
+    pub id: String,
+    pub stream: String,
+    pub chunk_id: String,
+    /// `superseded`, `supersedes`, `merged`, …
+    pub event: String,
+    pub reason: String,
+    pub related_ids: Vec<String>,
+    pub created_at: crate::model::Micros,
+}
+
+pub fn history_schema() -> arrow_schema::SchemaRef {
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("chunk_id", DataType::Utf8, false),
+        Field::new("event", DataType::Utf8, false),
+        Field::new("reason", DataType::Utf8, false),
+        Field::new(
+            "related_ids",
+            DataType::List(std::sync::Arc::new(Field::new(
+                "item",
+                DataType::Utf8,
+                true,
+            ))),
+            true,
+        ),
+        Field::new(
+            "created_at",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ),
+    ]))
+}
+
+async fn open_or_create(
+    db: &Connection,
+    existing: &[String],
+    name: &str,
+    schema: arrow_schema::SchemaRef,
+) -> Result<Table> {
+    if existing.iter().any(|n| n == name) {
+        Ok(db.open_table(name).execute().await?)
+    } else {
+        Ok(db.create_empty_table(name, schema).execute().await?)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -46,6 +100,14 @@ pub fn sql_str(value: &str) -> String {
 pub struct Hit {
     pub chunk: Chunk,
     pub score: f32,
+}
+
+/// A stored memory close to a query vector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Neighbor {
+    pub id: String,
+    pub similarity: f32,
+    pub content_hash: String,
 }
 
 /// The columns a search returns: everything but the embedding.
@@ -89,6 +151,8 @@ pub struct Store {
     db: Connection,
     chunks: Table,
     dead_letters: Table,
+    history: Table,
+    pub graph: crate::graph::Graph,
     dim: usize,
     writer: ChunkWriter,
 }
@@ -124,18 +188,19 @@ impl Store {
                 .await?;
             table
         };
-        let dead_letters = if names.iter().any(|n| n == DEAD_LETTERS) {
-            db.open_table(DEAD_LETTERS).execute().await?
-        } else {
-            db.create_empty_table(DEAD_LETTERS, dead_letter_schema())
-                .execute()
-                .await?
+        let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
+        let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
+        let graph = crate::graph::Graph {
+            entities: open_or_create(&db, &names, ENTITIES, crate::graph::entity_schema()).await?,
+            edges: open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
         };
         let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
         Ok(Store {
             db,
             chunks,
             dead_letters,
+            history,
+            graph,
             dim,
             writer,
         })
@@ -178,6 +243,45 @@ impl Store {
             .execute()
             .await?;
         Ok(())
+    }
+
+    /// Record changes to memories (one commit).
+    pub async fn add_history(&self, rows: Vec<HistoryRow>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = crate::graph::rows_to_batch(history_schema(), &rows)?;
+        self.history.add(batch).execute().await?;
+        Ok(())
+    }
+
+    /// History rows of one chunk, oldest first.
+    pub async fn history_of(&self, chunk_id: &str) -> Result<Vec<HistoryRow>> {
+        let batches: Vec<RecordBatch> = self
+            .history
+            .query()
+            .only_if(format!("chunk_id = {}", sql_str(chunk_id)))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut rows = Vec::new();
+        for b in &batches {
+            let c = crate::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                rows.push(HistoryRow {
+                    id: c.str("id", r).unwrap_or_default(),
+                    stream: c.str("stream", r).unwrap_or_default(),
+                    chunk_id: c.str("chunk_id", r).unwrap_or_default(),
+                    event: c.str("event", r).unwrap_or_default(),
+                    reason: c.str("reason", r).unwrap_or_default(),
+                    related_ids: c.str_list("related_ids", r),
+                    created_at: c.time("created_at", r).unwrap_or(0),
+                });
+            }
+        }
+        rows.sort_by_key(|r| r.created_at);
+        Ok(rows)
     }
 
     pub async fn count_dead_letters(&self, filter: Option<String>) -> Result<usize> {
@@ -262,6 +366,73 @@ impl Store {
             .try_collect()
             .await?;
         hits(&batches, "_distance")
+    }
+}
+
+impl Store {
+    /// For each vector, the `k` most similar latest memories of `stream` (one
+    /// table scan for all vectors), best first.
+    pub async fn nearest_many(
+        &self,
+        stream: &str,
+        vectors: &[&[f32]],
+        k: usize,
+    ) -> Result<Vec<Vec<Neighbor>>> {
+        let mut out = vec![Vec::new(); vectors.len()];
+        let Some((first, rest)) = vectors.split_first() else {
+            return Ok(out);
+        };
+        if self
+            .count(Some(format!("stream = {}", sql_str(stream))))
+            .await?
+            == 0
+        {
+            return Ok(out);
+        }
+        let mut q = self.chunks.query().nearest_to(*first)?;
+        for v in rest {
+            q = q.add_query_vector(*v)?;
+        }
+        let batches: Vec<RecordBatch> = q
+            .distance_type(DistanceType::Cosine)
+            .only_if(format!(
+                "stream = {} AND superseded_by IS NULL AND embedding IS NOT NULL",
+                sql_str(stream)
+            ))
+            .select(Select::columns(&["id", "content_hash", "_distance"]))
+            .limit(k)
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        for b in &batches {
+            let c = crate::model::Columns::new(b);
+            let dist = b
+                .column_by_name("_distance")
+                .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
+                .ok_or_else(|| ModelError::Column("_distance".into()))?;
+            let qi = b.column_by_name("query_index");
+            for r in 0..b.num_rows() {
+                let query = match qi {
+                    Some(col) => arrow_array::cast::AsArray::as_primitive::<
+                        arrow_array::types::Int32Type,
+                    >(col.as_ref())
+                    .value(r) as usize,
+                    None => 0,
+                };
+                if let Some(list) = out.get_mut(query) {
+                    list.push(Neighbor {
+                        id: c.str("id", r).unwrap_or_default(),
+                        similarity: 1.0 - dist.value(r),
+                        content_hash: c.str("content_hash", r).unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        for list in &mut out {
+            list.sort_by(|a, b| b.similarity.total_cmp(&a.similarity));
+        }
+        Ok(out)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The stage registry: `stage = "<name>"` in a pipeline file selects a builder here.
 
 pub mod embed;
+pub mod extract_entities;
 pub mod redact_pii;
 pub mod sanitize;
 pub mod write;
@@ -15,6 +16,7 @@ type Builder = fn(toml::Table, &BuildContext) -> Result<Box<dyn Stage>, Pipeline
 const REGISTRY: &[(&str, Builder)] = &[
     ("sanitize", sanitize::build),
     ("redact_pii", redact_pii::build),
+    ("extract_entities", extract_entities::build),
     ("embed", embed::build),
     ("write", write::build),
 ];

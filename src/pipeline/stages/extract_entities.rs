@@ -1,0 +1,878 @@
+//! `extract_entities`: finds entities (dictionary first, then deterministic
+//! rules for people, organisations, projects, places and dates), normalises
+//! them to keys ("VS Code" = "VSCode" = "vscode"), fills the chunk's `entities`
+//! and, when clear, `subject` and a `preference` type, and folds the mentions
+//! and relations ("alice -uses-> cursor", co-occurrence) into the stream's graph.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use regex::Regex;
+use serde::Deserialize;
+
+use super::parse_params;
+use crate::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
+use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
+use crate::store::Store;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtractEntitiesConfig {
+    /// Dictionary file (relative to the pipelines directory) with `[[entity]]` entries.
+    #[serde(default)]
+    pub dictionary_file: Option<String>,
+    /// Extra entries given inline.
+    #[serde(default)]
+    pub entity: Vec<DictionaryEntry>,
+    /// Record mentions and relations in the `entities`/`edges` tables.
+    #[serde(default = "yes")]
+    pub populate_graph: bool,
+    /// Most entities per chunk that pair up as co-occurrence edges.
+    #[serde(default = "ten")]
+    pub max_cooccurrence: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn ten() -> usize {
+    10
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DictionaryFile {
+    entity: Vec<DictionaryEntry>,
+}
+
+/// Capitalised words that start sentences or are otherwise not names.
+const NOT_NAMES: &[&str] = &[
+    "i",
+    "im",
+    "ive",
+    "id",
+    "ill",
+    "the",
+    "a",
+    "an",
+    "this",
+    "that",
+    "these",
+    "those",
+    "it",
+    "its",
+    "we",
+    "you",
+    "he",
+    "she",
+    "they",
+    "my",
+    "our",
+    "your",
+    "his",
+    "her",
+    "their",
+    "me",
+    "us",
+    "them",
+    "what",
+    "when",
+    "where",
+    "why",
+    "how",
+    "who",
+    "which",
+    "yes",
+    "no",
+    "ok",
+    "okay",
+    "hi",
+    "hello",
+    "hey",
+    "thanks",
+    "thank",
+    "please",
+    "sure",
+    "also",
+    "and",
+    "but",
+    "or",
+    "so",
+    "if",
+    "then",
+    "because",
+    "as",
+    "at",
+    "in",
+    "on",
+    "for",
+    "to",
+    "from",
+    "with",
+    "by",
+    "of",
+    "about",
+    "after",
+    "before",
+    "since",
+    "until",
+    "while",
+    "during",
+    "today",
+    "tomorrow",
+    "yesterday",
+    "tonight",
+    "now",
+    "later",
+    "soon",
+    "recently",
+    "last",
+    "next",
+    "every",
+    "each",
+    "all",
+    "some",
+    "any",
+    "many",
+    "most",
+    "more",
+    "just",
+    "still",
+    "already",
+    "actually",
+    "really",
+    "maybe",
+    "perhaps",
+    "well",
+    "great",
+    "good",
+    "nice",
+    "cool",
+    "wow",
+    "oh",
+    "user",
+    "assistant",
+    "system",
+    "note",
+    "update",
+    "btw",
+    "let",
+    "lets",
+    "can",
+    "could",
+    "would",
+    "should",
+    "will",
+    "do",
+    "does",
+    "did",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "have",
+    "has",
+    "had",
+    "there",
+    "here",
+    "not",
+    "dont",
+    "one",
+    "two",
+    "three",
+    "first",
+    "second",
+    "new",
+    "old",
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+    "sure",
+    "sorry",
+    "great",
+    "however",
+    "anyway",
+    "overall",
+    "finally",
+    "otherwise",
+    "instead",
+    "although",
+    "though",
+];
+
+/// Dictionary keys that are also ordinary words: they match only when capitalised.
+const COMMON_WORDS: &[&str] = &[
+    "go", "rust", "cursor", "safari", "teams", "windows", "react", "java", "slack", "chrome", "ts",
+    "js", "zed", "vue", "redis", "docker", "mongo",
+];
+
+const ORG_SUFFIXES: &[&str] = &[
+    "inc",
+    "corp",
+    "corporation",
+    "ltd",
+    "llc",
+    "gmbh",
+    "university",
+    "bank",
+    "labs",
+    "foundation",
+    "company",
+    "institute",
+    "group",
+    "technologies",
+    "systems",
+    "studios",
+    "agency",
+    "ministry",
+    "college",
+    "school",
+];
+
+const PERSON_BEFORE: &[&str] = &[
+    "friend",
+    "wife",
+    "husband",
+    "brother",
+    "sister",
+    "mom",
+    "dad",
+    "mother",
+    "father",
+    "boss",
+    "colleague",
+    "coworker",
+    "son",
+    "daughter",
+    "partner",
+    "manager",
+    "met",
+    "with",
+    "named",
+    "called",
+    "told",
+    "asked",
+    "cousin",
+    "uncle",
+    "aunt",
+    "grandma",
+    "grandpa",
+    "neighbor",
+    "neighbour",
+    "roommate",
+    "girlfriend",
+    "boyfriend",
+    "mentor",
+];
+
+const PERSON_AFTER: &[&str] = &[
+    "said", "says", "is", "was", "works", "worked", "uses", "used", "likes", "liked", "prefers",
+    "lives", "lived", "told", "asked", "wants", "has", "had", "will", "and", "leads", "manages",
+    "joined", "thinks", "loves",
+];
+
+const PLACE_BEFORE: &[&str] = &[
+    "in", "from", "near", "visit", "visited", "visiting", "around",
+];
+
+/// Verbs that relate two entities, as written → relation name.
+const RELATION_VERBS: &[(&str, &str)] = &[
+    ("uses", "uses"),
+    ("use", "uses"),
+    ("using", "uses"),
+    ("works at", "works_at"),
+    ("work at", "works_at"),
+    ("works for", "works_at"),
+    ("work for", "works_at"),
+    ("works on", "works_on"),
+    ("work on", "works_on"),
+    ("working on", "works_on"),
+    ("prefers", "prefers"),
+    ("prefer", "prefers"),
+    ("likes", "likes"),
+    ("like", "likes"),
+    ("loves", "likes"),
+    ("love", "likes"),
+    ("manages", "manages"),
+    ("manage", "manages"),
+    ("leads", "leads"),
+    ("lead", "leads"),
+    ("owns", "owns"),
+    ("own", "owns"),
+    ("lives in", "lives_in"),
+    ("live in", "lives_in"),
+    ("moved to", "lives_in"),
+    ("switched to", "uses"),
+    ("joined", "works_at"),
+    ("founded", "founded"),
+    ("knows", "knows"),
+    ("know", "knows"),
+    ("married", "married"),
+];
+
+const PREFERENCE_CUES: &[&str] = &[
+    "prefer",
+    "prefers",
+    "preferred",
+    "favorite",
+    "favourite",
+    "like",
+    "likes",
+    "love",
+    "loves",
+    "hate",
+    "hates",
+    "dislike",
+    "dislikes",
+    "enjoy",
+    "enjoys",
+    "can't stand",
+    "cannot stand",
+    "rather",
+];
+
+impl ExtractEntitiesConfig {
+    pub fn build(
+        self,
+        store: Arc<Store>,
+        dir: &std::path::Path,
+    ) -> Result<ExtractEntities, PipelineError> {
+        let cfg_err = |message: String| PipelineError::Config {
+            stage: "extract_entities".into(),
+            message,
+        };
+        let mut entries = self.entity;
+        if let Some(file) = &self.dictionary_file {
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
+            let parsed: DictionaryFile =
+                toml::from_str(&text).map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
+            entries.extend(parsed.entity);
+        }
+        Ok(ExtractEntities {
+            dictionary: Dictionary::new(entries),
+            store,
+            populate_graph: self.populate_graph,
+            max_cooccurrence: self.max_cooccurrence,
+            word: Regex::new(r"[\p{L}\p{N}][\p{L}\p{N}'’.\-+#]*").expect("static regex"),
+            date: Regex::new(
+                r"(?i)\b\d{4}-\d{2}-\d{2}\b|\b(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.? \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b|\b\d{1,2}(?:st|nd|rd|th)? (?:of )?(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)(?:,? \d{4})?\b",
+            )
+            .expect("static regex"),
+            project: Regex::new(r"\b[Pp]roject ([A-Z][\w-]+)|\b(?:the|our|my) ([A-Za-z][\w-]+) project\b").expect("static regex"),
+            first_person: Regex::new(r"(?i)^(?:user\b|i\b|i'm\b|i've\b|my\b|me\b)|\b(?:i|my|me|i'm|i've|myself)\b").expect("static regex"),
+        })
+    }
+}
+
+pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, PipelineError> {
+    let cfg: ExtractEntitiesConfig = parse_params("extract_entities", params)?;
+    Ok(Box::new(cfg.build(ctx.store.clone(), &ctx.dir)?))
+}
+
+pub struct ExtractEntities {
+    pub dictionary: Dictionary,
+    store: Arc<Store>,
+    populate_graph: bool,
+    max_cooccurrence: usize,
+    word: Regex,
+    date: Regex,
+    project: Regex,
+    first_person: Regex,
+}
+
+/// One entity found in a text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    pub key: String,
+    pub name: String,
+    pub entity_type: String,
+    pub surface: String,
+    /// Byte offset in the text.
+    pub start: usize,
+    pub end: usize,
+}
+
+struct Token<'a> {
+    text: &'a str,
+    start: usize,
+    end: usize,
+    sentence_start: bool,
+}
+
+fn is_capitalised(s: &str) -> bool {
+    s.chars().next().is_some_and(char::is_uppercase)
+}
+
+impl ExtractEntities {
+    fn tokens<'a>(&self, text: &'a str) -> Vec<Token<'a>> {
+        let mut out = Vec::new();
+        let mut last_end = 0;
+        for m in self.word.find_iter(text) {
+            let gap = &text[last_end..m.start()];
+            let sentence_start = out.is_empty() || gap.contains(['.', '!', '?', '\n', ':']);
+            let t = m.as_str().trim_end_matches(['.', '\'', '’', '-']);
+            out.push(Token {
+                text: t,
+                start: m.start(),
+                end: m.start() + t.len(),
+                sentence_start,
+            });
+            last_end = m.end();
+        }
+        out
+    }
+
+    /// Every entity in `text`, in order of appearance.
+    pub fn find(&self, text: &str) -> Vec<Found> {
+        let tokens = self.tokens(text);
+        let mut used = vec![false; tokens.len()];
+        let mut found = Vec::new();
+        let lower = |i: usize| tokens[i].text.to_lowercase();
+
+        for m in self.date.find_iter(text) {
+            for (i, t) in tokens.iter().enumerate() {
+                if t.start >= m.start() && t.end <= m.end() {
+                    used[i] = true;
+                }
+            }
+            found.push(Found {
+                key: entity_key(m.as_str()),
+                name: m.as_str().to_string(),
+                entity_type: "DATE".into(),
+                surface: m.as_str().to_string(),
+                start: m.start(),
+                end: m.end(),
+            });
+        }
+        // Dictionary n-grams, longest first.
+        for n in (1..=self.dictionary.max_words.max(1)).rev() {
+            for i in 0..tokens.len().saturating_sub(n - 1) {
+                if used[i..i + n].iter().any(|u| *u) {
+                    continue;
+                }
+                let surface = &text[tokens[i].start..tokens[i + n - 1].end];
+                let key = entity_key(surface);
+                let Some(entry) = self.dictionary.get(&key) else {
+                    continue;
+                };
+                if n == 1 && COMMON_WORDS.contains(&key.as_str()) && !is_capitalised(tokens[i].text)
+                {
+                    continue;
+                }
+                used[i..i + n].iter_mut().for_each(|u| *u = true);
+                found.push(Found {
+                    key: entity_key(&entry.name),
+                    name: entry.name.clone(),
+                    entity_type: entry.entity_type.clone(),
+                    surface: surface.to_string(),
+                    start: tokens[i].start,
+                    end: tokens[i + n - 1].end,
+                });
+            }
+        }
+        // Projects named by pattern.
+        for caps in self.project.captures_iter(text) {
+            let Some(m) = caps.get(1).or_else(|| caps.get(2)) else {
+                continue;
+            };
+            let key = entity_key(m.as_str());
+            if NOT_NAMES.contains(&key.as_str())
+                || ["side", "new", "big", "whole", "same"].contains(&key.as_str())
+            {
+                continue;
+            }
+            let whole = caps.get(0).expect("match");
+            for (i, t) in tokens.iter().enumerate() {
+                if t.start >= whole.start() && t.end <= whole.end() {
+                    used[i] = true;
+                }
+            }
+            found.push(Found {
+                key,
+                name: m.as_str().to_string(),
+                entity_type: "PROJECT".into(),
+                surface: m.as_str().to_string(),
+                start: m.start(),
+                end: m.end(),
+            });
+        }
+        // Runs of capitalised words.
+        let mut i = 0;
+        while i < tokens.len() {
+            let starts_name = !used[i]
+                && is_capitalised(tokens[i].text)
+                && !NOT_NAMES.contains(&lower(i).as_str())
+                && tokens[i].text.chars().any(char::is_alphabetic);
+            if !starts_name {
+                i += 1;
+                continue;
+            }
+            let mut j = i + 1;
+            while j < tokens.len()
+                && !used[j]
+                && !tokens[j].sentence_start
+                && is_capitalised(tokens[j].text)
+                && !NOT_NAMES.contains(&lower(j).as_str())
+                && j - i < 4
+            {
+                j += 1;
+            }
+            let words: Vec<String> = (i..j).map(lower).collect();
+            let prev = i.checked_sub(1).map(lower).unwrap_or_default();
+            let next = if j < tokens.len() {
+                lower(j)
+            } else {
+                String::new()
+            };
+            let entity_type = if words
+                .last()
+                .is_some_and(|w| ORG_SUFFIXES.contains(&w.as_str()))
+            {
+                Some("ORGANIZATION")
+            } else if PLACE_BEFORE.contains(&prev.as_str()) {
+                Some("PLACE")
+            } else if PERSON_BEFORE.contains(&prev.as_str())
+                || PERSON_AFTER.contains(&next.as_str())
+            {
+                Some("PERSON")
+            } else if tokens[i].sentence_start && j - i == 1 {
+                // A lone capitalised word opening a sentence is most often just a word.
+                None
+            } else {
+                Some("CONCEPT")
+            };
+            if let Some(t) = entity_type {
+                let surface = &text[tokens[i].start..tokens[j - 1].end];
+                found.push(Found {
+                    key: entity_key(surface),
+                    name: surface.to_string(),
+                    entity_type: t.into(),
+                    surface: surface.to_string(),
+                    start: tokens[i].start,
+                    end: tokens[j - 1].end,
+                });
+            }
+            i = j;
+        }
+        found.sort_by_key(|f| f.start);
+        found.dedup_by(|a, b| a.key == b.key);
+        found.retain(|f| !f.key.is_empty());
+        found
+    }
+
+    fn is_first_person(&self, text: &str) -> bool {
+        self.first_person.is_match(text)
+    }
+
+    /// Relations between the found entities (and the user, for first-person text).
+    pub fn relations(&self, text: &str, found: &[Found]) -> Vec<(String, String, String)> {
+        let lower = text.to_lowercase();
+        let mut out = Vec::new();
+        for (surface, relation) in RELATION_VERBS {
+            for (pos, _) in lower.match_indices(surface) {
+                let end = pos + surface.len();
+                let boundary =
+                    |i: usize| i >= lower.len() || !lower.as_bytes()[i].is_ascii_alphanumeric();
+                if (pos > 0 && !boundary(pos - 1)) || !boundary(end) {
+                    continue;
+                }
+                // Subject: the nearest entity before the verb in the same clause, else the user.
+                let before = &lower[..pos];
+                let clause_start = before
+                    .rfind(['.', '!', '?', '\n', ';'])
+                    .map(|i| i + 1)
+                    .unwrap_or(0);
+                let subject = found
+                    .iter()
+                    .filter(|f| f.end <= pos && f.start >= clause_start && f.entity_type != "DATE")
+                    .next_back()
+                    .map(|f| f.key.clone())
+                    .or_else(|| {
+                        self.is_first_person(&text[clause_start..pos])
+                            .then(|| "user".to_string())
+                    });
+                // Object: the first entity after the verb, within a few words.
+                let object = found
+                    .iter()
+                    .find(|f| {
+                        f.start >= end
+                            && f.entity_type != "DATE"
+                            && text[end..f.start].split_whitespace().count() <= 3
+                    })
+                    .map(|f| f.key.clone());
+                if let (Some(s), Some(o)) = (subject, object) {
+                    if s != o {
+                        out.push((s, relation.to_string(), o));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn is_preference(&self, text: &str) -> bool {
+        let lower = text.to_lowercase();
+        self.is_first_person(text)
+            && PREFERENCE_CUES.iter().any(|cue| {
+                lower.match_indices(cue).any(|(pos, _)| {
+                    let end = pos + cue.len();
+                    (pos == 0 || !lower.as_bytes()[pos - 1].is_ascii_alphabetic())
+                        && (end >= lower.len() || !lower.as_bytes()[end].is_ascii_alphabetic())
+                })
+            })
+    }
+}
+
+impl Stage for ExtractEntities {
+    fn name(&self) -> &'static str {
+        "extract_entities"
+    }
+
+    fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
+        Box::pin(async move {
+            let mut mentions = Vec::new();
+            let mut relations = Vec::new();
+            for r in batch.iter_mut().filter(|r| r.is_kept()) {
+                let c = &mut r.chunk;
+                let found = self.find(&c.content);
+                let keys: BTreeSet<String> = c
+                    .entities
+                    .iter()
+                    .cloned()
+                    .chain(found.iter().map(|f| f.key.clone()))
+                    .collect();
+                c.entities = keys.into_iter().collect();
+                if c.subject.is_none() {
+                    let named: Vec<&Found> = found
+                        .iter()
+                        .filter(|f| {
+                            matches!(
+                                f.entity_type.as_str(),
+                                "PERSON" | "PROJECT" | "ORGANIZATION"
+                            )
+                        })
+                        .collect();
+                    if self.is_first_person(&c.content) {
+                        c.subject = Some("user".into());
+                    } else if named.len() == 1 {
+                        c.subject = Some(named[0].name.clone());
+                    }
+                }
+                if c.memory_type == "general" && self.is_preference(&c.content) {
+                    c.memory_type = "preference".into();
+                }
+                for f in &found {
+                    mentions.push(Mention {
+                        stream: c.stream.clone(),
+                        key: f.key.clone(),
+                        name: f.name.clone(),
+                        entity_type: f.entity_type.clone(),
+                        surface: f.surface.clone(),
+                        chunk_id: c.id.clone(),
+                        at: c.created_at,
+                    });
+                }
+                let linked: Vec<&Found> = found
+                    .iter()
+                    .filter(|f| f.entity_type != "DATE")
+                    .take(self.max_cooccurrence)
+                    .collect();
+                for (i, a) in linked.iter().enumerate() {
+                    for b in &linked[i + 1..] {
+                        let (s, t) = if a.key < b.key { (a, b) } else { (b, a) };
+                        relations.push(Relation {
+                            stream: c.stream.clone(),
+                            source: s.key.clone(),
+                            target: t.key.clone(),
+                            relation: "co_occurs".into(),
+                            chunk_id: c.id.clone(),
+                            at: c.created_at,
+                        });
+                    }
+                }
+                for (s, rel, t) in self.relations(&c.content, &found) {
+                    relations.push(Relation {
+                        stream: c.stream.clone(),
+                        source: s,
+                        target: t,
+                        relation: rel,
+                        chunk_id: c.id.clone(),
+                        at: c.created_at,
+                    });
+                }
+            }
+            if self.populate_graph {
+                self.store
+                    .graph
+                    .record(&mentions, &relations)
+                    .await
+                    .map_err(|e| PipelineError::Batch {
+                        stage: "extract_entities",
+                        message: e.to_string(),
+                    })?;
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn stage() -> (ExtractEntities, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(tmp.path(), 8, 100).await.unwrap());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+        let cfg = ExtractEntitiesConfig {
+            dictionary_file: Some("entities.toml".into()),
+            entity: vec![],
+            populate_graph: true,
+            max_cooccurrence: 10,
+        };
+        (cfg.build(store, &dir).unwrap(), tmp)
+    }
+
+    fn keys(found: &[Found]) -> Vec<(&str, &str)> {
+        found
+            .iter()
+            .map(|f| (f.key.as_str(), f.entity_type.as_str()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn dictionary_aliases_are_one_entity() {
+        let (s, _t) = stage().await;
+        for text in [
+            "I use VS Code daily",
+            "I use VSCode daily",
+            "i use vscode daily",
+            "Visual Studio Code is my editor",
+        ] {
+            assert_eq!(
+                keys(&s.find(text)),
+                vec![("vscode", "TECHNOLOGY")],
+                "{text}"
+            );
+        }
+        // An ordinary word that is also a product name needs its capital.
+        assert!(s.find("we go to the rust belt").is_empty());
+        assert_eq!(
+            keys(&s.find("I write Go and Rust")),
+            vec![("go", "TECHNOLOGY"), ("rust", "TECHNOLOGY")]
+        );
+    }
+
+    #[tokio::test]
+    async fn rules_find_people_places_orgs_projects_and_dates() {
+        let (s, _t) = stage().await;
+        let f = s.find("My friend Alice Kowalski moved from Berlin to work at Acme Labs on Project Falcon, due April 15th.");
+        assert_eq!(
+            keys(&f),
+            vec![
+                ("alicekowalski", "PERSON"),
+                ("berlin", "PLACE"),
+                ("acmelabs", "ORGANIZATION"),
+                ("falcon", "PROJECT"),
+                ("april15th", "DATE"),
+            ]
+        );
+        assert!(s.find("Yesterday was fine. Thanks!").is_empty());
+        assert_eq!(
+            keys(&s.find("the dashboard project slipped")),
+            vec![("dashboard", "PROJECT")]
+        );
+    }
+
+    #[tokio::test]
+    async fn relations_link_subject_verb_object() {
+        let (s, _t) = stage().await;
+        let text = "Alice uses Cursor. I prefer Vim.";
+        let f = s.find(text);
+        let rels = s.relations(text, &f);
+        assert!(
+            rels.contains(&("alice".into(), "uses".into(), "cursor".into())),
+            "{rels:?}"
+        );
+        assert!(
+            rels.contains(&("user".into(), "prefers".into(), "vim".into())),
+            "{rels:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stage_fills_entities_subject_type_and_graph() {
+        let (s, _t) = stage().await;
+        let mut batch = vec![
+            Record::new(crate::model::Chunk::new(
+                "1".into(),
+                "st".into(),
+                "I prefer Cursor over VS Code".into(),
+                10,
+            )),
+            Record::new(crate::model::Chunk::new(
+                "2".into(),
+                "st".into(),
+                "Alice uses Cursor IDE".into(),
+                20,
+            )),
+        ];
+        s.process(&mut batch).await.unwrap();
+        assert_eq!(batch[0].chunk.entities, vec!["cursor", "vscode"]);
+        assert_eq!(batch[0].chunk.subject.as_deref(), Some("user"));
+        assert_eq!(batch[0].chunk.memory_type, "preference");
+        assert_eq!(batch[1].chunk.subject.as_deref(), Some("Alice"));
+        assert_eq!(batch[1].chunk.memory_type, "general");
+        let cursor = s
+            .store
+            .graph
+            .entity("st", "Cursor IDE")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(cursor.chunk_count, 2);
+        assert_eq!(cursor.entity_type, "TECHNOLOGY");
+        let edges = s.store.graph.edges_of("st", "cursor").await.unwrap();
+        assert!(
+            edges
+                .iter()
+                .any(|e| e.source == "alice" && e.relation == "uses"),
+            "{edges:?}"
+        );
+        assert!(s
+            .store
+            .graph
+            .entity("other", "Cursor")
+            .await
+            .unwrap()
+            .is_none());
+    }
+}
