@@ -323,7 +323,16 @@ mod tests {
         let all = Pipelines::load(&dir, &["store"], &ctx).unwrap();
         assert_eq!(
             all.get("store").unwrap().stage_names(),
-            vec!["sanitize", "redact_pii", "embed", "write"]
+            vec![
+                "sanitize",
+                "redact_pii",
+                "extract_entities",
+                "embed",
+                "dedupe",
+                "score_surprise",
+                "detect_contradictions",
+                "write"
+            ]
         );
     }
 

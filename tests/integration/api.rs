@@ -29,7 +29,9 @@ async fn store_then_search_finds_the_memory_with_trace() {
     assert_eq!(info["level"], "L0");
     assert_eq!(info["is_latest"], true);
     assert_eq!(info["version"], 1);
-    assert_eq!(info["memory_type"], "general");
+    // First-person preference: typed and weighted as the reference says.
+    assert_eq!(info["memory_type"], "preference");
+    assert_eq!(info["importance"], 2.0);
     assert!(info["created_at"].as_i64().unwrap() > 1_700_000_000);
     assert_eq!(info["legs"]["bm25"]["rank"], 1, "{info}");
     let meta = &resp["trace_metadata"];
@@ -145,8 +147,20 @@ async fn pipeline_sanitizes_and_redacts_before_storing() {
         .iter()
         .map(|s| s["stage"].as_str().unwrap())
         .collect();
-    assert_eq!(names, vec!["sanitize", "redact_pii", "embed", "write"]);
-    assert_eq!(stages[3]["records_out"], 1);
+    assert_eq!(
+        names,
+        vec![
+            "sanitize",
+            "redact_pii",
+            "extract_entities",
+            "embed",
+            "dedupe",
+            "score_surprise",
+            "detect_contradictions",
+            "write"
+        ]
+    );
+    assert_eq!(stages[7]["records_out"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -753,7 +753,7 @@ mod tests {
         let store = Arc::new(Store::open(tmp.path(), 8, 100).await.unwrap());
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
         let cfg = ExtractEntitiesConfig {
-            dictionary_file: Some("entities.toml".into()),
+            dictionary_file: Some("dictionaries/entities.toml".into()),
             entity: vec![],
             populate_graph: true,
             max_cooccurrence: 10,

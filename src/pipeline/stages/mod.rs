@@ -1,9 +1,12 @@
 //! The stage registry: `stage = "<name>"` in a pipeline file selects a builder here.
 
+pub mod dedupe;
+pub mod detect_contradictions;
 pub mod embed;
 pub mod extract_entities;
 pub mod redact_pii;
 pub mod sanitize;
+pub mod score_surprise;
 pub mod write;
 
 use serde::de::DeserializeOwned;
@@ -18,6 +21,9 @@ const REGISTRY: &[(&str, Builder)] = &[
     ("redact_pii", redact_pii::build),
     ("extract_entities", extract_entities::build),
     ("embed", embed::build),
+    ("dedupe", dedupe::build),
+    ("score_surprise", score_surprise::build),
+    ("detect_contradictions", detect_contradictions::build),
     ("write", write::build),
 ];
 

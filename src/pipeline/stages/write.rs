@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
+use crate::pipeline::{BuildContext, Disposition, PipelineError, Record, Stage};
 use crate::store::Store;
 
 /// `write` takes no parameters.
@@ -37,18 +37,31 @@ impl Stage for Write {
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
         Box::pin(async move {
-            let rows: Vec<_> = batch
+            // Side effects of kept and deliberately dropped records (a duplicate
+            // updates the memory it duplicates, an update the memory it
+            // supersedes); none of failed ones.
+            let settled = batch
                 .iter()
-                .filter(|r| r.is_kept())
-                .map(|r| r.chunk.clone())
+                .filter(|r| !matches!(r.disposition, Disposition::Fail(_)));
+            let mut rows: Vec<_> = settled
+                .clone()
+                .flat_map(|r| r.also_write.iter().cloned())
                 .collect();
-            self.store
-                .upsert(rows)
-                .await
-                .map_err(|e| PipelineError::Batch {
-                    stage: "write",
-                    message: e.to_string(),
-                })
+            // The batch's own records last: when a record is also another's
+            // side effect, its own final form wins the fold by id.
+            rows.extend(
+                batch
+                    .iter()
+                    .filter(|r| r.is_kept())
+                    .map(|r| r.chunk.clone()),
+            );
+            let history: Vec<_> = settled.flat_map(|r| r.history.iter().cloned()).collect();
+            let fail = |e: crate::store::StoreError| PipelineError::Batch {
+                stage: "write",
+                message: e.to_string(),
+            };
+            self.store.upsert(rows).await.map_err(fail)?;
+            self.store.add_history(history).await.map_err(fail)
         })
     }
 }

@@ -1,0 +1,398 @@
+//! `detect_contradictions`: a new memory that updates an earlier one about the
+//! same subject supersedes it. Nothing is deleted: the old memory gets
+//! `valid_until` and `superseded_by`, the new one `supersedes` and the next
+//! `version`, and `history` records both sides with the reason.
+//!
+//! Updates are recognised without an LLM: an update cue ("switched from X to
+//! Y", "now uses", "no longer", "instead of") plus an entity the old memory
+//! named (X) or one of the same category (another editor), or the same
+//! attribute slot ("my favorite color is …").
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use regex::Regex;
+use serde::Deserialize;
+
+use super::parse_params;
+use crate::graph::{entity_key, Dictionary, DictionaryEntry};
+use crate::model::{now_micros, Chunk};
+use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
+use crate::store::{sql_str, HistoryRow, Store};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectContradictionsConfig {
+    /// The entity dictionary (for categories), relative to the pipelines directory.
+    #[serde(default)]
+    pub dictionary_file: Option<String>,
+    /// Extra entries given inline.
+    #[serde(default)]
+    pub entity: Vec<DictionaryEntry>,
+    /// Most earlier memories one new memory may supersede.
+    #[serde(default = "default_max")]
+    pub max_superseded: usize,
+}
+
+fn default_max() -> usize {
+    5
+}
+
+#[derive(Deserialize)]
+struct DictionaryFile {
+    entity: Vec<DictionaryEntry>,
+}
+
+impl DetectContradictionsConfig {
+    pub fn build(
+        self,
+        store: Arc<Store>,
+        dir: &std::path::Path,
+    ) -> Result<DetectContradictions, PipelineError> {
+        let cfg_err = |message: String| PipelineError::Config {
+            stage: "detect_contradictions".into(),
+            message,
+        };
+        let mut entries = self.entity;
+        if let Some(file) = &self.dictionary_file {
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
+            let parsed: DictionaryFile =
+                toml::from_str(&text).map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
+            entries.extend(parsed.entity);
+        }
+        let dictionary = Dictionary::new(entries);
+        let mut by_category: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut category_of = BTreeMap::new();
+        for entry in dictionary.by_key.values() {
+            if let Some(cat) = &entry.category {
+                let key = entity_key(&entry.name);
+                by_category
+                    .entry(cat.clone())
+                    .or_default()
+                    .insert(key.clone());
+                category_of.insert(key, cat.clone());
+            }
+        }
+        Ok(DetectContradictions {
+            store,
+            max_superseded: self.max_superseded,
+            by_category,
+            category_of,
+            from_to: Regex::new(r"(?i)\b(?:switched|switching|moved|moving|migrated|migrating|changed|changing|transitioned|went)\b[^.;!?]{0,20}?\bfrom\s+(?P<from>[^,.;!?]+?)\s+(?:to|for)\b")
+                .expect("static regex"),
+            cue: Regex::new(r"(?i)\b(?:switched|switching|moved|migrated|changed|transitioned)(?: over| back)? to\b|\bnow (?:use|uses|using|prefer|prefers|work|works|working|live|lives|drive|drives|run|runs)\b|\bno longer\b|\binstead of\b|\breplaced\b|\bnot anymore\b|\bthese days\b|\bnowadays\b|\bstopped using\b|\bgave up\b")
+                .expect("static regex"),
+            slot: Regex::new(r"(?i)\b(?:my|user'?s|the user'?s|his|her|their)\s+(favorite|favourite|preferred|current|new|main)\s+([a-z][a-z ]{1,30}?)\s+(?:is|are|was|has become|became)\b")
+                .expect("static regex"),
+        })
+    }
+}
+
+pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, PipelineError> {
+    let cfg: DetectContradictionsConfig = parse_params("detect_contradictions", params)?;
+    Ok(Box::new(cfg.build(ctx.store.clone(), &ctx.dir)?))
+}
+
+pub struct DetectContradictions {
+    store: Arc<Store>,
+    max_superseded: usize,
+    by_category: BTreeMap<String, BTreeSet<String>>,
+    category_of: BTreeMap<String, String>,
+    from_to: Regex,
+    cue: Regex,
+    slot: Regex,
+}
+
+/// What a new memory would supersede: old memories of the same subject that
+/// name one of `keys`, or that fill the same `slot`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Update {
+    pub cue: String,
+    pub keys: BTreeSet<String>,
+    pub slot: Option<String>,
+}
+
+fn excerpt(s: &str) -> String {
+    let mut t: String = s.chars().take(120).collect();
+    if t.len() < s.len() {
+        t.push('…');
+    }
+    t
+}
+
+impl DetectContradictions {
+    /// The update a memory announces, if any.
+    pub fn update_of(&self, chunk: &Chunk) -> Option<Update> {
+        let text = &chunk.content;
+        let mut update = Update::default();
+        let own: BTreeSet<&String> = chunk.entities.iter().collect();
+        if let Some(caps) = self.from_to.captures(text) {
+            update.cue = caps[0].trim().to_string();
+            let from = &caps["from"];
+            // Entities the "from" clause names: whole clause and each word.
+            let from_key = entity_key(from);
+            for e in &chunk.entities {
+                if from_key.contains(e.as_str()) {
+                    update.keys.insert(e.clone());
+                }
+            }
+            for word in from.split_whitespace() {
+                let k = entity_key(word);
+                if !k.is_empty() && (self.category_of.contains_key(&k) || own.contains(&k)) {
+                    update.keys.insert(k);
+                }
+            }
+        }
+        if let Some(m) = self.cue.find(text) {
+            if update.cue.is_empty() {
+                update.cue = m.as_str().to_string();
+            }
+            for e in &chunk.entities {
+                if let Some(cat) = self.category_of.get(e) {
+                    for other in &self.by_category[cat] {
+                        if other != e && !own.contains(other) {
+                            update.keys.insert(other.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(caps) = self.slot.captures(text) {
+            let slot = format!(
+                "{} {}",
+                caps[1].to_lowercase(),
+                caps[2].trim().to_lowercase()
+            );
+            if update.cue.is_empty() {
+                update.cue = format!("new value for {slot}");
+            }
+            update.slot = Some(slot);
+        }
+        (!update.keys.is_empty() || update.slot.is_some()).then_some(update)
+    }
+
+    /// Does `old` hold what `update` (from `new`) replaces?
+    fn replaces(&self, update: &Update, new: &Chunk, old: &Chunk) -> bool {
+        old.id != new.id
+            && old.stream == new.stream
+            && old.superseded_by.is_none()
+            && !old.immutable
+            && old.created_at <= new.created_at
+            && old.subject.as_deref().map(str::to_lowercase)
+                == new.subject.as_deref().map(str::to_lowercase)
+            && (old.entities.iter().any(|e| update.keys.contains(e))
+                || update
+                    .slot
+                    .as_ref()
+                    .is_some_and(|s| old.content.to_lowercase().contains(s.as_str())))
+    }
+
+    async fn stored_candidates(
+        &self,
+        update: &Update,
+        new: &Chunk,
+    ) -> Result<Vec<Chunk>, PipelineError> {
+        let Some(subject) = &new.subject else {
+            return Ok(Vec::new());
+        };
+        let mut any: Vec<String> = update
+            .keys
+            .iter()
+            .map(|k| format!("array_has(entities, {})", sql_str(k)))
+            .collect();
+        if let Some(slot) = &update.slot {
+            any.push(format!(
+                "lower(content) LIKE {}",
+                sql_str(&format!("%{slot}%"))
+            ));
+        }
+        let filter = format!(
+            "stream = {} AND superseded_by IS NULL AND id != {} AND lower(subject) = {} AND ({})",
+            sql_str(&new.stream),
+            sql_str(&new.id),
+            sql_str(&subject.to_lowercase()),
+            any.join(" OR ")
+        );
+        let found = self
+            .store
+            .find(filter, Some(self.max_superseded * 4))
+            .await
+            .map_err(|e| PipelineError::Batch {
+                stage: "detect_contradictions",
+                message: e.to_string(),
+            })?;
+        Ok(found
+            .into_iter()
+            .filter(|old| self.replaces(update, new, old))
+            .collect())
+    }
+}
+
+/// Mark `old` as replaced by `new` and write both sides of the history.
+fn supersede(new: &mut Chunk, old: &mut Chunk, reason: &str, history: &mut Vec<HistoryRow>) {
+    let now = now_micros();
+    let from = *new.valid_from.get_or_insert(new.created_at);
+    old.valid_until = Some(old.valid_until.map_or(from, |u| u.min(from)));
+    old.superseded_by = Some(new.id.clone());
+    old.updated_at = now;
+    if new.version <= old.version {
+        new.version = old.version + 1;
+        new.supersedes = Some(old.id.clone());
+    }
+    for (chunk_id, event, related) in [
+        (&old.id, "superseded", &new.id),
+        (&new.id, "supersedes", &old.id),
+    ] {
+        history.push(HistoryRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            stream: new.stream.clone(),
+            chunk_id: chunk_id.clone(),
+            event: event.into(),
+            reason: reason.to_string(),
+            related_ids: vec![related.clone()],
+            created_at: now,
+        });
+    }
+}
+
+impl Stage for DetectContradictions {
+    fn name(&self) -> &'static str {
+        "detect_contradictions"
+    }
+
+    fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
+        Box::pin(async move {
+            for i in 0..batch.len() {
+                if !batch[i].is_kept() || batch[i].chunk.subject.is_none() {
+                    continue;
+                }
+                let Some(update) = self.update_of(&batch[i].chunk) else {
+                    continue;
+                };
+                let mut stored = self.stored_candidates(&update, &batch[i].chunk).await?;
+                stored.truncate(self.max_superseded);
+                let (earlier, rest) = batch.split_at_mut(i);
+                let r = &mut rest[0];
+                for mut old in stored {
+                    let reason = format!(
+                        "{}: \"{}\" updates \"{}\"",
+                        update.cue,
+                        excerpt(&r.chunk.content),
+                        excerpt(&old.content)
+                    );
+                    supersede(&mut r.chunk, &mut old, &reason, &mut r.history);
+                    r.also_write.push(old);
+                }
+                for e in earlier.iter_mut().filter(|e| e.is_kept()) {
+                    if self.replaces(&update, &r.chunk, &e.chunk) {
+                        let reason = format!(
+                            "{}: \"{}\" updates \"{}\"",
+                            update.cue,
+                            excerpt(&r.chunk.content),
+                            excerpt(&e.chunk.content)
+                        );
+                        supersede(&mut r.chunk, &mut e.chunk, &reason, &mut r.history);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn stage() -> (DetectContradictions, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(tmp.path(), 8, 100).await.unwrap());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+        let cfg = DetectContradictionsConfig {
+            dictionary_file: Some("dictionaries/entities.toml".into()),
+            entity: vec![],
+            max_superseded: 5,
+        };
+        (cfg.build(store, &dir).unwrap(), tmp)
+    }
+
+    fn chunk(id: &str, text: &str, entities: &[&str], at: i64) -> Chunk {
+        let mut c = Chunk::new(id.into(), "s".into(), text.into(), at);
+        c.subject = Some("user".into());
+        c.entities = entities.iter().map(|e| e.to_string()).collect();
+        c
+    }
+
+    #[tokio::test]
+    async fn cues_name_what_is_replaced() {
+        let (s, _t) = stage().await;
+        let u = s
+            .update_of(&chunk(
+                "n",
+                "I switched from VSCode to Cursor last week",
+                &["cursor", "vscode"],
+                2,
+            ))
+            .unwrap();
+        assert!(u.keys.contains("vscode"), "{u:?}");
+        assert!(!u.keys.contains("cursor"), "{u:?}");
+        let u = s
+            .update_of(&chunk(
+                "n",
+                "I now use Cursor for everything",
+                &["cursor"],
+                2,
+            ))
+            .unwrap();
+        assert!(u.keys.contains("vscode") && u.keys.contains("vim"), "{u:?}");
+        let u = s
+            .update_of(&chunk("n", "My favorite color is green", &[], 2))
+            .unwrap();
+        assert_eq!(u.slot.as_deref(), Some("favorite color"));
+        assert!(s
+            .update_of(&chunk("n", "I use Cursor and like it", &["cursor"], 2))
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn an_update_in_the_same_batch_supersedes_the_earlier_memory() {
+        let (s, _t) = stage().await;
+        let mut batch = vec![
+            Record::new(chunk("old", "I use VS Code for work", &["vscode"], 1)),
+            Record::new(chunk("new", "I switched to Cursor", &["cursor"], 2)),
+        ];
+        s.process(&mut batch).await.unwrap();
+        let (old, new) = (&batch[0].chunk, &batch[1].chunk);
+        assert_eq!(old.superseded_by.as_deref(), Some("new"));
+        assert_eq!(old.valid_until, Some(2));
+        assert_eq!(new.supersedes.as_deref(), Some("old"));
+        assert_eq!(new.version, 2);
+        assert_eq!(batch[1].history.len(), 2);
+        assert!(
+            batch[1].history[0].reason.contains("switched to"),
+            "{:?}",
+            batch[1].history
+        );
+    }
+
+    #[tokio::test]
+    async fn older_or_immutable_memories_are_left_alone() {
+        let (s, _t) = stage().await;
+        let mut frozen = chunk("frozen", "I use VS Code", &["vscode"], 1);
+        frozen.immutable = true;
+        let mut batch = vec![
+            Record::new(frozen),
+            Record::new(chunk("later", "I use Vim", &["vim"], 5)),
+            Record::new(chunk("new", "I switched to Cursor", &["cursor"], 3)),
+        ];
+        s.process(&mut batch).await.unwrap();
+        assert!(batch[0].chunk.superseded_by.is_none());
+        assert!(
+            batch[1].chunk.superseded_by.is_none(),
+            "a newer memory is not replaced by an older one"
+        );
+    }
+}
