@@ -341,3 +341,90 @@ pub async fn purge(engine: &Engine, caller: &Caller, req: PurgeRequest) -> Resul
         deleted_ids: ids,
     })
 }
+
+/// One version in a fact's chain.
+#[derive(Debug, Serialize)]
+pub struct Version {
+    pub chunk_id: String,
+    pub version: i32,
+    pub content: String,
+    pub created_at: String,
+    pub valid_from: Option<String>,
+    pub valid_until: Option<String>,
+    pub superseded_by: Option<String>,
+    pub is_current: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct History {
+    pub chunk_id: String,
+    /// Oldest first; the current version has `is_current: true`.
+    pub versions: Vec<Version>,
+    /// Every recorded change to these versions, with its reason, oldest first.
+    pub events: Vec<crate::store::HistoryRow>,
+}
+
+/// The version chain of a memory (through `supersedes` / `superseded_by`),
+/// oldest first, with the recorded reasons. At most `limit` versions, the newest.
+pub async fn history(
+    engine: &Engine,
+    caller: &Caller,
+    id: &str,
+    limit: Option<usize>,
+) -> Result<History> {
+    let not_found = || Error::NotFound(format!("no memory with id `{id}`"));
+    let start = engine.store.get(id).await?.ok_or_else(not_found)?;
+    if !caller.can_see(&start.stream) {
+        return Err(not_found());
+    }
+    const MAX_CHAIN: usize = 1000;
+    let mut chain = vec![start];
+    // Back to the first version …
+    while let Some(prev) = chain[0].supersedes.clone() {
+        if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == prev) {
+            break;
+        }
+        match engine.store.get(&prev).await? {
+            Some(c) => chain.insert(0, c),
+            None => break,
+        }
+    }
+    // … and forward to the current one.
+    while let Some(next) = chain.last().and_then(|c| c.superseded_by.clone()) {
+        if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == next) {
+            break;
+        }
+        match engine.store.get(&next).await? {
+            Some(c) => chain.push(c),
+            None => break,
+        }
+    }
+    if let Some(limit) = limit.filter(|l| *l > 0) {
+        let skip = chain.len().saturating_sub(limit);
+        chain.drain(..skip);
+    }
+    let mut events = Vec::new();
+    for c in &chain {
+        events.extend(engine.store.history_of(&c.id).await?);
+    }
+    events.sort_by_key(|e| e.created_at);
+    events.dedup_by(|a, b| a.id == b.id);
+    use crate::time::to_rfc3339;
+    Ok(History {
+        chunk_id: id.to_string(),
+        versions: chain
+            .into_iter()
+            .map(|c| Version {
+                is_current: c.superseded_by.is_none(),
+                chunk_id: c.id,
+                version: c.version,
+                content: c.content,
+                created_at: to_rfc3339(c.created_at),
+                valid_from: c.valid_from.map(to_rfc3339),
+                valid_until: c.valid_until.map(to_rfc3339),
+                superseded_by: c.superseded_by,
+            })
+            .collect(),
+        events,
+    })
+}

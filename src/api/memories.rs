@@ -90,3 +90,17 @@ pub async fn import(
         import::import_text(&engine, &caller, format, q.stream.as_deref(), text).await?,
     ))
 }
+
+#[derive(Deserialize)]
+pub struct HistoryQuery {
+    limit: Option<usize>,
+}
+
+pub async fn history(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Json<memory::History>> {
+    Ok(Json(memory::history(&engine, &caller, &id, q.limit).await?))
+}

@@ -26,6 +26,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/api/memories/{id}", delete(memories::delete_rest))
         .route("/v1/purge-namespace", post(memories::purge))
         .route("/v1/import", post(memories::import))
+        .route("/v1/memories/{id}/history", get(memories::history))
         .route("/v1/search", post(search_handler))
         .route("/v1/status", get(status))
         .route("/v1/namespaces", get(namespaces))

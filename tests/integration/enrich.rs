@@ -1,0 +1,122 @@
+//! The enrichment stages seen through the API: dedupe, supersession, entities.
+
+use serde_json::json;
+
+use crate::fixture::{Daemon, Options};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_editors_supersedes_the_old_fact_and_history_shows_both() {
+    let d = Daemon::start(Options::default()).await;
+    let old = d.store("I use VSCode for all my coding", "dev").await;
+    let new = d.store("I switched to Cursor last week", "dev").await;
+
+    // One latest memory: the default search no longer returns the old fact.
+    let ids = d
+        .search_ids(json!({"query": "coding with VSCode or Cursor", "stream": "dev"}))
+        .await;
+    assert!(ids.contains(&new), "{ids:?}");
+    assert!(!ids.contains(&old), "{ids:?}");
+    // The superseded one comes back, marked, when asked for.
+    let (_, resp) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "VSCode coding", "stream": "dev", "include_superseded": true, "trace": true})),
+        )
+        .await;
+    let hit = resp["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["chunk_id"] == old.as_str())
+        .unwrap()
+        .clone();
+    assert!(
+        hit["content"].as_str().unwrap().starts_with("[UPDATED] "),
+        "{hit}"
+    );
+    assert_eq!(hit["trace_info"]["is_latest"], false);
+    assert_eq!(hit["trace_info"]["superseded_by"], new.as_str());
+
+    let (s, h) = d
+        .call("GET", &format!("/v1/memories/{old}/history"), None)
+        .await;
+    assert_eq!(s, 200, "{h}");
+    let versions = h["versions"].as_array().unwrap();
+    assert_eq!(versions.len(), 2);
+    assert_eq!(versions[0]["chunk_id"], old.as_str());
+    assert_eq!(versions[0]["is_current"], false);
+    assert!(versions[0]["valid_until"].is_string());
+    assert_eq!(versions[1]["chunk_id"], new.as_str());
+    assert_eq!(versions[1]["version"], 2);
+    assert_eq!(versions[1]["is_current"], true);
+    let events: Vec<&str> = h["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert!(
+        events.contains(&"superseded") && events.contains(&"supersedes"),
+        "{events:?}"
+    );
+    assert!(
+        h["events"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("switched to"),
+        "{h}"
+    );
+
+    // Nothing was deleted.
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 2);
+
+    // Bitemporal: before the switch the old fact held, after it the new one.
+    let before = versions[0]["created_at"].as_str().unwrap();
+    let ids = d
+        .search_ids(json!({"query": "coding editor VSCode Cursor", "stream": "dev", "include_superseded": true, "valid_at": before}))
+        .await;
+    assert_eq!(ids, vec![old.clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_restore_returns_the_existing_id() {
+    let d = Daemon::start(Options::default()).await;
+    let first = d.store("Alice is allergic to peanuts", "x").await;
+    let again = d.store("alice is  allergic to PEANUTS", "x").await;
+    assert_eq!(first, again);
+    let elsewhere = d.store("Alice is allergic to peanuts", "y").await;
+    assert_ne!(first, elsewhere, "dedupe is per stream");
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 2);
+    let dedupe = st["pipelines"]["store"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["stage"] == "dedupe")
+        .unwrap()
+        .clone();
+    assert_eq!(dedupe["dropped"]["duplicate"], 1, "{dedupe}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_are_extracted_normalised_and_filterable() {
+    let d = Daemon::start(Options::default()).await;
+    let a = d
+        .store("My colleague Bob uses VS Code at Acme Labs", "g")
+        .await;
+    let b = d.store("Bob said vscode crashed again", "g").await;
+    d.store("The weather in Lisbon was lovely", "g").await;
+    let mut ids = d
+        .search_ids(json!({"query": "Bob", "stream": "g", "entity": "VSCode"}))
+        .await;
+    ids.sort();
+    let mut want = vec![a, b];
+    want.sort();
+    assert_eq!(ids, want);
+    assert!(d
+        .search_ids(json!({"query": "Bob", "stream": "g", "entity": "Lisbon"}))
+        .await
+        .is_empty());
+}
