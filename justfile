@@ -13,14 +13,15 @@ default:
 setup:
     bash scripts/setup.sh
 
-# Set up, build, and run the daemon on the default config.toml (port 3030, data in ./data).
+# Set up, start a local nats-server -js if none listens on :4222, and run the daemon on config.toml (port 3030, data in ./data).
 run: setup
+    bash scripts/nats.sh 127.0.0.1 4222 data/nats
     cargo run --bin loomem -- serve --config config.toml
 
-# Run every test: unit, router and integration (real daemon, real Lance tables).
+# Run every test: unit, router and integration (real daemon, real nats-server, real Lance tables).
 test:
     cargo test --locked
 
-# Run the criterion benchmarks.
+# Run the criterion benchmarks (release build; needs nats-server).
 bench:
     cargo bench --locked

@@ -86,6 +86,8 @@ pub struct StorageConfig {
     pub data_dir: PathBuf,
     /// Most rows the writer folds into one Lance commit.
     pub write_batch_max_rows: usize,
+    /// Reads see commits made by other loomem processes within this many ms.
+    pub read_consistency_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -49,10 +49,11 @@ impl Engine {
     ) -> Result<Arc<Engine>, StartError> {
         let embedder = embed::from_config(&cfg.embed)?;
         let store = Arc::new(
-            Store::open(
+            Store::open_shared(
                 &cfg.data_dir(),
                 embedder.dim(),
                 cfg.storage.write_batch_max_rows,
+                Some(Duration::from_millis(cfg.storage.read_consistency_ms)),
             )
             .await?,
         );

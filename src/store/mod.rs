@@ -160,12 +160,25 @@ pub struct Store {
 impl Store {
     /// Open the tables under `data_dir`, creating them (and their indexes) on first start.
     pub async fn open(data_dir: &Path, dim: usize, write_batch_max_rows: usize) -> Result<Store> {
+        Store::open_shared(data_dir, dim, write_batch_max_rows, None).await
+    }
+
+    /// [`Store::open`] for a data directory other processes write too: reads see
+    /// their commits within `read_consistency` (zero = every read checks).
+    pub async fn open_shared(
+        data_dir: &Path,
+        dim: usize,
+        write_batch_max_rows: usize,
+        read_consistency: Option<std::time::Duration>,
+    ) -> Result<Store> {
         std::fs::create_dir_all(data_dir).map_err(|e| lancedb::Error::Runtime {
             message: format!("cannot create data dir {}: {e}", data_dir.display()),
         })?;
-        let db = lancedb::connect(&data_dir.to_string_lossy())
-            .execute()
-            .await?;
+        let mut connect = lancedb::connect(&data_dir.to_string_lossy());
+        if let Some(interval) = read_consistency {
+            connect = connect.read_consistency_interval(interval);
+        }
+        let db = connect.execute().await?;
         let names = db.table_names().execute().await?;
         let chunks = if names.iter().any(|n| n == CHUNKS) {
             let table = db.open_table(CHUNKS).execute().await?;

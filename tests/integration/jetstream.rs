@@ -275,3 +275,51 @@ async fn the_embedded_bus_has_the_same_semantics() {
     let (_, st) = d.call("GET", "/v1/status", None).await;
     assert_eq!(st["bus"]["kind"], "embedded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_share_the_consumer_and_the_data_dir() {
+    const N: usize = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let nats = crate::nats::NatsServer::start(&dir.path().join("nats"));
+    let url = nats.url();
+    let opts = Options::default()
+        .env("LOOMEM_BUS__BATCH_SIZE", "50")
+        .env("LOOMEM_STORAGE__READ_CONSISTENCY_MS", "0");
+    let a = Daemon::start_with(&data, Some(nats), opts.clone()).await;
+    let b = Daemon::start_with(&data, Some(crate::nats::NatsServer::external(&url)), opts).await;
+
+    let file: String = (0..N)
+        .map(|i| {
+            format!(
+                "{{\"content\":\"shared work item {i} for worker pool {}\"}}\n",
+                i % 7
+            )
+        })
+        .collect();
+    let resp = a
+        .http
+        .post(format!("{}/v1/import?format=jsonl&stream=pool", a.url))
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    // Both processes see all of them (shared data dir) …
+    for d in [&a, &b] {
+        wait_status(d, 120, "all memories", |st| st["chunks"] == N).await;
+    }
+    // … and both did part of the work.
+    let written = |st: &Value| {
+        st["pipelines"]["import"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
+            .and_then(|w| w["records_out"].as_u64())
+            .unwrap_or(0)
+    };
+    let (_, sa) = a.call("GET", "/v1/status", None).await;
+    let (_, sb) = b.call("GET", "/v1/status", None).await;
+    let (wa, wb) = (written(&sa), written(&sb));
+    assert!(wa > 0 && wb > 0, "a wrote {wa}, b wrote {wb}");
+    assert_eq!(sa["dead_letters"], 0);
+}

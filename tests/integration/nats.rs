@@ -61,6 +61,19 @@ impl NatsServer {
         }
     }
 
+    /// A handle on a server someone else owns (stopping it does nothing).
+    pub fn external(url: &str) -> NatsServer {
+        NatsServer {
+            child: None,
+            port: url
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("port in url"),
+            dir: PathBuf::new(),
+        }
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

@@ -1,0 +1,210 @@
+//! Ingestion throughput: each hot stage on a 512-record batch, and the whole
+//! path (publish → JetStream → pipeline → Lance commit) with the `hash`
+//! embedder, in records per second.
+//!
+//! `cargo bench --bench ingest` (needs `nats-server` on PATH; `just setup`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+use loomem::auth::Caller;
+use loomem::config::Config;
+use loomem::embed::HashEmbedder;
+use loomem::engine::Engine;
+use loomem::model::Chunk;
+use loomem::pipeline::{stages, BuildContext, Record};
+use loomem::store::{sql_str, Store};
+
+#[path = "../tests/integration/nats.rs"]
+#[allow(dead_code)]
+mod nats;
+
+const NAMES: &[&str] = &[
+    "Alice", "Bob", "Carol", "Dmitri", "Eve", "Farah", "Gustavo", "Hana",
+];
+const THINGS: &[&str] = &[
+    "prefers dark mode in VS Code",
+    "is learning Rust for the billing project",
+    "moved from Berlin to Lisbon",
+    "booked a flight to Tokyo",
+    "drinks oat milk flat whites",
+    "runs the Kubernetes cluster at Acme Labs",
+    "wants the dashboard project shipped by April 15th",
+    "switched to Cursor for AI features",
+    "is allergic to peanuts",
+    "plays the cello on Thursdays",
+];
+
+/// `n` distinct, realistic memories (a few with HTML or PII to clean).
+fn texts(n: usize, salt: &str) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let name = NAMES[i % NAMES.len()];
+            let thing = THINGS[(i / NAMES.len()) % THINGS.len()];
+            match i % 10 {
+                0 => format!("<p>{name} {thing}</p> (note {salt}{i})"),
+                1 => format!(
+                    "{name} {thing}; reach them at {}.{i}@example.com (note {salt}{i})",
+                    name.to_lowercase()
+                ),
+                _ => format!("{name} {thing} (note {salt}{i})"),
+            }
+        })
+        .collect()
+}
+
+fn records(n: usize) -> Vec<Record> {
+    texts(n, "s")
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| Record::new(Chunk::new(format!("r{i}"), "bench".into(), t, i as i64)))
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn bench_stages(c: &mut Criterion) {
+    let rt = runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let ctx = rt.block_on(async {
+        BuildContext {
+            store: Arc::new(Store::open(tmp.path(), 384, 8192).await.unwrap()),
+            embedder: Arc::new(HashEmbedder::new(384)),
+            dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines"),
+        }
+    });
+    let mut group = c.benchmark_group("stage");
+    group.throughput(Throughput::Elements(512));
+    let params = |text: &str| -> toml::Table { text.parse().unwrap() };
+    for (name, p) in [
+        ("sanitize", params("")),
+        ("redact_pii", params("")),
+        (
+            "extract_entities",
+            params("dictionary_file = \"dictionaries/entities.toml\"\npopulate_graph = false"),
+        ),
+        ("embed", params("")),
+    ] {
+        let stage = stages::build(name, p, &ctx).unwrap();
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || records(512),
+                |mut batch| rt.block_on(stage.process(&mut batch)).unwrap(),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+/// A daemon engine on a temp dir, fed through its own bus.
+struct Rig {
+    engine: Arc<Engine>,
+    _nats: Option<nats::NatsServer>,
+    _dir: tempfile::TempDir,
+}
+
+fn rig(rt: &tokio::runtime::Runtime, jetstream: bool) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = jetstream.then(|| nats::NatsServer::start(&dir.path().join("nats")));
+    let mut env: HashMap<String, String> = HashMap::new();
+    env.insert(
+        "LOOMEM_STORAGE__DATA_DIR".into(),
+        dir.path().join("data").display().to_string(),
+    );
+    env.insert("LOOMEM_EMBED__PROVIDER".into(), "hash".into());
+    match &nats {
+        Some(n) => {
+            env.insert("LOOMEM_BUS__KIND".into(), "jetstream".into());
+            env.insert("LOOMEM_BUS__NATS_URL".into(), n.url());
+        }
+        None => {
+            env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
+        }
+    }
+    let cfg = Config::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"),
+        &env,
+    )
+    .unwrap();
+    let engine = rt.block_on(Engine::start(cfg, &env)).unwrap();
+    Rig {
+        engine,
+        _nats: nats,
+        _dir: dir,
+    }
+}
+
+const N: usize = 5000;
+
+fn bench_e2e(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group("ingest_e2e");
+    group.throughput(Throughput::Elements(N as u64));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(30));
+    for (label, jetstream) in [("jetstream", true), ("embedded", false)] {
+        let rig = rig(&rt, jetstream);
+        let mut round = 0;
+        group.bench_function(format!("{label}_import_{N}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    round += 1;
+                    let stream = format!("bench-{round}");
+                    let text: String = texts(N, &format!("{label}{round}-"))
+                        .into_iter()
+                        .map(|t| serde_json::json!({ "content": t }).to_string() + "\n")
+                        .collect();
+                    total += rt.block_on(async {
+                        let engine = &rig.engine;
+                        let parsed = loomem::import::parse(
+                            loomem::import::Format::Jsonl,
+                            &text,
+                            Some(&stream),
+                            &Caller::admin("bench"),
+                            &engine.cfg.namespaces,
+                        )
+                        .unwrap();
+                        let started = Instant::now();
+                        loomem::import::publish(&engine.bus, parsed, |_, _| {})
+                            .await
+                            .unwrap();
+                        let filter = format!("stream = {}", sql_str(&stream));
+                        while engine.store.count(Some(filter.clone())).await.unwrap() < N {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        started.elapsed()
+                    });
+                }
+                total
+            })
+        });
+        // Per-stage share of the pipeline's time over the whole run.
+        let stats = rig.engine.pipelines.get("import").unwrap().stats();
+        let records: u64 = stats.first().map(|s| s.records_in).unwrap_or(0);
+        eprintln!("\nper-stage time, {label} (import pipeline, {records} records):");
+        for s in &stats {
+            eprintln!(
+                "  {:<22} {:>8.1} µs/record  {:>10.0} records/s",
+                s.stage,
+                s.total_micros as f64 / records.max(1) as f64,
+                records as f64 / (s.total_micros.max(1) as f64 / 1e6)
+            );
+        }
+        rt.block_on(rig.engine.shutdown());
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_stages, bench_e2e);
+criterion_main!(benches);
