@@ -43,6 +43,7 @@ pub struct Config {
     #[serde(default)]
     pub llm: LlmConfig,
     pub search: SearchConfig,
+    pub sql: SqlConfig,
     #[serde(default)]
     pub scheduler: SchedulerConfig,
     /// Human-readable labels mapped to stream ids (`personal = "100"`).
@@ -172,6 +173,30 @@ pub struct SearchConfig {
     pub min_similarity: f32,
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlConfig {
+    /// A query running longer is cancelled (504).
+    pub timeout_ms: u64,
+    /// Memory a query may use for sorts, joins and aggregations.
+    pub memory_limit_mb: usize,
+    /// Rows returned when a request names no `max_rows`.
+    pub default_max_rows: usize,
+    /// The largest `max_rows` accepted.
+    pub max_rows_cap: usize,
+}
+
+impl SqlConfig {
+    pub fn limits(&self) -> crate::sql::SqlLimits {
+        crate::sql::SqlLimits {
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            memory_bytes: self.memory_limit_mb * 1024 * 1024,
+            default_max_rows: self.default_max_rows,
+            max_rows_cap: self.max_rows_cap,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
@@ -283,6 +308,15 @@ impl Config {
         }
         if !(-1.0..=1.0).contains(&self.search.min_similarity) {
             return Err(invalid("search.min_similarity", "must be between -1 and 1"));
+        }
+        if self.sql.timeout_ms == 0 || self.sql.memory_limit_mb == 0 {
+            return Err(invalid("sql", "timeout_ms and memory_limit_mb must be > 0"));
+        }
+        if self.sql.default_max_rows == 0 || self.sql.default_max_rows > self.sql.max_rows_cap {
+            return Err(invalid(
+                "sql.default_max_rows",
+                "must be between 1 and sql.max_rows_cap",
+            ));
         }
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));

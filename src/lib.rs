@@ -17,5 +17,6 @@ pub mod model;
 pub mod pipeline;
 pub mod search;
 pub mod server;
+pub mod sql;
 pub mod store;
 pub mod time;

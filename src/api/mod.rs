@@ -28,6 +28,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/import", post(memories::import))
         .route("/v1/memories/{id}/history", get(memories::history))
         .route("/v1/search", post(search_handler))
+        .route("/v1/sql", post(sql_handler))
         .route("/v1/status", get(status))
         .route("/v1/namespaces", get(namespaces))
         .route("/v1/whoami", get(whoami))
@@ -57,6 +58,24 @@ async fn search_handler(
     ApiJson(req): ApiJson<SearchRequest>,
 ) -> Result<Json<SearchResponse>> {
     Ok(Json(search::search(&engine, &caller, req).await?))
+}
+
+async fn sql_handler(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::sql::SqlRequest>,
+) -> Result<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let format = req.format.clone().unwrap_or_else(|| "json".into());
+    if !["json", "csv", "arrow", "parquet"].contains(&format.as_str()) {
+        return Err(Error::invalid(
+            "format",
+            format!("`{format}`: use json, csv, arrow or parquet"),
+        ));
+    }
+    let result = crate::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
+    let (content_type, body) = crate::sql::render(&result, &format)?;
+    Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
 }
 
 async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<admin::Status>> {

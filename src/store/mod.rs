@@ -231,6 +231,17 @@ impl Store {
         &self.chunks
     }
 
+    /// Every table by name (handles share state with the writers).
+    pub fn tables(&self) -> std::collections::HashMap<&'static str, Table> {
+        std::collections::HashMap::from([
+            (CHUNKS, self.chunks.clone()),
+            (DEAD_LETTERS, self.dead_letters.clone()),
+            (HISTORY, self.history.clone()),
+            (ENTITIES, self.graph.entities.clone()),
+            (EDGES, self.graph.edges.clone()),
+        ])
+    }
+
     /// Insert or replace chunks by id; resolves once they are committed.
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
         self.writer.upsert(chunks).await

@@ -9,3 +9,4 @@ mod fixture;
 mod jetstream;
 mod nats;
 mod restart;
+mod sql;
