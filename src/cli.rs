@@ -68,3 +68,81 @@ pub async fn import_via_daemon(
     }
     Ok(serde_json::from_value(body)?)
 }
+
+/// Render a result the way the CLI prints it.
+fn print_format(result: &loomem::sql::SqlResult, format: &str) -> anyhow::Result<Vec<u8>> {
+    if format == "table" {
+        return Ok(format!("{}\n", loomem::sql::pretty(result)?).into_bytes());
+    }
+    let (_, mut body) = loomem::sql::render(result, format)?;
+    if format == "json" || format == "csv" {
+        if !body.ends_with(b"\n") {
+            body.push(b'\n');
+        }
+    }
+    Ok(body)
+}
+
+/// Query the data directory directly (as admin: whoever can read the files sees everything).
+pub async fn sql_direct(
+    cfg: &Config,
+    req: loomem::sql::SqlRequest,
+    format: &str,
+) -> anyhow::Result<Vec<u8>> {
+    let store = loomem::store::Store::open(
+        &cfg.data_dir(),
+        cfg.embed.dim,
+        cfg.storage.write_batch_max_rows,
+    )
+    .await
+    .with_context(|| format!("opening {}", cfg.data_dir().display()))?;
+    let result = loomem::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
+    store.close().await;
+    print_format(&result?, format)
+}
+
+/// Ask a running daemon; the table format is rendered here from Arrow IPC.
+pub async fn sql_via_daemon(
+    url: &str,
+    token: Option<&str>,
+    mut req: loomem::sql::SqlRequest,
+    format: &str,
+) -> anyhow::Result<Vec<u8>> {
+    req.format = Some(if format == "table" { "arrow" } else { format }.to_string());
+    let body = serde_json::json!({
+        "sql": req.sql, "params": req.params, "format": req.format, "max_rows": req.max_rows,
+    });
+    let mut http = reqwest::Client::new()
+        .post(format!("{}/v1/sql", url.trim_end_matches('/')))
+        .json(&body);
+    if let Some(t) = token {
+        http = http.bearer_auth(t);
+    }
+    let resp = http.send().await.context("reaching the daemon")?;
+    let status = resp.status();
+    let bytes = resp.bytes().await?;
+    if !status.is_success() {
+        let detail: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        bail!(
+            "the daemon answered {status}: {}",
+            detail["detail"].as_str().unwrap_or("?")
+        );
+    }
+    if format != "table" {
+        return Ok(bytes.to_vec());
+    }
+    let reader = lancedb::datafusion::arrow::ipc::reader::StreamReader::try_new(
+        std::io::Cursor::new(bytes.to_vec()),
+        None,
+    )?;
+    let schema = reader.schema();
+    let batches = reader.collect::<Result<Vec<_>, _>>()?;
+    print_format(
+        &loomem::sql::SqlResult {
+            schema,
+            batches,
+            truncated: false,
+        },
+        "table",
+    )
+}

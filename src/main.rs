@@ -34,6 +34,26 @@ enum Command {
     Serve,
     /// Parse and validate the configuration and pipelines, then exit.
     CheckConfig,
+    /// Run a read-only SQL query over the memory tables: directly against the data
+    /// directory, or through a running daemon with --url.
+    Sql {
+        /// The query (SELECT or WITH …).
+        query: String,
+        /// table (default), csv, json, arrow or parquet (the last two are binary).
+        #[arg(long, default_value = "table")]
+        format: String,
+        /// Values for $1, $2, … (JSON literals; plain text is a string).
+        #[arg(long = "param")]
+        params: Vec<String>,
+        #[arg(long)]
+        max_rows: Option<usize>,
+        /// Ask a running daemon (POST /v1/sql) instead of opening the data directory.
+        #[arg(long)]
+        url: Option<String>,
+        /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
+        #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Bulk-import a file: straight onto JetStream, or through a daemon with --url.
     Import {
         /// The file to import.
@@ -53,7 +73,14 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("LOOMEM_LOG").unwrap_or_else(|_| {
             EnvFilter::new("info,lance=warn,lancedb=warn,lance_index=warn,lance_core=warn")
@@ -81,6 +108,34 @@ fn main() -> anyhow::Result<()> {
                     cfg.data_dir().display(),
                     cfg.bus.kind
                 );
+            }
+            Command::Sql {
+                query,
+                format,
+                params,
+                max_rows,
+                url,
+                token,
+            } => {
+                let params = params
+                    .iter()
+                    .map(|p| {
+                        serde_json::from_str(p)
+                            .unwrap_or_else(|_| serde_json::Value::String(p.clone()))
+                    })
+                    .collect();
+                let req = loomem::sql::SqlRequest {
+                    sql: query,
+                    params,
+                    format: None,
+                    max_rows,
+                };
+                let out = match url {
+                    Some(url) => cli::sql_via_daemon(&url, token.as_deref(), req, &format).await?,
+                    None => cli::sql_direct(&cfg, req, &format).await?,
+                };
+                use std::io::Write;
+                std::io::stdout().write_all(&out)?;
             }
             Command::Import {
                 path,

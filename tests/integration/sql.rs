@@ -277,3 +277,54 @@ async fn the_embedding_column_is_hidden_unless_named() {
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["rows"][0]["embedding"].as_array().unwrap().len(), 384);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_queries_a_data_dir_and_a_daemon() {
+    let d = seeded().await;
+    let url = d.url.clone();
+    let data = d.data_dir.clone();
+    let cli = |args: Vec<String>, data: std::path::PathBuf| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+            .arg("--config")
+            .arg(crate::fixture::repo_root().join("config.toml"))
+            .args(args)
+            .env("LOOMEM_STORAGE__DATA_DIR", data)
+            .env("LOOMEM_LOG", "error")
+            .output()
+            .unwrap()
+    };
+    let q = "SELECT stream, count(*) AS n FROM chunks GROUP BY stream ORDER BY stream".to_string();
+    // Through the daemon, with a scoped key: only its stream.
+    let out = cli(
+        vec![
+            "sql".into(),
+            q.clone(),
+            "--url".into(),
+            url,
+            "--token".into(),
+            TOKEN_A.into(),
+            "--format".into(),
+            "csv".into(),
+        ],
+        data.clone(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "stream,n\na,2\n");
+    let (_nats, _dir) = d.stop().await;
+    // Directly against the data directory, as a table.
+    let out = cli(vec!["sql".into(), q], data.clone());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(table.contains("| b      | 3 |"), "{table}");
+    let out = cli(vec!["sql".into(), "DELETE FROM chunks".into()], data);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
+}
