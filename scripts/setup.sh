@@ -26,4 +26,10 @@ if ! command -v just >/dev/null 2>&1; then
   fi
 fi
 
+# polars: the analysts' side; the interop tests load loomem's Parquet and Arrow output with it.
+if ! python3 -c 'import polars' >/dev/null 2>&1; then
+  echo "setup: installing polars (Python) for the interop tests"
+  python3 -m pip install -q polars 2>/dev/null || python3 -m pip install -q --break-system-packages polars
+fi
+
 echo "setup: ok (protoc $(protoc --version | cut -d' ' -f2), $(just --version))"

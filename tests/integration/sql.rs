@@ -328,3 +328,44 @@ async fn the_cli_queries_a_data_dir_and_a_daemon() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("read-only"));
 }
+
+/// Analysts load loomem's output with polars (the Python package; setup installs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_and_arrow_output_load_in_polars() {
+    let d = seeded().await;
+    let dir = tempfile::tempdir().unwrap();
+    for (format, file, reader) in [
+        ("parquet", "out.parquet", "read_parquet"),
+        ("arrow", "out.arrows", "read_ipc_stream"),
+    ] {
+        let resp = d
+            .http
+            .post(format!("{}/v1/sql", d.url))
+            .bearer_auth(crate::fixture::ADMIN_TOKEN)
+            .json(&json!({"sql": "SELECT stream, content, importance, created_at FROM chunks ORDER BY content", "format": format}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let path = dir.path().join(file);
+        std::fs::write(&path, resp.bytes().await.unwrap()).unwrap();
+        let script = format!(
+            "import polars as pl; df = pl.{reader}({:?}); print(df.height, ','.join(df.columns), df['stream'].to_list().count('b'), df.schema['created_at'])",
+            path.display().to_string()
+        );
+        let out = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "polars failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            printed.starts_with("5 stream,content,importance,created_at 3 Datetime"),
+            "{format}: {printed}"
+        );
+    }
+}
