@@ -365,7 +365,31 @@ pub struct Dictionary {
     pub max_words: usize,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DictionaryFile {
+    entity: Vec<DictionaryEntry>,
+}
+
 impl Dictionary {
+    /// The entries of `file` (relative to `dir`, `[[entity]]` tables) plus `inline`.
+    pub fn load(
+        dir: &std::path::Path,
+        file: Option<&str>,
+        inline: Vec<DictionaryEntry>,
+    ) -> Result<Dictionary, String> {
+        let mut entries = inline;
+        if let Some(file) = file {
+            let path = dir.join(file);
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let parsed: DictionaryFile =
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            entries.extend(parsed.entity);
+        }
+        Ok(Dictionary::new(entries))
+    }
+
     pub fn new(entries: Vec<DictionaryEntry>) -> Dictionary {
         let mut d = Dictionary::default();
         for e in entries {

@@ -49,27 +49,9 @@ async fn the_binary_serves_and_flushes_on_sigterm() {
     let nats = NatsServer::start(&dir.path().join("nats"));
     let (config, env) = daemon_env(&data, Some(&nats.url()), &Options::default());
     let port = free_port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .envs(env)
-        .env("LOOMEM_SERVER__PORT", port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_daemon(&config, &env, port).await;
     let url = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..400 {
-        if http.get(format!("{url}/health")).send().await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(up, "binary never answered /health");
     let resp: serde_json::Value = http
         .post(format!("{url}/v1/store"))
         .json(&json!({"content": "The binary stored this", "stream": "bin"}))

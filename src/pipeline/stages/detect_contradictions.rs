@@ -39,31 +39,17 @@ fn default_max() -> usize {
     5
 }
 
-#[derive(Deserialize)]
-struct DictionaryFile {
-    entity: Vec<DictionaryEntry>,
-}
-
 impl DetectContradictionsConfig {
     pub fn build(
         self,
         store: Arc<Store>,
         dir: &std::path::Path,
     ) -> Result<DetectContradictions, PipelineError> {
-        let cfg_err = |message: String| PipelineError::Config {
-            stage: "detect_contradictions".into(),
-            message,
-        };
-        let mut entries = self.entity;
-        if let Some(file) = &self.dictionary_file {
-            let path = dir.join(file);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
-            let parsed: DictionaryFile =
-                toml::from_str(&text).map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
-            entries.extend(parsed.entity);
-        }
-        let dictionary = Dictionary::new(entries);
+        let dictionary = Dictionary::load(dir, self.dictionary_file.as_deref(), self.entity)
+            .map_err(|message| PipelineError::Config {
+                stage: "detect_contradictions".into(),
+                message,
+            })?;
         let mut by_category: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut category_of = BTreeMap::new();
         for entry in dictionary.by_key.values() {

@@ -41,12 +41,6 @@ fn ten() -> usize {
     10
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DictionaryFile {
-    entity: Vec<DictionaryEntry>,
-}
-
 /// Capitalised words that start sentences or are otherwise not names.
 const NOT_NAMES: &[&str] = &[
     "i",
@@ -361,21 +355,13 @@ impl ExtractEntitiesConfig {
         store: Arc<Store>,
         dir: &std::path::Path,
     ) -> Result<ExtractEntities, PipelineError> {
-        let cfg_err = |message: String| PipelineError::Config {
-            stage: "extract_entities".into(),
-            message,
-        };
-        let mut entries = self.entity;
-        if let Some(file) = &self.dictionary_file {
-            let path = dir.join(file);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
-            let parsed: DictionaryFile =
-                toml::from_str(&text).map_err(|e| cfg_err(format!("{}: {e}", path.display())))?;
-            entries.extend(parsed.entity);
-        }
+        let dictionary = Dictionary::load(dir, self.dictionary_file.as_deref(), self.entity)
+            .map_err(|message| PipelineError::Config {
+                stage: "extract_entities".into(),
+                message,
+            })?;
         Ok(ExtractEntities {
-            dictionary: Dictionary::new(entries),
+            dictionary,
             store,
             populate_graph: self.populate_graph,
             max_cooccurrence: self.max_cooccurrence,
