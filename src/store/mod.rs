@@ -191,16 +191,11 @@ impl Store {
             }
             table
         } else {
-            let table = db
-                .create_empty_table(CHUNKS, chunk_schema(dim))
+            db.create_empty_table(CHUNKS, chunk_schema(dim))
                 .execute()
-                .await?;
-            table
-                .create_index(&["content"], Index::FTS(FtsIndexBuilder::default()))
-                .execute()
-                .await?;
-            table
+                .await?
         };
+        ensure_indexes(&chunks).await?;
         let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
         let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
         let graph = crate::graph::Graph {
@@ -480,6 +475,34 @@ fn hits(batches: &[RecordBatch], score_column: &str) -> Result<Vec<Hit>> {
         }));
     }
     Ok(out)
+}
+
+/// The indexes the engine relies on: BM25 over `content`, and BTree on `id`
+/// (upserts join on it) and `content_hash` (exact dedupe looks it up). New rows
+/// are folded in by the writer's periodic index refresh.
+async fn ensure_indexes(table: &Table) -> Result<()> {
+    let existing: Vec<Vec<String>> = table
+        .list_indices()
+        .await?
+        .into_iter()
+        .map(|i| i.columns)
+        .collect();
+    let has = |c: &str| existing.iter().any(|cols| cols.iter().any(|x| x == c));
+    if !has("content") {
+        table
+            .create_index(&["content"], Index::FTS(FtsIndexBuilder::default()))
+            .execute()
+            .await?;
+    }
+    for column in ["id", "content_hash"] {
+        if !has(column) {
+            table
+                .create_index(&[column], Index::BTree(Default::default()))
+                .execute()
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 fn embedding_dim(schema: &arrow_schema::Schema) -> Option<usize> {

@@ -58,8 +58,13 @@ impl ChunkWriter {
     }
 }
 
+/// Rows written between two index refreshes (new rows are otherwise searched
+/// and joined without the indexes).
+const INDEX_REFRESH_ROWS: usize = 50_000;
+
 async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<WriteOp>) {
     let mut next: Option<WriteOp> = None;
+    let mut since_refresh = 0usize;
     loop {
         let op = match next.take() {
             Some(op) => op,
@@ -99,6 +104,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                     }
                 }
                 let result = commit(&table, dim, group.iter().flat_map(|(c, _)| c)).await;
+                since_refresh += rows;
                 for (_, done) in group {
                     let _ = done.send(match &result {
                         Ok(()) => Ok(()),
@@ -106,6 +112,17 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                             message: e.to_string(),
                         })),
                     });
+                }
+                if since_refresh >= INDEX_REFRESH_ROWS {
+                    since_refresh = 0;
+                    let started = std::time::Instant::now();
+                    match table
+                        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+                        .await
+                    {
+                        Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
+                        Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
+                    }
                 }
             }
         }
