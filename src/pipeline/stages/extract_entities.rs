@@ -572,6 +572,16 @@ impl ExtractEntities {
         found
     }
 
+    /// "my friend/colleague/… <person>" opens the text, and the user is not
+    /// otherwise its subject (no "I", "I'm", "me" elsewhere).
+    fn about_someone_else(&self, text: &str, person: &Found) -> bool {
+        let before = text[..person.start].to_lowercase();
+        let words: Vec<&str> = before.split_whitespace().collect();
+        let introduced = matches!(words.as_slice(), [.., "my", rel] if PERSON_BEFORE.contains(rel));
+        let rest = &text[person.end..];
+        introduced && words.len() <= 3 && !self.is_first_person(rest)
+    }
+
     fn is_first_person(&self, text: &str) -> bool {
         self.first_person.is_match(text)
     }
@@ -666,7 +676,12 @@ impl Stage for ExtractEntities {
                             )
                         })
                         .collect();
-                    if self.is_first_person(&c.content) {
+                    let persons: Vec<&&Found> =
+                        named.iter().filter(|f| f.entity_type == "PERSON").collect();
+                    if persons.len() == 1 && self.about_someone_else(&c.content, persons[0]) {
+                        // "My colleague Bob uses Vim" is about Bob, not the user.
+                        c.subject = Some(persons[0].name.clone());
+                    } else if self.is_first_person(&c.content) {
                         c.subject = Some("user".into());
                     } else if named.len() == 1 {
                         c.subject = Some(named[0].name.clone());
@@ -830,6 +845,18 @@ mod tests {
                 "Alice uses Cursor IDE".into(),
                 20,
             )),
+            Record::new(crate::model::Chunk::new(
+                "3".into(),
+                "st".into(),
+                "My colleague Bob uses Vim, and I use Zed".into(),
+                30,
+            )),
+            Record::new(crate::model::Chunk::new(
+                "4".into(),
+                "st".into(),
+                "My colleague Bob uses Vim at work".into(),
+                40,
+            )),
         ];
         s.process(&mut batch).await.unwrap();
         assert_eq!(batch[0].chunk.entities, vec!["cursor", "vscode"]);
@@ -837,6 +864,9 @@ mod tests {
         assert_eq!(batch[0].chunk.memory_type, "preference");
         assert_eq!(batch[1].chunk.subject.as_deref(), Some("Alice"));
         assert_eq!(batch[1].chunk.memory_type, "general");
+        // Mentioning the user elsewhere keeps the user the subject.
+        assert_eq!(batch[2].chunk.subject.as_deref(), Some("user"));
+        assert_eq!(batch[3].chunk.subject.as_deref(), Some("Bob"));
         let cursor = s
             .store
             .graph
