@@ -44,7 +44,10 @@ impl From<crate::store::StoreError> for Error {
 
 impl From<crate::bus::BusError> for Error {
     fn from(e: crate::bus::BusError) -> Self {
-        Error::Unavailable(e.to_string())
+        match e {
+            crate::bus::BusError::TooLarge(_) => Error::TooLarge(e.to_string()),
+            _ => Error::Unavailable(e.to_string()),
+        }
     }
 }
 

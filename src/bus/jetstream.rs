@@ -135,11 +135,15 @@ impl JetStreamBus {
             let msg = jetstream::message::PublishMessage::build()
                 .payload(payload.into())
                 .message_id(message_id(&e.chunk));
-            let ack = self
-                .js
-                .send_publish(subject, msg)
-                .await
-                .map_err(|e| unavailable(&self.url, e))?;
+            let ack = self.js.send_publish(subject, msg).await.map_err(|e| {
+                if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
+                    BusError::TooLarge(format!(
+                        "{e} (raise the server's max_payload for larger memories)"
+                    ))
+                } else {
+                    unavailable(&self.url, e)
+                }
+            })?;
             acks.push(ack);
         }
         let mut duplicates = 0;

@@ -25,6 +25,8 @@ pub enum BusError {
     Unavailable(String),
     #[error("cannot encode the message: {0}")]
     Encode(String),
+    #[error("the memory is too large for the bus: {0}")]
+    TooLarge(String),
 }
 
 /// One write on the bus: the memory as accepted and the pipeline to run it through.

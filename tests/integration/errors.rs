@@ -130,6 +130,17 @@ async fn content_over_a_million_characters_is_413() {
         )
         .await;
     assert_eq!(s, 200, "{body}");
+    // Within the character limit but past the bus's message size (NATS max_payload,
+    // 1 MiB by default): a clear 413, not a 503.
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "é".repeat(600_000)})),
+        )
+        .await;
+    assert_eq!(s, 413, "{body}");
+    assert!(detail(&body).contains("too large for the bus"), "{body}");
     // A body past the server's byte limit is refused before parsing.
     let (s, body) = d.post_raw("/v1/store", vec![b' '; 9 * 1024 * 1024]).await;
     assert_eq!(s, 413, "{body}");
