@@ -240,12 +240,16 @@ pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Resul
         )),
         Err(_) => {
             engine.notifier.forget(&id);
-            Err(Error::Timeout(format!(
-                "memory {id} was accepted but not committed within {} ms; it will still be stored",
-                timeout.as_millis()
-            )))
+            Err(not_committed(&id, timeout))
         }
     }
+}
+
+fn not_committed(id: &str, timeout: Duration) -> Error {
+    Error::Timeout(format!(
+        "memory {id} was accepted but not committed within {} ms; it will still be stored",
+        timeout.as_millis()
+    ))
 }
 
 /// Wait (polling the table) until `id` is committed.
@@ -259,10 +263,7 @@ async fn await_stored(engine: &Engine, id: String, timeout: Duration) -> Result<
             });
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(Error::Timeout(format!(
-                "memory {id} was accepted but not committed within {} ms; it will still be stored",
-                timeout.as_millis()
-            )));
+            return Err(not_committed(&id, timeout));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -112,14 +112,17 @@ async fn spawn_daemon(
     panic!("daemon never answered /health");
 }
 
-async fn chunk_count(url: &str) -> u64 {
-    let st: serde_json::Value = reqwest::get(format!("{url}/v1/status"))
+async fn status(url: &str) -> serde_json::Value {
+    reqwest::get(format!("{url}/v1/status"))
         .await
         .unwrap()
         .json()
         .await
-        .unwrap();
-    st["chunks"].as_u64().unwrap()
+        .unwrap()
+}
+
+async fn chunk_count(url: &str) -> u64 {
+    status(url).await["chunks"].as_u64().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,12 +194,7 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
     }
     // Let any redelivery of the crashed batch play out, then count again.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let st: serde_json::Value = reqwest::get(format!("{url}/v1/status"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st = status(&url).await;
     assert_eq!(st["chunks"], N, "{st}");
     assert_eq!(st["dead_letters"], 0, "{st}");
     child.start_kill().unwrap();

@@ -217,8 +217,14 @@ impl DetectContradictions {
     }
 }
 
-/// Mark `old` as replaced by `new` and write both sides of the history.
-fn supersede(new: &mut Chunk, old: &mut Chunk, reason: &str, history: &mut Vec<HistoryRow>) {
+/// Mark `old` as replaced by `new` and write both sides of the history, with
+/// the update `cue` that gave it away as the reason.
+fn supersede(new: &mut Chunk, old: &mut Chunk, cue: &str, history: &mut Vec<HistoryRow>) {
+    let reason = format!(
+        "{cue}: \"{}\" updates \"{}\"",
+        excerpt(&new.content),
+        excerpt(&old.content)
+    );
     let now = now_micros();
     let from = *new.valid_from.get_or_insert(new.created_at);
     old.valid_until = Some(old.valid_until.map_or(from, |u| u.min(from)));
@@ -237,7 +243,7 @@ fn supersede(new: &mut Chunk, old: &mut Chunk, reason: &str, history: &mut Vec<H
             stream: new.stream.clone(),
             chunk_id: chunk_id.clone(),
             event: event.into(),
-            reason: reason.to_string(),
+            reason: reason.clone(),
             related_ids: vec![related.clone()],
             created_at: now,
         });
@@ -263,24 +269,12 @@ impl Stage for DetectContradictions {
                 let (earlier, rest) = batch.split_at_mut(i);
                 let r = &mut rest[0];
                 for mut old in stored {
-                    let reason = format!(
-                        "{}: \"{}\" updates \"{}\"",
-                        update.cue,
-                        excerpt(&r.chunk.content),
-                        excerpt(&old.content)
-                    );
-                    supersede(&mut r.chunk, &mut old, &reason, &mut r.history);
+                    supersede(&mut r.chunk, &mut old, &update.cue, &mut r.history);
                     r.also_write.push(old);
                 }
                 for e in earlier.iter_mut().filter(|e| e.is_kept()) {
                     if self.replaces(&update, &r.chunk, &e.chunk) {
-                        let reason = format!(
-                            "{}: \"{}\" updates \"{}\"",
-                            update.cue,
-                            excerpt(&r.chunk.content),
-                            excerpt(&e.chunk.content)
-                        );
-                        supersede(&mut r.chunk, &mut e.chunk, &reason, &mut r.history);
+                        supersede(&mut r.chunk, &mut e.chunk, &update.cue, &mut r.history);
                     }
                 }
             }
