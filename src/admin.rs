@@ -44,8 +44,14 @@ pub struct BusStatus {
 
 #[derive(Debug, Serialize)]
 pub struct EmbedderStatus {
+    pub provider: crate::config::EmbedProvider,
     pub model: String,
     pub dim: usize,
+    /// Chunks without a vector of this model (none, or another model's): vector
+    /// search skips them until `POST /v1/embed-missing`.
+    pub stale: usize,
+    /// The embedding job running now, if any.
+    pub job: Option<crate::jobs::JobView>,
 }
 
 /// The filter that limits a count to the streams the caller may see.
@@ -68,7 +74,7 @@ pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
     let chunks = engine.store.count(scope.clone()).await?;
     let embedded = engine
         .store
-        .count(Some(and(&scope, "embedding IS NOT NULL")))
+        .count(Some(and(&scope, &engine.store.vector_clause())))
         .await?;
     Ok(Status {
         status: "ok",
@@ -88,8 +94,20 @@ pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
             connected: engine.bus.connected(),
         },
         embedder: EmbedderStatus {
+            provider: engine.cfg.embed.provider,
             model: engine.embedder.model().to_string(),
             dim: engine.embedder.dim(),
+            stale: engine
+                .store
+                .count(Some(and(
+                    &scope,
+                    &crate::reembed::stale_clause(engine.embedder.model()),
+                )))
+                .await?,
+            job: engine
+                .jobs
+                .running(crate::reembed::GROUP)
+                .map(|j| j.view()),
         },
         pipelines: engine
             .pipelines

@@ -7,6 +7,21 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+/// `~/x` → `$HOME/x` (HOME from the given environment, else the process's).
+fn expand_home(path: &Path, env: &HashMap<String, String>) -> PathBuf {
+    match path.strip_prefix("~") {
+        Ok(rest) => {
+            let home = env
+                .get("HOME")
+                .cloned()
+                .or_else(|| std::env::var("HOME").ok())
+                .unwrap_or_else(|| "/".into());
+            PathBuf::from(home).join(rest)
+        }
+        Err(_) => path.to_path_buf(),
+    }
+}
+
 /// The prefix every override variable starts with; sections and keys are joined by `__`.
 pub const ENV_PREFIX: &str = "LOOMEM_";
 
@@ -134,9 +149,14 @@ pub struct PipelineConfig {
     pub dir: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EmbedProvider {
+    /// sentence-transformers all-MiniLM-L6-v2, in-process (candle).
+    Minilm,
+    /// An OpenAI-compatible `/v1/embeddings` endpoint.
+    Openai,
+    /// Feature hashing; no model (tests, benches).
     Hash,
 }
 
@@ -146,6 +166,47 @@ pub struct EmbedConfig {
     pub provider: EmbedProvider,
     /// Vector dimension; fixed for the life of a data directory.
     pub dim: usize,
+    /// MiniLM: directory holding config.json, model.safetensors, tokenizer.json
+    /// (`~/` is the home directory).
+    #[serde(default = "default_model_dir")]
+    pub model_dir: PathBuf,
+    /// MiniLM: longer texts are truncated to this many tokens.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Texts per forward pass (MiniLM) or per request (OpenAI).
+    #[serde(default = "default_embed_batch")]
+    pub batch_size: usize,
+    /// OpenAI: base URL, e.g. `https://api.openai.com/v1`.
+    #[serde(default)]
+    pub base_url: String,
+    /// OpenAI: model name sent with each request and recorded in `embed_model`.
+    #[serde(default)]
+    pub model: String,
+    /// OpenAI: environment variable holding the API key (empty = no key).
+    #[serde(default)]
+    pub api_key_env: String,
+    /// OpenAI: per-request timeout.
+    #[serde(default = "default_embed_timeout")]
+    pub timeout_ms: u64,
+    /// OpenAI: retries after a 429, a 5xx or a transport error.
+    #[serde(default = "default_embed_retries")]
+    pub max_retries: u32,
+}
+
+fn default_model_dir() -> PathBuf {
+    PathBuf::from("~/.cache/loomem/models/all-MiniLM-L6-v2")
+}
+fn default_max_tokens() -> usize {
+    256
+}
+fn default_embed_batch() -> usize {
+    32
+}
+fn default_embed_timeout() -> u64 {
+    30_000
+}
+fn default_embed_retries() -> u32 {
+    3
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -234,6 +295,7 @@ impl Config {
                 invalid(&key, e.into_inner().to_string())
             })?;
         cfg.base_dir = base_dir;
+        cfg.embed.model_dir = expand_home(&cfg.embed.model_dir, env);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -295,6 +357,31 @@ impl Config {
         if !(8..=4096).contains(&self.embed.dim) {
             return Err(invalid("embed.dim", "must be between 8 and 4096"));
         }
+        if self.embed.batch_size == 0 {
+            return Err(invalid("embed.batch_size", "must be > 0"));
+        }
+        match self.embed.provider {
+            EmbedProvider::Minilm if self.embed.dim != 384 => {
+                return Err(invalid("embed.dim", "must be 384 for the minilm provider"));
+            }
+            EmbedProvider::Minilm if !(8..=512).contains(&self.embed.max_tokens) => {
+                return Err(invalid("embed.max_tokens", "must be between 8 and 512"));
+            }
+            EmbedProvider::Openai => {
+                if !(self.embed.base_url.starts_with("http://")
+                    || self.embed.base_url.starts_with("https://"))
+                {
+                    return Err(invalid(
+                        "embed.base_url",
+                        "must be an http(s) URL for the openai provider",
+                    ));
+                }
+                if self.embed.model.trim().is_empty() {
+                    return Err(invalid("embed.model", "must name a model for the openai provider"));
+                }
+            }
+            _ => {}
+        }
         if self.search.rrf_k <= 0.0 || !self.search.rrf_k.is_finite() {
             return Err(invalid("search.rrf_k", "must be a positive number"));
         }
@@ -325,6 +412,7 @@ impl Config {
     }
 
     /// `path` resolved against the config file's directory when relative.
+    /// (`embed.model_dir` has already had `~/` expanded.)
     pub fn resolve(&self, path: &Path) -> PathBuf {
         if path.is_absolute() {
             path.to_path_buf()

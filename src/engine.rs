@@ -36,6 +36,8 @@ pub struct Engine {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: Auth,
+    /// Background jobs started through the API.
+    pub jobs: crate::jobs::Jobs,
     started: Instant,
     stop_worker: watch::Sender<bool>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -47,7 +49,7 @@ impl Engine {
         cfg: Config,
         env: &HashMap<String, String>,
     ) -> Result<Arc<Engine>, StartError> {
-        let embedder = embed::from_config(&cfg.embed)?;
+        let embedder = embed::from_config(&cfg.embed, env)?;
         let store = Arc::new(
             Store::open_shared(
                 &cfg.data_dir(),
@@ -55,8 +57,19 @@ impl Engine {
                 cfg.storage.write_batch_max_rows,
                 Some(Duration::from_millis(cfg.storage.read_consistency_ms)),
             )
-            .await?,
+            .await?
+            .for_model(embedder.model()),
         );
+        let stale = store
+            .count(Some(crate::reembed::stale_clause(embedder.model())))
+            .await?;
+        if stale > 0 {
+            tracing::warn!(
+                stale,
+                model = embedder.model(),
+                "chunks without a vector of the current embedding model: vector search skips them until POST /v1/embed-missing"
+            );
+        }
         let ctx = BuildContext {
             store: store.clone(),
             embedder: embedder.clone(),
@@ -109,6 +122,7 @@ impl Engine {
             notifier,
             pipelines,
             auth,
+            jobs: Default::default(),
             started: Instant::now(),
             stop_worker,
             worker: Mutex::new(Some(worker)),

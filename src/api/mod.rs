@@ -15,6 +15,7 @@ use crate::admin;
 use crate::auth::Caller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::reembed;
 use crate::search::{self, SearchRequest, SearchResponse};
 
 pub use extract::{parse_json, ApiJson};
@@ -29,6 +30,9 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/memories/{id}/history", get(memories::history))
         .route("/v1/search", post(search_handler))
         .route("/v1/sql", post(sql_handler))
+        .route("/v1/embed-missing", post(embed_missing))
+        .route("/v1/re-embed-all", post(re_embed_all))
+        .route("/v1/jobs/{id}", get(job_status))
         .route("/v1/status", get(status))
         .route("/v1/namespaces", get(namespaces))
         .route("/v1/whoami", get(whoami))
@@ -88,4 +92,49 @@ async fn namespaces(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<a
 
 async fn whoami(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<admin::WhoAmI> {
     Json(admin::whoami(&engine, &caller))
+}
+
+async fn embed_missing(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<reembed::EmbedJobRequest>,
+) -> Result<axum::response::Response> {
+    embed_job(engine, caller, req, reembed::Scope::Missing).await
+}
+
+async fn re_embed_all(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<reembed::EmbedJobRequest>,
+) -> Result<axum::response::Response> {
+    embed_job(engine, caller, req, reembed::Scope::All).await
+}
+
+/// Start the job; answer when it ends, or at once (202) with `"wait": false`.
+async fn embed_job(
+    engine: Arc<Engine>,
+    caller: Caller,
+    req: reembed::EmbedJobRequest,
+    scope: reembed::Scope,
+) -> Result<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let wait = req.wait.unwrap_or(true);
+    let job = reembed::start(&engine, &caller, scope).await?;
+    if !wait {
+        let body = Json(reembed::EmbedJobResponse::from_job(&job));
+        return Ok((axum::http::StatusCode::ACCEPTED, body).into_response());
+    }
+    job.wait().await;
+    Ok(Json(reembed::EmbedJobResponse::from_job(&job)).into_response())
+}
+
+async fn job_status(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<crate::jobs::JobView>> {
+    match engine.jobs.get(&id) {
+        Some(job) if caller.is_admin() || job.owner == caller.name => Ok(Json(job.view())),
+        _ => Err(Error::NotFound(format!("no job {id}"))),
+    }
 }

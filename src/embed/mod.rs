@@ -1,12 +1,17 @@
 //! Embedding providers behind one trait. Every provider embeds a whole batch in one call.
 
 mod hash;
+pub mod minilm;
+mod openai;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
 pub use hash::HashEmbedder;
+pub use minilm::MiniLmEmbedder;
+pub use openai::OpenAiEmbedder;
 
 use crate::config::{EmbedConfig, EmbedProvider};
 
@@ -14,6 +19,8 @@ use crate::config::{EmbedConfig, EmbedProvider};
 pub enum EmbedError {
     #[error("embedding provider failed: {0}")]
     Provider(String),
+    #[error(transparent)]
+    Load(#[from] minilm::LoadError),
 }
 
 /// Turns texts into unit-length vectors of a fixed dimension.
@@ -27,9 +34,33 @@ pub trait Embedder: Send + Sync {
 }
 
 /// The embedder the configuration names.
-pub fn from_config(cfg: &EmbedConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
+/// `env` supplies the API key variable of the openai provider.
+pub fn from_config(
+    cfg: &EmbedConfig,
+    env: &HashMap<String, String>,
+) -> Result<Arc<dyn Embedder>, EmbedError> {
     match cfg.provider {
         EmbedProvider::Hash => Ok(Arc::new(HashEmbedder::new(cfg.dim))),
+        EmbedProvider::Minilm => Ok(Arc::new(MiniLmEmbedder::load(
+            &cfg.model_dir,
+            cfg.max_tokens,
+            cfg.batch_size,
+        )?)),
+        EmbedProvider::Openai => {
+            let api_key = match cfg.api_key_env.as_str() {
+                "" => None,
+                var => env.get(var).cloned().filter(|k| !k.is_empty()),
+            };
+            Ok(Arc::new(OpenAiEmbedder::new(
+                &cfg.base_url,
+                &cfg.model,
+                api_key,
+                cfg.dim,
+                cfg.batch_size,
+                std::time::Duration::from_millis(cfg.timeout_ms),
+                cfg.max_retries,
+            )?))
+        }
     }
 }
 

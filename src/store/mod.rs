@@ -3,6 +3,8 @@
 
 mod writer;
 
+pub use writer::Modifier;
+
 use std::path::Path;
 
 use arrow_array::{Float32Array, RecordBatch, RecordBatchIterator};
@@ -155,6 +157,8 @@ pub struct Store {
     pub graph: crate::graph::Graph,
     dim: usize,
     writer: ChunkWriter,
+    /// Vector reads consider only embeddings this model made (None = any).
+    embed_model: Option<String>,
 }
 
 impl Store {
@@ -211,7 +215,23 @@ impl Store {
             graph,
             dim,
             writer,
+            embed_model: None,
         })
+    }
+
+    /// Restrict vector reads to embeddings `model` made: vectors of another model
+    /// live in another space and would rank at random until re-embedded.
+    pub fn for_model(mut self, model: &str) -> Store {
+        self.embed_model = Some(model.to_string());
+        self
+    }
+
+    /// The predicate a row must meet to take part in a vector search.
+    pub fn vector_clause(&self) -> String {
+        match &self.embed_model {
+            Some(m) => format!("embedding IS NOT NULL AND embed_model = {}", sql_str(m)),
+            None => "embedding IS NOT NULL".into(),
+        }
     }
 
     pub fn dim(&self) -> usize {
@@ -318,16 +338,12 @@ impl Store {
 
     /// Full chunks matching a filter (embedding included).
     pub async fn find(&self, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
-        let mut q = self.chunks.query().only_if(filter);
-        if let Some(limit) = limit {
-            q = q.limit(limit);
-        }
-        let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
-        let mut out = Vec::new();
-        for b in &batches {
-            out.extend(batch_to_chunks(b)?);
-        }
-        Ok(out)
+        read_chunks(&self.chunks, filter, limit).await
+    }
+
+    /// Change chunks in place (see [`ChunkWriter::modify`]); returns how many changed.
+    pub async fn modify(&self, ids: Vec<String>, modify: writer::Modifier) -> Result<usize> {
+        self.writer.modify(ids, modify).await
     }
 
     /// Ids (only) of the chunks matching a filter.
@@ -377,7 +393,7 @@ impl Store {
             .query()
             .nearest_to(vector)?
             .distance_type(DistanceType::Cosine)
-            .only_if(format!("({filter}) AND embedding IS NOT NULL"))
+            .only_if(format!("({filter}) AND {}", self.vector_clause()))
             .select(Select::columns(&with_score(HIT_COLUMNS, "_distance")))
             .limit(limit)
             .execute()
@@ -415,8 +431,9 @@ impl Store {
         let batches: Vec<RecordBatch> = q
             .distance_type(DistanceType::Cosine)
             .only_if(format!(
-                "stream = {} AND superseded_by IS NULL AND embedding IS NOT NULL",
-                sql_str(stream)
+                "stream = {} AND superseded_by IS NULL AND {}",
+                sql_str(stream),
+                self.vector_clause()
             ))
             .select(Select::columns(&["id", "content_hash", "_distance"]))
             .limit(k)
@@ -453,6 +470,25 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// `id IN (…)` for a list of ids.
+pub fn id_in(ids: &[String]) -> String {
+    let list: Vec<String> = ids.iter().map(|id| sql_str(id)).collect();
+    format!("id IN ({})", list.join(", "))
+}
+
+async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
+    let mut q = table.query().only_if(filter);
+    if let Some(limit) = limit {
+        q = q.limit(limit);
+    }
+    let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
+    let mut out = Vec::new();
+    for b in &batches {
+        out.extend(batch_to_chunks(b)?);
+    }
+    Ok(out)
 }
 
 fn with_score<'a>(columns: &[&'a str], score: &'a str) -> Vec<&'a str> {

@@ -10,8 +10,14 @@ use tokio::sync::{mpsc, oneshot};
 use super::{batch_reader, Result, StoreError};
 use crate::model::Chunk;
 
+/// A change applied to a chunk as it is when the writer reaches it; returns
+/// whether it changed anything.
+pub type Modifier = Box<dyn FnMut(&mut Chunk) -> bool + Send>;
+
 enum WriteOp {
     Upsert(Vec<Chunk>, oneshot::Sender<Result<()>>),
+    /// Read the chunks with these ids, apply the modifier, write back the changed ones.
+    Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
     Delete(String, oneshot::Sender<Result<u64>>),
     /// Everything queued before this is done; stop.
     Close(oneshot::Sender<()>),
@@ -44,6 +50,21 @@ impl ChunkWriter {
         let (done, rx) = oneshot::channel();
         self.tx
             .send(WriteOp::Delete(predicate, done))
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Apply `modify` to the current version of each chunk in `ids` and write the
+    /// changed ones in one commit. Runs inside the writer, so no other write can
+    /// land between the read and the write. Returns how many changed.
+    pub async fn modify(&self, ids: Vec<String>, modify: Modifier) -> Result<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(WriteOp::Modify(ids, modify, done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -84,6 +105,20 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                     .await
                     .map(|r| r.num_deleted_rows)
                     .map_err(StoreError::from);
+                let _ = done.send(result);
+            }
+            WriteOp::Modify(ids, mut modify, done) => {
+                let result = async {
+                    let filter = super::id_in(&ids);
+                    let mut current = super::read_chunks(&table, filter, None).await?;
+                    current.retain_mut(|c| modify(c));
+                    if !current.is_empty() {
+                        commit(&table, dim, current.iter()).await?;
+                    }
+                    Ok(current.len())
+                }
+                .await;
+                since_refresh += result.as_ref().map(|n| *n).unwrap_or(0);
                 let _ = done.send(result);
             }
             WriteOp::Upsert(chunks, done) => {

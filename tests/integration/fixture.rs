@@ -45,6 +45,11 @@ impl Options {
         }
     }
 
+    /// Embed with the real MiniLM model (the tests default to the hash embedder).
+    pub fn minilm(self) -> Options {
+        self.env("LOOMEM_EMBED__PROVIDER", "minilm")
+    }
+
     pub fn env(mut self, key: &str, value: &str) -> Options {
         self.env.push((key.to_string(), value.to_string()));
         self
@@ -87,6 +92,10 @@ pub fn daemon_env(
         }
     }
     env.insert("LOOMEM_EMBED__PROVIDER".into(), "hash".into());
+    // Where setup put the model, when not in the default place.
+    if let Ok(dir) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
+        env.insert("LOOMEM_EMBED__MODEL_DIR".into(), dir);
+    }
     if opts.auth {
         env.insert("LOOMEM_AUTH_TOKEN".into(), ADMIN_TOKEN.into());
         env.insert("TEST_TOKEN_A".into(), TOKEN_A.into());

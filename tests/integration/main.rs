@@ -3,6 +3,7 @@
 
 mod api;
 mod auth;
+mod embed;
 mod enrich;
 mod errors;
 mod fixture;

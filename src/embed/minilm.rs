@@ -1,0 +1,331 @@
+//! sentence-transformers all-MiniLM-L6-v2 run in-process with candle.
+//!
+//! The model is a 6-layer BERT encoder (384 hidden, 12 heads). A sentence vector
+//! is the mean of the last hidden states over the real (non-padding) tokens,
+//! scaled to unit length — exactly what sentence-transformers' `Pooling` +
+//! `Normalize` modules compute.
+//!
+//! Inference runs on one dedicated thread, never on the async runtime. Calls
+//! that arrive while the thread is busy are merged into its next pass, and each
+//! pass sorts its texts by token count and pads per sub-batch to the longest
+//! member, so short texts do not pay for long ones.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc as std_mpsc;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+use futures::future::BoxFuture;
+use tokenizers::{Tokenizer, TruncationParams};
+use tokio::sync::oneshot;
+
+use super::{EmbedError, Embedder};
+
+/// The files a model directory must hold.
+pub const MODEL_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
+
+/// Name recorded in `embed_model`.
+pub const MODEL_NAME: &str = "all-MiniLM-L6-v2";
+
+/// What `config.json` says about the encoder (the keys this code needs).
+#[derive(Debug, serde::Deserialize)]
+struct BertConfig {
+    hidden_size: usize,
+    num_attention_heads: usize,
+    num_hidden_layers: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    vocab_size: usize,
+    type_vocab_size: usize,
+    layer_norm_eps: f64,
+    #[serde(default)]
+    hidden_act: Option<String>,
+}
+
+struct Layer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    attn_norm: LayerNorm,
+    intermediate: Linear,
+    out: Linear,
+    out_norm: LayerNorm,
+}
+
+/// The BERT encoder, loaded from safetensors.
+struct Encoder {
+    words: Embedding,
+    positions: Embedding,
+    token_type0: Tensor,
+    embed_norm: LayerNorm,
+    layers: Vec<Layer>,
+    heads: usize,
+    head_dim: usize,
+    hidden: usize,
+    device: Device,
+}
+
+type CandleResult<T> = candle_core::Result<T>;
+
+impl Encoder {
+    fn load(dir: &Path, cfg: &BertConfig) -> CandleResult<Encoder> {
+        let device = Device::Cpu;
+        let weights = dir.join("model.safetensors");
+        // SAFETY: the file is memory-mapped read-only and never modified while loaded.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[weights], DType::F32, &device)? };
+        let h = cfg.hidden_size;
+        let eps = cfg.layer_norm_eps;
+        let emb = vb.pp("embeddings");
+        let token_types = embedding(cfg.type_vocab_size, h, emb.pp("token_type_embeddings"))?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| {
+                let l = vb.pp(format!("encoder.layer.{i}"));
+                let attn = l.pp("attention");
+                Ok(Layer {
+                    query: linear(h, h, attn.pp("self.query"))?,
+                    key: linear(h, h, attn.pp("self.key"))?,
+                    value: linear(h, h, attn.pp("self.value"))?,
+                    attn_out: linear(h, h, attn.pp("output.dense"))?,
+                    attn_norm: layer_norm(h, eps, attn.pp("output.LayerNorm"))?,
+                    intermediate: linear(h, cfg.intermediate_size, l.pp("intermediate.dense"))?,
+                    out: linear(cfg.intermediate_size, h, l.pp("output.dense"))?,
+                    out_norm: layer_norm(h, eps, l.pp("output.LayerNorm"))?,
+                })
+            })
+            .collect::<CandleResult<Vec<_>>>()?;
+        Ok(Encoder {
+            words: embedding(cfg.vocab_size, h, emb.pp("word_embeddings"))?,
+            positions: embedding(cfg.max_position_embeddings, h, emb.pp("position_embeddings"))?,
+            // Sentences are single segments: every token has type 0.
+            token_type0: token_types.embeddings().get(0)?,
+            embed_norm: layer_norm(h, eps, emb.pp("LayerNorm"))?,
+            layers,
+            heads: cfg.num_attention_heads,
+            head_dim: h / cfg.num_attention_heads,
+            hidden: h,
+            device,
+        })
+    }
+
+    /// Unit-length sentence vectors for one padded batch.
+    /// `ids` and `mask` are `[batch, len]` row-major.
+    fn embed(&self, ids: &[u32], mask: &[u32], batch: usize, len: usize) -> CandleResult<Vec<Vec<f32>>> {
+        let ids = Tensor::from_slice(ids, (batch, len), &self.device)?;
+        let mask = Tensor::from_slice(mask, (batch, len), &self.device)?.to_dtype(DType::F32)?;
+        let positions = Tensor::arange(0u32, len as u32, &self.device)?;
+        let mut x = self
+            .words
+            .forward(&ids)?
+            .broadcast_add(&self.positions.forward(&positions)?)?
+            .broadcast_add(&self.token_type0)?;
+        x = self.embed_norm.forward(&x)?;
+        // Padding keys get a large negative score before the softmax: [batch, 1, 1, len].
+        let bias = ((mask.clone() - 1.0)? * 1e9)?.reshape((batch, 1, 1, len))?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        for layer in &self.layers {
+            let heads = |lin: &Linear| -> CandleResult<Tensor> {
+                lin.forward(&x)?
+                    .reshape((batch, len, self.heads, self.head_dim))?
+                    .transpose(1, 2)?
+                    .contiguous()
+            };
+            let q = heads(&layer.query)?;
+            let k = heads(&layer.key)?;
+            let v = heads(&layer.value)?;
+            let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let context = probs
+                .matmul(&v)?
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((batch, len, self.hidden))?;
+            let attended = layer.attn_norm.forward(&(layer.attn_out.forward(&context)? + &x)?)?;
+            let inner = layer.intermediate.forward(&attended)?.gelu_erf()?;
+            x = layer.out_norm.forward(&(layer.out.forward(&inner)? + &attended)?)?;
+        }
+        // Mean over real tokens, then L2 normalisation.
+        let summed = x.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
+        let counts = mask.sum_keepdim(1)?.clamp(1e-9, f64::MAX)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+        mean.broadcast_div(&norms)?.to_vec2::<f32>()
+    }
+}
+
+/// Everything one inference pass needs; owned by the inference thread.
+struct Model {
+    tokenizer: Tokenizer,
+    encoder: Encoder,
+    batch_size: usize,
+}
+
+impl Model {
+    fn embed_all(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
+            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+        // Shortest first, so each sub-batch pads to a length close to its members'.
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| encodings[i].get_ids().len());
+        let mut out = vec![Vec::new(); texts.len()];
+        for group in order.chunks(self.batch_size) {
+            let len = group
+                .iter()
+                .map(|&i| encodings[i].get_ids().len())
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let mut ids = vec![0u32; group.len() * len];
+            let mut mask = vec![0u32; group.len() * len];
+            for (row, &i) in group.iter().enumerate() {
+                let enc = &encodings[i];
+                let n = enc.get_ids().len();
+                ids[row * len..row * len + n].copy_from_slice(enc.get_ids());
+                mask[row * len..row * len + n].copy_from_slice(enc.get_attention_mask());
+            }
+            let vectors = self
+                .encoder
+                .embed(&ids, &mask, group.len(), len)
+                .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))?;
+            for (&i, v) in group.iter().zip(vectors) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Job {
+    texts: Vec<String>,
+    reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
+}
+
+/// The MiniLM provider: a handle to the inference thread.
+pub struct MiniLmEmbedder {
+    jobs: std_mpsc::Sender<Job>,
+    dim: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("the MiniLM model is missing: {path} not found. Run `bash scripts/setup.sh` (or `just setup`) to install it, or point embed.model_dir at a directory holding {files}")]
+    Missing { path: PathBuf, files: String },
+    #[error("cannot load the MiniLM model from {dir}: {message}")]
+    Invalid { dir: PathBuf, message: String },
+}
+
+impl MiniLmEmbedder {
+    /// Load the model from `dir` and start the inference thread.
+    /// `max_tokens` truncates longer texts; `batch_size` bounds one forward pass.
+    pub fn load(dir: &Path, max_tokens: usize, batch_size: usize) -> Result<MiniLmEmbedder, LoadError> {
+        for file in MODEL_FILES {
+            let path = dir.join(file);
+            if !path.is_file() {
+                return Err(LoadError::Missing {
+                    path,
+                    files: MODEL_FILES.join(", "),
+                });
+            }
+        }
+        let invalid = |message: String| LoadError::Invalid {
+            dir: dir.to_path_buf(),
+            message,
+        };
+        let cfg: BertConfig = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+            .map_err(|e| invalid(format!("config.json: {e}")))?;
+        if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "gelu") {
+            return Err(invalid(format!("config.json: hidden_act {act:?} is not supported (gelu only)")));
+        }
+        if cfg.hidden_size % cfg.num_attention_heads != 0 {
+            return Err(invalid("config.json: hidden_size is not a multiple of num_attention_heads".into()));
+        }
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
+        // The shipped tokenizer pads and truncates to a fixed 128; padding is done
+        // here per sub-batch, truncation at the model's sequence limit.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: max_tokens.min(cfg.max_position_embeddings),
+                ..Default::default()
+            }))
+            .map_err(|e| invalid(format!("tokenizer truncation: {e}")))?;
+        let encoder = Encoder::load(dir, &cfg).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        let dim = cfg.hidden_size;
+        let model = Model {
+            tokenizer,
+            encoder,
+            batch_size: batch_size.max(1),
+        };
+        let (jobs, rx) = std_mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("loomem-minilm".into())
+            .spawn(move || serve(model, rx))
+            .map_err(|e| invalid(format!("cannot start the inference thread: {e}")))?;
+        Ok(MiniLmEmbedder { jobs, dim })
+    }
+}
+
+/// Most texts one merged pass takes from queued calls.
+const MERGE_LIMIT: usize = 1024;
+
+fn serve(model: Model, rx: std_mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        let mut total = jobs[0].texts.len();
+        while total < MERGE_LIMIT {
+            match rx.try_recv() {
+                Ok(job) => {
+                    total += job.texts.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        let texts: Vec<String> = jobs.iter().flat_map(|j| j.texts.iter().cloned()).collect();
+        match model.embed_all(&texts) {
+            Ok(mut vectors) => {
+                for job in jobs.into_iter().rev() {
+                    let rest = vectors.split_off(vectors.len() - job.texts.len());
+                    let _ = job.reply.send(Ok(rest));
+                }
+            }
+            Err(e) => {
+                for job in jobs {
+                    let _ = job.reply.send(Err(EmbedError::Provider(e.to_string())));
+                }
+            }
+        }
+    }
+}
+
+impl Embedder for MiniLmEmbedder {
+    fn model(&self) -> &str {
+        MODEL_NAME
+    }
+
+    fn dim(&self) -> usize {
+        self.dim
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
+        Box::pin(async move {
+            if texts.is_empty() {
+                return Ok(Vec::new());
+            }
+            let (reply, rx) = oneshot::channel();
+            self.jobs
+                .send(Job {
+                    texts: texts.to_vec(),
+                    reply,
+                })
+                .map_err(|_| EmbedError::Provider("the MiniLM inference thread has stopped".into()))?;
+            rx.await
+                .map_err(|_| EmbedError::Provider("the MiniLM inference thread has stopped".into()))?
+        })
+    }
+}

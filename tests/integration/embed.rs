@@ -1,0 +1,343 @@
+//! Embedding providers: the real MiniLM model against sentence-transformers'
+//! own vectors, semantic recall through the daemon, the OpenAI-compatible
+//! provider against a local stand-in server, and re-embedding jobs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loomem::config::Config;
+use loomem::embed::{dot, Embedder, MiniLmEmbedder};
+use serde_json::{json, Value};
+
+use crate::fixture::{repo_root, Daemon, Options};
+
+/// The model directory the default config points at (where setup installs it).
+fn model_dir() -> std::path::PathBuf {
+    let mut env = HashMap::new();
+    if let Ok(dir) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
+        env.insert("LOOMEM_EMBED__MODEL_DIR".to_string(), dir);
+    }
+    Config::load(&repo_root().join("config.toml"), &env)
+        .expect("config loads")
+        .embed
+        .model_dir
+}
+
+fn minilm() -> MiniLmEmbedder {
+    MiniLmEmbedder::load(&model_dir(), 256, 32).expect("the model is installed by scripts/setup.sh")
+}
+
+struct Golden {
+    text: String,
+    vector: Vec<f32>,
+}
+
+fn golden() -> Vec<Golden> {
+    let doc: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("tests/fixtures/minilm_golden.json")).unwrap(),
+    )
+    .unwrap();
+    doc["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Golden {
+            text: c["text"].as_str().unwrap().to_string(),
+            vector: serde_json::from_value(c["vector"].clone()).unwrap(),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minilm_matches_sentence_transformers() {
+    let model = minilm();
+    let cases = golden();
+    let texts: Vec<String> = cases.iter().map(|c| c.text.clone()).collect();
+    // All at once (padded together, sorted by length) and one by one (no padding).
+    let batched = model.embed(&texts).await.unwrap();
+    for (i, case) in cases.iter().enumerate() {
+        let single = model.embed(&texts[i..=i]).await.unwrap().remove(0);
+        assert_eq!(batched[i].len(), 384);
+        let norm: f32 = batched[i].iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "not unit length: {norm}");
+        for (how, v) in [("batched", &batched[i]), ("single", &single)] {
+            let cos = dot(v, &case.vector);
+            assert!(cos >= 0.999, "{how} cosine {cos} for {:?}", case.text);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minilm_concurrent_calls_each_get_their_own_vectors() {
+    let model = Arc::new(minilm());
+    let cases = golden();
+    let mut calls = Vec::new();
+    for chunk in cases.chunks(2) {
+        let model = model.clone();
+        let texts: Vec<String> = chunk.iter().map(|c| c.text.clone()).collect();
+        let expected: Vec<Vec<f32>> = chunk.iter().map(|c| c.vector.clone()).collect();
+        calls.push(tokio::spawn(async move {
+            let got = model.embed(&texts).await.unwrap();
+            (got, expected)
+        }));
+    }
+    for call in calls {
+        let (got, expected) = call.await.unwrap();
+        assert_eq!(got.len(), expected.len());
+        for (g, e) in got.iter().zip(&expected) {
+            assert!(dot(g, e) >= 0.999);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
+    let empty = tempfile::tempdir().unwrap();
+    let err = MiniLmEmbedder::load(empty.path(), 256, 32).err().expect("must fail");
+    let message = err.to_string();
+    assert!(message.contains("scripts/setup.sh"), "{message}");
+    assert!(message.contains(&empty.path().display().to_string()), "{message}");
+
+    // The daemon refuses to start rather than falling back to another provider.
+    let data = tempfile::tempdir().unwrap();
+    let mut env = HashMap::new();
+    env.insert("LOOMEM_EMBED__PROVIDER".to_string(), "minilm".to_string());
+    env.insert(
+        "LOOMEM_EMBED__MODEL_DIR".to_string(),
+        empty.path().display().to_string(),
+    );
+    env.insert("LOOMEM_BUS__KIND".to_string(), "embedded".to_string());
+    env.insert(
+        "LOOMEM_STORAGE__DATA_DIR".to_string(),
+        data.path().display().to_string(),
+    );
+    let cfg = Config::load(&repo_root().join("config.toml"), &env).unwrap();
+    let err = loomem::engine::Engine::start(cfg, &env).await.err().expect("must fail");
+    assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
+    let d = Daemon::start(
+        Options::embedded()
+            .minilm()
+            .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for text in [
+        "The team standup moved to 9:30 every Monday",
+        "Prefers Cursor over VSCode for AI features",
+        "Bought oat milk, eggs and sourdough bread",
+        "The flight to Lisbon leaves on Friday evening",
+        "Quarterly revenue grew twelve percent",
+    ] {
+        ids.push(d.store(text, "dev").await);
+    }
+    let (_, resp) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "What IDE does the user prefer?", "stream": "dev", "trace": true})),
+        )
+        .await;
+    let results = resp["results"].as_array().unwrap();
+    assert_eq!(results[0]["chunk_id"], ids[1].as_str(), "{resp}");
+    // Vector leg only: no BM25 rank on the hit.
+    assert!(results[0]["trace_info"]["bm25_rank"].is_null(), "{}", results[0]);
+    let (_, status) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(status["embedder"]["model"], "all-MiniLM-L6-v2");
+    assert_eq!(status["embedder"]["dim"], 384);
+    assert_eq!(status["embedder"]["stale"], 0);
+    assert_eq!(status["config_summary"]["embeddings_count"], 5);
+    assert_eq!(status["config_summary"]["vector_enabled"], true);
+}
+
+/// A local stand-in for an OpenAI-compatible embeddings API: vectors from a
+/// word hash, the first request of all answered 503, every request recorded.
+struct StubApi {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<(Option<String>, Value)>>>,
+}
+
+async fn stub_api(dim: usize) -> StubApi {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::post;
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen: Arc<Mutex<Vec<(Option<String>, Value)>>> = Default::default();
+    let (r, s) = (requests.clone(), seen.clone());
+    let app = axum::Router::new().route(
+        "/v1/embeddings",
+        post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
+            let (r, s) = (r.clone(), s.clone());
+            async move {
+                let auth = headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_string());
+                s.lock().unwrap().push((auth, body.clone()));
+                if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({})));
+                }
+                let data: Vec<Value> = body["input"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| json!({"index": i, "embedding": word_vector(t.as_str().unwrap(), dim)}))
+                    .collect();
+                (StatusCode::OK, axum::Json(json!({"data": data, "model": body["model"]})))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    StubApi { url, requests, seen }
+}
+
+/// Sum of one-hot word buckets (not normalised: the provider must normalise).
+fn word_vector(text: &str, dim: usize) -> Vec<f32> {
+    let mut v = vec![0.0; dim];
+    for w in text.split_whitespace() {
+        let h = w
+            .to_lowercase()
+            .bytes()
+            .fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        v[h % dim] += 3.0;
+    }
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_provider_batches_retries_and_records_its_model() {
+    let api = stub_api(16).await;
+    let d = Daemon::start(
+        Options::embedded()
+            .env("LOOMEM_EMBED__PROVIDER", "openai")
+            .env("LOOMEM_EMBED__BASE_URL", &api.url)
+            .env("LOOMEM_EMBED__MODEL", "stub-embed-1")
+            .env("LOOMEM_EMBED__DIM", "16")
+            .env("LOOMEM_EMBED__BATCH_SIZE", "2")
+            .env("LOOMEM_EMBED__API_KEY_ENV", "STUB_KEY")
+            .env("STUB_KEY", "sk-test-123")
+            .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
+    )
+    .await;
+    // Three memories in one import: requests of at most two texts each.
+    let lines = ["apples and pears", "trains to Berlin", "green tea in the morning"]
+        .map(|t| json!({ "content": t }).to_string())
+        .join("\n");
+    let (status, body) = d
+        .post_raw("/v1/import?format=jsonl&stream=s", lines.into_bytes())
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut rows = Vec::new();
+    for _ in 0..200 {
+        let (_, resp) = d
+            .call(
+                "POST",
+                "/v1/sql",
+                Some(json!({"sql": "SELECT id, content, embed_model FROM chunks ORDER BY content"})),
+            )
+            .await;
+        rows = resp["rows"].as_array().cloned().unwrap_or_default();
+        if rows.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(rows.iter().all(|r| r["embed_model"] == "stub-embed-1"), "{rows:?}");
+    assert_eq!(rows[0]["content"], "apples and pears");
+    let ids = d
+        .search_ids(json!({"query": "trains Berlin", "stream": "s"}))
+        .await;
+    assert_eq!(rows[2]["content"], "trains to Berlin");
+    assert_eq!(ids.first(), rows[2]["id"].as_str().map(String::from).as_ref(), "{ids:?}");
+
+    let seen = api.seen.lock().unwrap().clone();
+    // The 503 was retried; every request carried the key and the model.
+    assert!(api.requests.load(Ordering::SeqCst) >= 3);
+    assert!(seen
+        .iter()
+        .all(|(auth, body)| auth.as_deref() == Some("Bearer sk-test-123") && body["model"] == "stub-embed-1"));
+    assert!(seen
+        .iter()
+        .all(|(_, body)| body["input"].as_array().unwrap().len() <= 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // Written with the hash embedder (same dimension, another vector space).
+    let d = Daemon::start_at(&data, Options::embedded()).await;
+    let cursor = d.store("Prefers Cursor over VSCode for AI features", "dev").await;
+    d.store("Bought oat milk, eggs and sourdough bread", "dev").await;
+    d.store("The flight to Lisbon leaves on Friday evening", "other").await;
+    d.stop().await;
+
+    let opts = Options {
+        auth: true,
+        embedded: true,
+        ..Default::default()
+    }
+    .minilm()
+        .env("LOOMEM_SEARCH__BM25_WEIGHT", "0");
+    let d = Daemon::start_at(&data, opts).await;
+    let (_, status) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(status["embedder"]["stale"], 3, "{status}");
+    assert_eq!(status["config_summary"]["embeddings_count"], 0);
+    // Stale vectors are not compared with the new model's query vector.
+    let ids = d
+        .search_ids(json!({"query": "What IDE does the user prefer?", "stream": "dev"}))
+        .await;
+    assert!(ids.is_empty(), "{ids:?}");
+
+    // A scoped key re-embeds only its own streams.
+    let (code, body) = d
+        .call_as(Some(crate::fixture::TOKEN_A), "POST", "/v1/embed-missing", None)
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["total_missing"], 0, "{body}");
+
+    let (code, body) = d.call("POST", "/v1/embed-missing", None).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "ok");
+    assert_eq!(
+        (body["total_missing"].clone(), body["embedded"].clone(), body["failed"].clone()),
+        (json!(3), json!(3), json!(0)),
+        "{body}"
+    );
+    let ids = d
+        .search_ids(json!({"query": "What IDE does the user prefer?", "stream": "dev"}))
+        .await;
+    assert_eq!(ids.first(), Some(&cursor), "{ids:?}");
+    let (_, status) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(status["embedder"]["stale"], 0, "{status}");
+
+    // re-embed-all in the background: 202 with a job to poll.
+    let (code, body) = d
+        .call("POST", "/v1/re-embed-all", Some(json!({"wait": false})))
+        .await;
+    assert_eq!(code, 202, "{body}");
+    let job = body["job_id"].as_str().unwrap().to_string();
+    let mut view = Value::Null;
+    for _ in 0..200 {
+        view = d.call("GET", &format!("/v1/jobs/{job}"), None).await.1;
+        if view["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(view["state"], "succeeded", "{view}");
+    assert_eq!((view["total"].clone(), view["done"].clone()), (json!(3), json!(3)));
+    // Another caller cannot read the admin's job.
+    let (code, _) = d
+        .call_as(Some(crate::fixture::TOKEN_A), "GET", &format!("/v1/jobs/{job}"), None)
+        .await;
+    assert_eq!(code, 404);
+}
