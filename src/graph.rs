@@ -164,7 +164,13 @@ pub struct Relation {
 pub struct Graph {
     pub entities: Table,
     pub edges: Table,
+    /// Rows upserted since the `id` indexes were last refreshed.
+    unindexed: std::sync::atomic::AtomicUsize,
 }
+
+/// Graph rows written between two refreshes of the `id` indexes (rows added
+/// since the last refresh are looked up by a scan).
+const GRAPH_INDEX_REFRESH_ROWS: usize = 20_000;
 
 async fn read_where<T>(
     table: &Table,
@@ -209,6 +215,47 @@ fn push_ref(list: &mut Vec<String>, id: &str) {
 }
 
 impl Graph {
+    /// Open the graph over its two tables, with a BTree index on each `id`
+    /// (every batch reads and merges by id).
+    pub async fn open(entities: Table, edges: Table) -> Result<Graph> {
+        for table in [&entities, &edges] {
+            let indexed = table
+                .list_indices()
+                .await?
+                .iter()
+                .any(|i| i.columns.iter().any(|c| c == "id"));
+            if !indexed {
+                table
+                    .create_index(&["id"], lancedb::index::Index::BTree(Default::default()))
+                    .execute()
+                    .await?;
+            }
+        }
+        Ok(Graph {
+            entities,
+            edges,
+            unindexed: Default::default(),
+        })
+    }
+
+    /// Count written rows; past the threshold, fold them into the indexes.
+    async fn written(&self, rows: usize) {
+        use std::sync::atomic::Ordering;
+        let total = self.unindexed.fetch_add(rows, Ordering::Relaxed) + rows;
+        if total < GRAPH_INDEX_REFRESH_ROWS {
+            return;
+        }
+        self.unindexed.store(0, Ordering::Relaxed);
+        for table in [&self.entities, &self.edges] {
+            if let Err(e) = table
+                .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+                .await
+            {
+                tracing::warn!(error = %e, "graph index refresh failed; will retry");
+            }
+        }
+    }
+
     /// Fold a batch's mentions and relations into the tables (one commit each).
     pub async fn record(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
         if !mentions.is_empty() {
@@ -254,6 +301,7 @@ impl Graph {
             }
             let rows: Vec<EntityRow> = rows.into_values().collect();
             upsert(&self.entities, entity_schema(), &rows).await?;
+            self.written(rows.len()).await;
         }
         if !relations.is_empty() {
             let id_of =
@@ -288,6 +336,7 @@ impl Graph {
             }
             let rows: Vec<EdgeRow> = rows.into_values().collect();
             upsert(&self.edges, edge_schema(), &rows).await?;
+            self.written(rows.len()).await;
         }
         Ok(())
     }

@@ -202,10 +202,11 @@ impl Store {
         ensure_indexes(&chunks).await?;
         let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
         let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
-        let graph = crate::graph::Graph {
-            entities: open_or_create(&db, &names, ENTITIES, crate::graph::entity_schema()).await?,
-            edges: open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
-        };
+        let graph = crate::graph::Graph::open(
+            open_or_create(&db, &names, ENTITIES, crate::graph::entity_schema()).await?,
+            open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
+        )
+        .await?;
         let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
         Ok(Store {
             db,
