@@ -22,6 +22,7 @@ run: setup
 test:
     cargo test --locked
 
-# Run the criterion benchmarks (release build; needs nats-server).
-bench:
-    cargo bench --locked
+# Run the criterion benchmarks (release build; needs nats-server and the model).
+# RAYON_NUM_THREADS: candle's matmul threads (it counts physical cores otherwise).
+bench *ARGS:
+    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo bench --locked {{ARGS}}

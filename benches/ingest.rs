@@ -122,8 +122,11 @@ fn rig(rt: &tokio::runtime::Runtime, jetstream: bool, provider: &str) -> Rig {
         dir.path().join("data").display().to_string(),
     );
     env.insert("LOOMEM_EMBED__PROVIDER".into(), provider.into());
-    if let Ok(dir) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
-        env.insert("LOOMEM_EMBED__MODEL_DIR".into(), dir);
+    // Other overrides from the bench's own environment (LOOMEM_BUS__BATCH_SIZE=…).
+    for (k, v) in std::env::vars() {
+        if k.starts_with("LOOMEM_") && !env.contains_key(&k) {
+            env.insert(k, v);
+        }
     }
     match &nats {
         Some(n) => {
@@ -203,6 +206,11 @@ fn bench_e2e(c: &mut Criterion) {
         // Per-stage share of the pipeline's time over the whole run.
         let stats = rig.engine.pipelines.get("import").unwrap().stats();
         let records: u64 = stats.first().map(|s| s.records_in).unwrap_or(0);
+        if records == 0 {
+            // Filtered out on the command line.
+            rt.block_on(rig.engine.shutdown());
+            continue;
+        }
         eprintln!("\nper-stage time, {label} (import pipeline, {records} records):");
         for s in &stats {
             eprintln!(

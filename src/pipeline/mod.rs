@@ -115,6 +115,46 @@ pub struct BuildContext {
     pub dir: std::path::PathBuf,
 }
 
+/// The embeddings of a batch's kept records, grouped by stream and copied into
+/// one contiguous matrix per stream (batch order kept), for the within-batch
+/// O(n^2) similarity scans of dedupe and score_surprise.
+pub struct StreamVectors {
+    /// Batch positions of the rows.
+    pub idx: Vec<usize>,
+    flat: Vec<f32>,
+    dim: usize,
+}
+
+impl StreamVectors {
+    /// Group the kept, embedded records of `batch` by stream.
+    pub fn of(batch: &[Record]) -> Vec<StreamVectors> {
+        let mut groups: BTreeMap<&str, StreamVectors> = BTreeMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            let Some(v) = r.chunk.embedding.as_deref().filter(|_| r.is_kept()) else {
+                continue;
+            };
+            let g = groups
+                .entry(r.chunk.stream.as_str())
+                .or_insert_with(|| StreamVectors {
+                    idx: Vec::new(),
+                    flat: Vec::new(),
+                    dim: v.len(),
+                });
+            if v.len() == g.dim {
+                g.idx.push(i);
+                g.flat.extend_from_slice(v);
+            }
+        }
+        groups.into_values().collect()
+    }
+
+    /// Cosine similarity of rows `p` and `q`.
+    pub fn sim(&self, p: usize, q: usize) -> f32 {
+        let d = self.dim;
+        crate::embed::dot(&self.flat[p * d..(p + 1) * d], &self.flat[q * d..(q + 1) * d])
+    }
+}
+
 /// Fill `neighbors` (the `k` most similar latest memories of the record's
 /// stream) for every kept, embedded record that lacks them: one batched vector
 /// search per stream.

@@ -12,9 +12,10 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::embed::dot;
 use crate::model::Chunk;
-use crate::pipeline::{ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage};
+use crate::pipeline::{
+    ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage, StreamVectors,
+};
 use crate::store::{sql_str, Store};
 
 #[derive(Debug, Deserialize)]
@@ -223,28 +224,23 @@ impl Stage for Dedupe {
             }
             // Near: within the batch (the earlier memory is kept).
             if self.cfg.near_within_batch {
-                for i in 0..batch.len() {
-                    if !batch[i].is_kept() {
-                        continue;
-                    }
-                    let Some(v) = batch[i].chunk.embedding.clone() else {
-                        continue;
-                    };
-                    let earlier = (0..i).find(|&j| {
-                        batch[j].is_kept()
-                            && batch[j].chunk.stream == batch[i].chunk.stream
-                            && batch[j].chunk.id != batch[i].chunk.id
-                            && batch[j]
-                                .chunk
-                                .embedding
-                                .as_deref()
-                                .is_some_and(|w| dot(&v, w) > self.cfg.near_threshold)
-                            && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
-                    });
-                    if let Some(j) = earlier {
-                        let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
-                        remember(&mut batch[j].chunk, &dup);
-                        drop_as(&mut batch[i], "near_duplicate", &id);
+                for g in StreamVectors::of(batch) {
+                    for p in 0..g.idx.len() {
+                        let i = g.idx[p];
+                        if !batch[i].is_kept() {
+                            continue;
+                        }
+                        let earlier = (0..p).map(|q| (g.idx[q], q)).find(|&(j, q)| {
+                            batch[j].is_kept()
+                                && batch[j].chunk.id != batch[i].chunk.id
+                                && g.sim(p, q) > self.cfg.near_threshold
+                                && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
+                        });
+                        if let Some((j, _)) = earlier {
+                            let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
+                            remember(&mut batch[j].chunk, &dup);
+                            drop_as(&mut batch[i], "near_duplicate", &id);
+                        }
                     }
                 }
             }

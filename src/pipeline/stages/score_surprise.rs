@@ -9,8 +9,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::embed::dot;
-use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage};
+use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage, StreamVectors};
 use crate::store::Store;
 
 #[derive(Debug, Deserialize)]
@@ -71,11 +70,18 @@ impl Stage for ScoreSurprise {
             if self.cfg.against_store {
                 ensure_neighbors(&self.store, batch, 3).await?;
             }
+            // Most similar earlier kept memory of the same stream in this batch.
+            let mut in_batch = vec![0.0f32; batch.len()];
+            for g in StreamVectors::of(batch) {
+                for p in 0..g.idx.len() {
+                    in_batch[g.idx[p]] = (0..p).map(|q| g.sim(p, q)).fold(0.0f32, f32::max);
+                }
+            }
             for i in 0..batch.len() {
                 if !batch[i].is_kept() {
                     continue;
                 }
-                let mut best = batch[i]
+                let stored = batch[i]
                     .neighbors
                     .as_ref()
                     .and_then(|n| {
@@ -84,16 +90,7 @@ impl Stage for ScoreSurprise {
                             .map(|n| n.similarity)
                     })
                     .unwrap_or(0.0);
-                if let Some(v) = batch[i].chunk.embedding.as_deref() {
-                    for j in 0..i {
-                        let other = &batch[j].chunk;
-                        if batch[j].is_kept() && other.stream == batch[i].chunk.stream {
-                            if let Some(w) = other.embedding.as_deref() {
-                                best = best.max(dot(v, w));
-                            }
-                        }
-                    }
-                }
+                let best = stored.max(in_batch[i]);
                 let novelty = (1.0 - best).clamp(0.0, 1.0);
                 let c = &mut batch[i].chunk;
                 let base = c.importance;
