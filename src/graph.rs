@@ -170,7 +170,7 @@ pub struct Graph {
 
 /// Graph rows written between two refreshes of the `id` indexes (rows added
 /// since the last refresh are looked up by a scan).
-const GRAPH_INDEX_REFRESH_ROWS: usize = 20_000;
+const GRAPH_INDEX_REFRESH_ROWS: usize = 10_000;
 
 async fn read_where<T>(
     table: &Table,

@@ -57,6 +57,46 @@ pub struct Record {
     /// The closest stored memories of the same stream, best first (filled once,
     /// by the first stage that needs them).
     pub neighbors: Option<Vec<Neighbor>>,
+    /// Side writes a stage started in the background (the entity graph); the
+    /// `write` stage waits for them before the batch counts as done.
+    pub pending: Vec<PendingWrite>,
+}
+
+/// A write running beside the pipeline; cloneable so records stay `Clone`.
+#[derive(Clone)]
+pub struct PendingWrite(futures::future::Shared<BoxFuture<'static, Result<(), String>>>);
+
+impl std::fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingWrite")
+    }
+}
+
+impl PendingWrite {
+    /// Run `write` on the runtime now; its result is collected by [`settle`].
+    pub fn spawn(
+        write: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
+    ) -> PendingWrite {
+        use futures::FutureExt;
+        let handle = tokio::spawn(write);
+        let fut: BoxFuture<'static, Result<(), String>> = Box::pin(async move {
+            handle.await.unwrap_or_else(|e| Err(format!("side write panicked: {e}")))
+        });
+        PendingWrite(fut.shared())
+    }
+}
+
+/// Wait for every background side write the batch's stages started.
+pub async fn settle(batch: &mut [Record], stage: &'static str) -> Result<(), PipelineError> {
+    let pending: Vec<PendingWrite> = batch
+        .iter_mut()
+        .flat_map(|r| std::mem::take(&mut r.pending))
+        .collect();
+    for p in pending {
+        p.0.await
+            .map_err(|message| PipelineError::Batch { stage, message })?;
+    }
+    Ok(())
 }
 
 impl Record {
@@ -67,6 +107,7 @@ impl Record {
             also_write: Vec::new(),
             history: Vec::new(),
             neighbors: None,
+            pending: Vec::new(),
         }
     }
 

@@ -81,7 +81,7 @@ impl ChunkWriter {
 
 /// Rows written between two index refreshes (new rows are otherwise searched
 /// and joined without the indexes).
-const INDEX_REFRESH_ROWS: usize = 50_000;
+const INDEX_REFRESH_ROWS: usize = 10_000;
 
 async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<WriteOp>) {
     let mut next: Option<WriteOp> = None;

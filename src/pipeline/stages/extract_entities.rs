@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::parse_params;
 use crate::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
-use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
+use crate::pipeline::{BuildContext, PendingWrite, PipelineError, Record, Stage};
 use crate::store::Store;
 
 #[derive(Debug, Deserialize)]
@@ -730,15 +730,20 @@ impl Stage for ExtractEntities {
                     });
                 }
             }
-            if self.populate_graph {
-                self.store
-                    .graph
-                    .record(&mentions, &relations)
-                    .await
-                    .map_err(|e| PipelineError::Batch {
-                        stage: "extract_entities",
-                        message: e.to_string(),
-                    })?;
+            // The graph merge runs beside the rest of the pipeline; `write`
+            // waits for it before the batch is acknowledged.
+            if self.populate_graph && !(mentions.is_empty() && relations.is_empty()) {
+                let store = self.store.clone();
+                let write = PendingWrite::spawn(async move {
+                    store
+                        .graph
+                        .record(&mentions, &relations)
+                        .await
+                        .map_err(|e| format!("entity graph: {e}"))
+                });
+                if let Some(first) = batch.first_mut() {
+                    first.pending.push(write);
+                }
             }
             Ok(())
         })
@@ -859,6 +864,7 @@ mod tests {
             )),
         ];
         s.process(&mut batch).await.unwrap();
+        crate::pipeline::settle(&mut batch, "test").await.unwrap();
         assert_eq!(batch[0].chunk.entities, vec!["cursor", "vscode"]);
         assert_eq!(batch[0].chunk.subject.as_deref(), Some("user"));
         assert_eq!(batch[0].chunk.memory_type, "preference");

@@ -61,7 +61,8 @@ impl Stage for Write {
                 message: e.to_string(),
             };
             self.store.upsert(rows).await.map_err(fail)?;
-            self.store.add_history(history).await.map_err(fail)
+            self.store.add_history(history).await.map_err(fail)?;
+            crate::pipeline::settle(batch, "write").await
         })
     }
 }
