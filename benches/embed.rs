@@ -31,14 +31,18 @@ fn model() -> MiniLmEmbedder {
         &std::env::vars().collect::<HashMap<_, _>>(),
     )
     .expect("config loads");
-    MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128).expect("model installed (just setup)")
+    MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)
+        .expect("model installed (just setup)")
 }
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let model = model();
     for (kind, make) in [
-        ("short", (|i: usize| format!("{} #{i}", SHORT[i % SHORT.len()])) as fn(usize) -> String),
+        (
+            "short",
+            (|i: usize| format!("{} #{i}", SHORT[i % SHORT.len()])) as fn(usize) -> String,
+        ),
         ("long", long_text as fn(usize) -> String),
     ] {
         let mut group = c.benchmark_group(format!("minilm/{kind}"));

@@ -104,10 +104,7 @@ pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
                     &crate::reembed::stale_clause(engine.embedder.model()),
                 )))
                 .await?,
-            job: engine
-                .jobs
-                .running(crate::reembed::GROUP)
-                .map(|j| j.view()),
+            job: engine.jobs.running(crate::reembed::GROUP).map(|j| j.view()),
         },
         pipelines: engine
             .pipelines

@@ -377,7 +377,10 @@ impl Config {
                     ));
                 }
                 if self.embed.model.trim().is_empty() {
-                    return Err(invalid("embed.model", "must name a model for the openai provider"));
+                    return Err(invalid(
+                        "embed.model",
+                        "must name a model for the openai provider",
+                    ));
                 }
             }
             _ => {}

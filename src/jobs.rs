@@ -179,7 +179,10 @@ mod tests {
         };
         a.finish(None);
         let view = waiter.await.unwrap();
-        assert_eq!((view.state, view.done, view.failed), (JobState::Succeeded, 7, 3));
+        assert_eq!(
+            (view.state, view.done, view.failed),
+            (JobState::Succeeded, 7, 3)
+        );
         assert!(view.finished_at.is_some());
         assert!(jobs.start("embed_missing", "embed", "admin").is_ok());
         assert_eq!(jobs.get(&a.id()).unwrap().view().total, 10);

@@ -96,7 +96,11 @@ impl Encoder {
             .collect::<CandleResult<Vec<_>>>()?;
         Ok(Encoder {
             words: embedding(cfg.vocab_size, h, emb.pp("word_embeddings"))?,
-            positions: embedding(cfg.max_position_embeddings, h, emb.pp("position_embeddings"))?,
+            positions: embedding(
+                cfg.max_position_embeddings,
+                h,
+                emb.pp("position_embeddings"),
+            )?,
             // Sentences are single segments: every token has type 0.
             token_type0: token_types.embeddings().get(0)?,
             embed_norm: layer_norm(h, eps, emb.pp("LayerNorm"))?,
@@ -110,7 +114,13 @@ impl Encoder {
 
     /// Unit-length sentence vectors for one padded batch.
     /// `ids` and `mask` are `[batch, len]` row-major.
-    fn embed(&self, ids: &[u32], mask: &[u32], batch: usize, len: usize) -> CandleResult<Vec<Vec<f32>>> {
+    fn embed(
+        &self,
+        ids: &[u32],
+        mask: &[u32],
+        batch: usize,
+        len: usize,
+    ) -> CandleResult<Vec<Vec<f32>>> {
         let ids = Tensor::from_slice(ids, (batch, len), &self.device)?;
         let mask = Tensor::from_slice(mask, (batch, len), &self.device)?.to_dtype(DType::F32)?;
         let positions = Tensor::arange(0u32, len as u32, &self.device)?;
@@ -135,14 +145,18 @@ impl Encoder {
             let v = heads(&layer.value)?;
             let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&bias)?;
             let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-            let context = probs
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((batch, len, self.hidden))?;
-            let attended = layer.attn_norm.forward(&(layer.attn_out.forward(&context)? + &x)?)?;
+            let context = probs.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((
+                batch,
+                len,
+                self.hidden,
+            ))?;
+            let attended = layer
+                .attn_norm
+                .forward(&(layer.attn_out.forward(&context)? + &x)?)?;
             let inner = layer.intermediate.forward(&attended)?.gelu_erf()?;
-            x = layer.out_norm.forward(&(layer.out.forward(&inner)? + &attended)?)?;
+            x = layer
+                .out_norm
+                .forward(&(layer.out.forward(&inner)? + &attended)?)?;
         }
         // Mean over real tokens, then L2 normalisation.
         let summed = x.broadcast_mul(&mask.unsqueeze(2)?)?.sum(1)?;
@@ -219,7 +233,11 @@ pub enum LoadError {
 impl MiniLmEmbedder {
     /// Load the model from `dir` and start the inference thread.
     /// `max_tokens` truncates longer texts; `batch_size` bounds one forward pass.
-    pub fn load(dir: &Path, max_tokens: usize, batch_size: usize) -> Result<MiniLmEmbedder, LoadError> {
+    pub fn load(
+        dir: &Path,
+        max_tokens: usize,
+        batch_size: usize,
+    ) -> Result<MiniLmEmbedder, LoadError> {
         for file in MODEL_FILES {
             let path = dir.join(file);
             if !path.is_file() {
@@ -238,10 +256,14 @@ impl MiniLmEmbedder {
             .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
             .map_err(|e| invalid(format!("config.json: {e}")))?;
         if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "gelu") {
-            return Err(invalid(format!("config.json: hidden_act {act:?} is not supported (gelu only)")));
+            return Err(invalid(format!(
+                "config.json: hidden_act {act:?} is not supported (gelu only)"
+            )));
         }
         if cfg.hidden_size % cfg.num_attention_heads != 0 {
-            return Err(invalid("config.json: hidden_size is not a multiple of num_attention_heads".into()));
+            return Err(invalid(
+                "config.json: hidden_size is not a multiple of num_attention_heads".into(),
+            ));
         }
         let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
@@ -254,7 +276,8 @@ impl MiniLmEmbedder {
                 ..Default::default()
             }))
             .map_err(|e| invalid(format!("tokenizer truncation: {e}")))?;
-        let encoder = Encoder::load(dir, &cfg).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+        let encoder =
+            Encoder::load(dir, &cfg).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
         let dim = cfg.hidden_size;
         let model = Model {
             tokenizer,
@@ -312,7 +335,10 @@ impl Embedder for MiniLmEmbedder {
         self.dim
     }
 
-    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
         Box::pin(async move {
             if texts.is_empty() {
                 return Ok(Vec::new());
@@ -323,9 +349,12 @@ impl Embedder for MiniLmEmbedder {
                     texts: texts.to_vec(),
                     reply,
                 })
-                .map_err(|_| EmbedError::Provider("the MiniLM inference thread has stopped".into()))?;
-            rx.await
-                .map_err(|_| EmbedError::Provider("the MiniLM inference thread has stopped".into()))?
+                .map_err(|_| {
+                    EmbedError::Provider("the MiniLM inference thread has stopped".into())
+                })?;
+            rx.await.map_err(|_| {
+                EmbedError::Provider("the MiniLM inference thread has stopped".into())
+            })?
         })
     }
 }

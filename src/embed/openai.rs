@@ -81,7 +81,11 @@ impl OpenAiEmbedder {
         }
         if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
-            return Attempt::Fail(format!("{} answered {status}: {}", self.url, truncate(&body)));
+            return Attempt::Fail(format!(
+                "{} answered {status}: {}",
+                self.url,
+                truncate(&body)
+            ));
         }
         let parsed: Response = match response.json().await {
             Ok(p) => p,
@@ -153,7 +157,10 @@ impl Embedder for OpenAiEmbedder {
         self.dim
     }
 
-    fn embed<'a>(&'a self, texts: &'a [String]) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
         Box::pin(async move {
             let mut out = Vec::with_capacity(texts.len());
             for batch in texts.chunks(self.batch_size) {

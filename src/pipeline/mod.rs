@@ -80,7 +80,9 @@ impl PendingWrite {
         use futures::FutureExt;
         let handle = tokio::spawn(write);
         let fut: BoxFuture<'static, Result<(), String>> = Box::pin(async move {
-            handle.await.unwrap_or_else(|e| Err(format!("side write panicked: {e}")))
+            handle
+                .await
+                .unwrap_or_else(|e| Err(format!("side write panicked: {e}")))
         });
         PendingWrite(fut.shared())
     }
@@ -192,7 +194,10 @@ impl StreamVectors {
     /// Cosine similarity of rows `p` and `q`.
     pub fn sim(&self, p: usize, q: usize) -> f32 {
         let d = self.dim;
-        crate::embed::dot(&self.flat[p * d..(p + 1) * d], &self.flat[q * d..(q + 1) * d])
+        crate::embed::dot(
+            &self.flat[p * d..(p + 1) * d],
+            &self.flat[q * d..(q + 1) * d],
+        )
     }
 }
 

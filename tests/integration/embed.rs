@@ -95,10 +95,15 @@ async fn minilm_concurrent_calls_each_get_their_own_vectors() {
 #[tokio::test]
 async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
     let empty = tempfile::tempdir().unwrap();
-    let err = MiniLmEmbedder::load(empty.path(), 256, 32).err().expect("must fail");
+    let err = MiniLmEmbedder::load(empty.path(), 256, 32)
+        .err()
+        .expect("must fail");
     let message = err.to_string();
     assert!(message.contains("scripts/setup.sh"), "{message}");
-    assert!(message.contains(&empty.path().display().to_string()), "{message}");
+    assert!(
+        message.contains(&empty.path().display().to_string()),
+        "{message}"
+    );
 
     // The daemon refuses to start rather than falling back to another provider.
     let data = tempfile::tempdir().unwrap();
@@ -114,7 +119,10 @@ async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
         data.path().display().to_string(),
     );
     let cfg = Config::load(&repo_root().join("config.toml"), &env).unwrap();
-    let err = loomem::engine::Engine::start(cfg, &env).await.err().expect("must fail");
+    let err = loomem::engine::Engine::start(cfg, &env)
+        .await
+        .err()
+        .expect("must fail");
     assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
 }
 
@@ -140,13 +148,19 @@ async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
         .call(
             "POST",
             "/v1/search",
-            Some(json!({"query": "What IDE does the user prefer?", "stream": "dev", "trace": true})),
+            Some(
+                json!({"query": "What IDE does the user prefer?", "stream": "dev", "trace": true}),
+            ),
         )
         .await;
     let results = resp["results"].as_array().unwrap();
     assert_eq!(results[0]["chunk_id"], ids[1].as_str(), "{resp}");
     // Vector leg only: no BM25 rank on the hit.
-    assert!(results[0]["trace_info"]["bm25_rank"].is_null(), "{}", results[0]);
+    assert!(
+        results[0]["trace_info"]["bm25_rank"].is_null(),
+        "{}",
+        results[0]
+    );
     let (_, status) = d.call("GET", "/v1/status", None).await;
     assert_eq!(status["embedder"]["model"], "all-MiniLM-L6-v2");
     assert_eq!(status["embedder"]["dim"], 384);
@@ -195,7 +209,11 @@ async fn stub_api(dim: usize) -> StubApi {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    StubApi { url, requests, seen }
+    StubApi {
+        url,
+        requests,
+        seen,
+    }
 }
 
 /// Sum of one-hot word buckets (not normalised: the provider must normalise).
@@ -227,9 +245,13 @@ async fn openai_provider_batches_retries_and_records_its_model() {
     )
     .await;
     // Three memories in one import: requests of at most two texts each.
-    let lines = ["apples and pears", "trains to Berlin", "green tea in the morning"]
-        .map(|t| json!({ "content": t }).to_string())
-        .join("\n");
+    let lines = [
+        "apples and pears",
+        "trains to Berlin",
+        "green tea in the morning",
+    ]
+    .map(|t| json!({ "content": t }).to_string())
+    .join("\n");
     let (status, body) = d
         .post_raw("/v1/import?format=jsonl&stream=s", lines.into_bytes())
         .await;
@@ -240,7 +262,9 @@ async fn openai_provider_batches_retries_and_records_its_model() {
             .call(
                 "POST",
                 "/v1/sql",
-                Some(json!({"sql": "SELECT id, content, embed_model FROM chunks ORDER BY content"})),
+                Some(
+                    json!({"sql": "SELECT id, content, embed_model FROM chunks ORDER BY content"}),
+                ),
             )
             .await;
         rows = resp["rows"].as_array().cloned().unwrap_or_default();
@@ -250,20 +274,28 @@ async fn openai_provider_batches_retries_and_records_its_model() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(rows.len(), 3, "{rows:?}");
-    assert!(rows.iter().all(|r| r["embed_model"] == "stub-embed-1"), "{rows:?}");
+    assert!(
+        rows.iter().all(|r| r["embed_model"] == "stub-embed-1"),
+        "{rows:?}"
+    );
     assert_eq!(rows[0]["content"], "apples and pears");
     let ids = d
         .search_ids(json!({"query": "trains Berlin", "stream": "s"}))
         .await;
     assert_eq!(rows[2]["content"], "trains to Berlin");
-    assert_eq!(ids.first(), rows[2]["id"].as_str().map(String::from).as_ref(), "{ids:?}");
+    assert_eq!(
+        ids.first(),
+        rows[2]["id"].as_str().map(String::from).as_ref(),
+        "{ids:?}"
+    );
 
     let seen = api.seen.lock().unwrap().clone();
     // The 503 was retried; every request carried the key and the model.
     assert!(api.requests.load(Ordering::SeqCst) >= 3);
     assert!(seen
         .iter()
-        .all(|(auth, body)| auth.as_deref() == Some("Bearer sk-test-123") && body["model"] == "stub-embed-1"));
+        .all(|(auth, body)| auth.as_deref() == Some("Bearer sk-test-123")
+            && body["model"] == "stub-embed-1"));
     assert!(seen
         .iter()
         .all(|(_, body)| body["input"].as_array().unwrap().len() <= 2));
@@ -275,9 +307,13 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
     let data = dir.path().join("data");
     // Written with the hash embedder (same dimension, another vector space).
     let d = Daemon::start_at(&data, Options::embedded()).await;
-    let cursor = d.store("Prefers Cursor over VSCode for AI features", "dev").await;
-    d.store("Bought oat milk, eggs and sourdough bread", "dev").await;
-    d.store("The flight to Lisbon leaves on Friday evening", "other").await;
+    let cursor = d
+        .store("Prefers Cursor over VSCode for AI features", "dev")
+        .await;
+    d.store("Bought oat milk, eggs and sourdough bread", "dev")
+        .await;
+    d.store("The flight to Lisbon leaves on Friday evening", "other")
+        .await;
     d.stop().await;
 
     let opts = Options {
@@ -286,7 +322,7 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
         ..Default::default()
     }
     .minilm()
-        .env("LOOMEM_SEARCH__BM25_WEIGHT", "0");
+    .env("LOOMEM_SEARCH__BM25_WEIGHT", "0");
     let d = Daemon::start_at(&data, opts).await;
     let (_, status) = d.call("GET", "/v1/status", None).await;
     assert_eq!(status["embedder"]["stale"], 3, "{status}");
@@ -299,7 +335,12 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
 
     // A scoped key re-embeds only its own streams.
     let (code, body) = d
-        .call_as(Some(crate::fixture::TOKEN_A), "POST", "/v1/embed-missing", None)
+        .call_as(
+            Some(crate::fixture::TOKEN_A),
+            "POST",
+            "/v1/embed-missing",
+            None,
+        )
         .await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["total_missing"], 0, "{body}");
@@ -308,7 +349,11 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["status"], "ok");
     assert_eq!(
-        (body["total_missing"].clone(), body["embedded"].clone(), body["failed"].clone()),
+        (
+            body["total_missing"].clone(),
+            body["embedded"].clone(),
+            body["failed"].clone()
+        ),
         (json!(3), json!(3), json!(0)),
         "{body}"
     );
@@ -334,10 +379,18 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(view["state"], "succeeded", "{view}");
-    assert_eq!((view["total"].clone(), view["done"].clone()), (json!(3), json!(3)));
+    assert_eq!(
+        (view["total"].clone(), view["done"].clone()),
+        (json!(3), json!(3))
+    );
     // Another caller cannot read the admin's job.
     let (code, _) = d
-        .call_as(Some(crate::fixture::TOKEN_A), "GET", &format!("/v1/jobs/{job}"), None)
+        .call_as(
+            Some(crate::fixture::TOKEN_A),
+            "GET",
+            &format!("/v1/jobs/{job}"),
+            None,
+        )
         .await;
     assert_eq!(code, 404);
 }

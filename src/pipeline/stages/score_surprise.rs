@@ -9,7 +9,9 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage, StreamVectors};
+use crate::pipeline::{
+    ensure_neighbors, BuildContext, PipelineError, Record, Stage, StreamVectors,
+};
 use crate::store::Store;
 
 #[derive(Debug, Deserialize)]
