@@ -8,7 +8,6 @@ use crate::auth::{Caller, Role};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::pipeline::StageStatsSnapshot;
-use crate::store::sql_str;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -54,14 +53,6 @@ pub struct EmbedderStatus {
     pub job: Option<crate::jobs::JobView>,
 }
 
-/// The filter that limits a count to the streams the caller may see.
-fn visible(caller: &Caller) -> Option<String> {
-    caller.streams.as_ref().map(|s| {
-        let list: Vec<String> = s.iter().map(|x| sql_str(x)).collect();
-        format!("stream IN ({})", list.join(", "))
-    })
-}
-
 fn and(a: &Option<String>, b: &str) -> String {
     match a {
         Some(a) => format!("({a}) AND {b}"),
@@ -70,7 +61,7 @@ fn and(a: &Option<String>, b: &str) -> String {
 }
 
 pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
-    let scope = visible(caller);
+    let scope = caller.stream_filter();
     let chunks = engine.store.count(scope.clone()).await?;
     let embedded = engine
         .store

@@ -48,6 +48,14 @@ impl Caller {
             .unwrap_or(DEFAULT_STREAM)
     }
 
+    /// The Lance/SQL predicate limiting rows to the streams this caller may
+    /// see (None: every stream).
+    pub fn stream_filter(&self) -> Option<String> {
+        self.streams
+            .as_ref()
+            .map(|s| crate::store::column_in("stream", s))
+    }
+
     pub fn can_see(&self, stream: &str) -> bool {
         self.streams
             .as_ref()

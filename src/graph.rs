@@ -13,7 +13,7 @@ use lancedb::Table;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Columns, Micros};
-use crate::store::{sql_str, Result, StoreError};
+use crate::store::{column_in, sql_str, Result, StoreError};
 
 /// Most chunk ids kept per entity or edge (the most recent win).
 const MAX_CHUNK_REFS: usize = 2000;
@@ -201,10 +201,6 @@ async fn upsert<T: Serialize>(table: &Table, schema: SchemaRef, rows: &[T]) -> R
     Ok(())
 }
 
-fn in_list(ids: impl Iterator<Item = String>) -> String {
-    ids.map(|i| sql_str(&i)).collect::<Vec<_>>().join(", ")
-}
-
 fn push_ref(list: &mut Vec<String>, id: &str) {
     if !list.iter().any(|x| x == id) {
         list.push(id.to_string());
@@ -263,15 +259,12 @@ impl Graph {
                 .iter()
                 .map(|m| format!("{}/{}", m.stream, m.key))
                 .collect();
-            let mut rows: HashMap<String, EntityRow> = read_where(
-                &self.entities,
-                format!("id IN ({})", in_list(ids.iter().cloned())),
-                entity_rows,
-            )
-            .await?
-            .into_iter()
-            .map(|r| (r.id.clone(), r))
-            .collect();
+            let mut rows: HashMap<String, EntityRow> =
+                read_where(&self.entities, column_in("id", &ids), entity_rows)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id.clone(), r))
+                    .collect();
             for m in mentions {
                 let id = format!("{}/{}", m.stream, m.key);
                 let row = rows.entry(id.clone()).or_insert_with(|| EntityRow {
@@ -307,15 +300,12 @@ impl Graph {
             let id_of =
                 |r: &Relation| format!("{}/{}/{}/{}", r.stream, r.source, r.relation, r.target);
             let ids: BTreeSet<String> = relations.iter().map(id_of).collect();
-            let mut rows: HashMap<String, EdgeRow> = read_where(
-                &self.edges,
-                format!("id IN ({})", in_list(ids.iter().cloned())),
-                edge_rows,
-            )
-            .await?
-            .into_iter()
-            .map(|r| (r.id.clone(), r))
-            .collect();
+            let mut rows: HashMap<String, EdgeRow> =
+                read_where(&self.edges, column_in("id", &ids), edge_rows)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id.clone(), r))
+                    .collect();
             for r in relations {
                 let id = id_of(r);
                 let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {

@@ -80,11 +80,7 @@ impl EmbedJobResponse {
 
 /// The predicate of chunks a job over `scope` must (re)embed, within the caller's streams.
 pub fn stale_filter(engine: &Engine, caller: &Caller, scope: Scope) -> String {
-    let mut clauses = Vec::new();
-    if let Some(streams) = &caller.streams {
-        let list: Vec<String> = streams.iter().map(|s| sql_str(s)).collect();
-        clauses.push(format!("stream IN ({})", list.join(", ")));
-    }
+    let mut clauses: Vec<String> = caller.stream_filter().into_iter().collect();
     if scope == Scope::Missing {
         clauses.push(stale_clause(engine.embedder.model()));
     }

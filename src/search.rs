@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{now_micros, Chunk, Micros};
-use crate::store::{sql_str, Hit};
+use crate::store::{column_in, sql_str, Hit};
 use crate::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 
 /// Largest `top_k` accepted.
@@ -119,8 +119,7 @@ fn resolve_streams(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Res
 
 /// The Lance SQL prefilter for a request.
 pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Result<String> {
-    let list: Vec<String> = streams.iter().map(|s| sql_str(s)).collect();
-    let mut clauses = vec![format!("stream IN ({})", list.join(", "))];
+    let mut clauses = vec![column_in("stream", streams)];
     clauses.push(format!(
         "(expires_at IS NULL OR expires_at > {})",
         ts_lit(now)

@@ -309,11 +309,15 @@ fn serve(model: Model, rx: std_mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let texts: Vec<String> = jobs.iter().flat_map(|j| j.texts.iter().cloned()).collect();
+        let lens: Vec<usize> = jobs.iter().map(|j| j.texts.len()).collect();
+        let texts: Vec<String> = jobs
+            .iter_mut()
+            .flat_map(|j| std::mem::take(&mut j.texts))
+            .collect();
         match model.embed_all(&texts) {
             Ok(mut vectors) => {
-                for job in jobs.into_iter().rev() {
-                    let rest = vectors.split_off(vectors.len() - job.texts.len());
+                for (job, len) in jobs.into_iter().zip(lens).rev() {
+                    let rest = vectors.split_off(vectors.len() - len);
                     let _ = job.reply.send(Ok(rest));
                 }
             }

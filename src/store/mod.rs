@@ -473,10 +473,15 @@ impl Store {
     }
 }
 
+/// `column IN ('a', 'b', …)` with every value quoted.
+pub fn column_in<S: AsRef<str>>(column: &str, values: impl IntoIterator<Item = S>) -> String {
+    let list: Vec<String> = values.into_iter().map(|v| sql_str(v.as_ref())).collect();
+    format!("{column} IN ({})", list.join(", "))
+}
+
 /// `id IN (…)` for a list of ids.
 pub fn id_in(ids: &[String]) -> String {
-    let list: Vec<String> = ids.iter().map(|id| sql_str(id)).collect();
-    format!("id IN ({})", list.join(", "))
+    column_in("id", ids)
 }
 
 async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
