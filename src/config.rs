@@ -57,6 +57,8 @@ pub struct Config {
     pub embed: EmbedConfig,
     #[serde(default)]
     pub llm: LlmConfig,
+    #[serde(default)]
+    pub ingest: IngestConfig,
     pub search: SearchConfig,
     pub sql: SqlConfig,
     #[serde(default)]
@@ -209,16 +211,81 @@ fn default_embed_retries() -> u32 {
     3
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
-    /// Base URL of an OpenAI-compatible endpoint; empty = no LLM.
+    /// Base URL of an OpenAI-compatible endpoint (`…/v1`); empty = no LLM.
     #[serde(default)]
     pub base_url: String,
     #[serde(default)]
     pub model: String,
+    /// Environment variable holding the API key (empty = no key).
     #[serde(default)]
     pub api_key_env: String,
+    #[serde(default = "default_llm_timeout")]
+    pub timeout_ms: u64,
+    /// Retries after a 429, a 5xx or a transport error.
+    #[serde(default = "default_llm_retries")]
+    pub max_retries: u32,
+    /// Longest answer asked for, in tokens.
+    #[serde(default = "default_llm_max_tokens")]
+    pub max_output_tokens: u32,
+    /// Prices in dollars per million tokens, for `cost_usd`.
+    #[serde(default)]
+    pub input_cost_per_mtok: f64,
+    #[serde(default)]
+    pub output_cost_per_mtok: f64,
+    /// Dollars a stream may spend on LLM calls per UTC day; past it the LLM-free
+    /// paths take over (ingestion never stops).
+    #[serde(default = "default_llm_cap")]
+    pub daily_cost_cap_usd: f64,
+    /// Queue new memories for LLM entity extraction.
+    #[serde(default = "yes")]
+    pub ner: bool,
+    /// Ask the LLM whether a new memory updates an earlier one when the rules
+    /// find no update cue.
+    #[serde(default = "yes")]
+    pub judge_contradictions: bool,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        LlmConfig {
+            base_url: String::new(),
+            model: String::new(),
+            api_key_env: String::new(),
+            timeout_ms: default_llm_timeout(),
+            max_retries: default_llm_retries(),
+            max_output_tokens: default_llm_max_tokens(),
+            input_cost_per_mtok: 0.0,
+            output_cost_per_mtok: 0.0,
+            daily_cost_cap_usd: default_llm_cap(),
+            ner: true,
+            judge_contradictions: true,
+        }
+    }
+}
+
+impl LlmConfig {
+    pub fn enabled(&self) -> bool {
+        !self.base_url.trim().is_empty()
+    }
+}
+
+fn default_llm_timeout() -> u64 {
+    60_000
+}
+fn default_llm_retries() -> u32 {
+    2
+}
+fn default_llm_max_tokens() -> u32 {
+    1024
+}
+fn default_llm_cap() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -256,6 +323,38 @@ impl SqlConfig {
             max_rows_cap: self.max_rows_cap,
         }
     }
+}
+
+/// `POST /v1/ingest`: conversations in, facts out.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestConfig {
+    /// The rule extractor's patterns (relative to the config file's directory).
+    #[serde(default = "default_rules_file")]
+    pub rules_file: PathBuf,
+    /// Longest transcript accepted, in characters.
+    #[serde(default = "default_transcript_chars")]
+    pub max_transcript_chars: usize,
+    /// Extract with the LLM when one is configured (the rules otherwise).
+    #[serde(default = "yes")]
+    pub use_llm: bool,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            rules_file: default_rules_file(),
+            max_transcript_chars: default_transcript_chars(),
+            use_llm: true,
+        }
+    }
+}
+
+fn default_rules_file() -> PathBuf {
+    PathBuf::from("pipelines/extract/facts.toml")
+}
+fn default_transcript_chars() -> usize {
+    200_000
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -385,6 +484,23 @@ impl Config {
             }
             _ => {}
         }
+        if self.llm.enabled() {
+            if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
+                return Err(invalid("llm.base_url", "must be an http(s) URL (or empty for no LLM)"));
+            }
+            if self.llm.model.trim().is_empty() {
+                return Err(invalid("llm.model", "must name a model when llm.base_url is set"));
+            }
+        }
+        for (key, v) in [
+            ("llm.input_cost_per_mtok", self.llm.input_cost_per_mtok),
+            ("llm.output_cost_per_mtok", self.llm.output_cost_per_mtok),
+            ("llm.daily_cost_cap_usd", self.llm.daily_cost_cap_usd),
+        ] {
+            if v < 0.0 || !v.is_finite() {
+                return Err(invalid(key, "must be a number >= 0"));
+            }
+        }
         if self.search.rrf_k <= 0.0 || !self.search.rrf_k.is_finite() {
             return Err(invalid("search.rrf_k", "must be a positive number"));
         }
@@ -430,6 +546,10 @@ impl Config {
 
     pub fn pipelines_dir(&self) -> PathBuf {
         self.resolve(&self.pipeline.dir)
+    }
+
+    pub fn ingest_rules_file(&self) -> PathBuf {
+        self.resolve(&self.ingest.rules_file)
     }
 }
 

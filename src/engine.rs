@@ -12,7 +12,9 @@ use crate::auth::Auth;
 use crate::bus::{Bus, Consumer, EmbeddedBus, JetStreamBus, Notifier};
 use crate::config::{BusKind, Config};
 use crate::embed::{self, Embedder};
+use crate::extract::RuleExtractor;
 use crate::ingest::{Worker, WorkerConfig};
+use crate::llm::Llm;
 use crate::pipeline::{BuildContext, Pipelines};
 use crate::store::Store;
 
@@ -26,6 +28,10 @@ pub enum StartError {
     Pipeline(#[from] crate::pipeline::PipelineError),
     #[error("{0}")]
     Bus(#[from] crate::bus::BusError),
+    #[error("llm: {0}")]
+    Llm(String),
+    #[error("ingest rules: {0}")]
+    Rules(String),
 }
 
 pub struct Engine {
@@ -36,6 +42,10 @@ pub struct Engine {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: Auth,
+    /// The configured LLM, if any.
+    pub llm: Option<Arc<Llm>>,
+    /// The rule extractor of `POST /v1/ingest`.
+    pub facts: Arc<RuleExtractor>,
     /// Background jobs started through the API.
     pub jobs: crate::jobs::Jobs,
     started: Instant,
@@ -70,14 +80,19 @@ impl Engine {
                 "chunks without a vector of the current embedding model: vector search skips them until POST /v1/embed-missing"
             );
         }
+        let llm = Llm::from_config(&cfg.llm, env, store.clone()).map_err(StartError::Llm)?;
+        let facts = Arc::new(
+            RuleExtractor::load(&cfg.ingest_rules_file()).map_err(StartError::Rules)?,
+        );
         let ctx = BuildContext {
             store: store.clone(),
             embedder: embedder.clone(),
+            llm: llm.clone(),
             dir: cfg.pipelines_dir(),
         };
         let pipelines = Arc::new(Pipelines::load(
             &cfg.pipelines_dir(),
-            &["store", "import"],
+            &["store", "import", "ingest"],
             &ctx,
         )?);
         let (stop_worker, stop_rx) = watch::channel(false);
@@ -122,6 +137,8 @@ impl Engine {
             notifier,
             pipelines,
             auth,
+            llm,
+            facts,
             jobs: Default::default(),
             started: Instant::now(),
             stop_worker,

@@ -82,7 +82,15 @@ impl Worker {
                 for (d, r) in deliveries.into_iter().zip(records) {
                     match r.disposition {
                         Disposition::Fail(error) => self.retry_or_give_up(d, error).await,
-                        Disposition::Keep => self.settle(d, Outcome::Stored).await,
+                        Disposition::Keep => {
+                            let superseded = r
+                                .history
+                                .iter()
+                                .filter(|h| h.event == "supersedes" && h.chunk_id == r.chunk.id)
+                                .flat_map(|h| h.related_ids.iter().cloned())
+                                .collect();
+                            self.settle(d, Outcome::Stored { superseded }).await
+                        }
                         Disposition::Drop {
                             existing_id: Some(existing_id),
                             ..

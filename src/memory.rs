@@ -220,7 +220,7 @@ pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Resul
         }
     }
     match tokio::time::timeout(timeout, watch.outcome()).await {
-        Ok(Some(Outcome::Stored)) => Ok(StoreResponse {
+        Ok(Some(Outcome::Stored { .. })) => Ok(StoreResponse {
             id,
             status: "stored",
         }),
@@ -245,7 +245,7 @@ pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Resul
     }
 }
 
-fn not_committed(id: &str, timeout: Duration) -> Error {
+pub(crate) fn not_committed(id: &str, timeout: Duration) -> Error {
     Error::Timeout(format!(
         "memory {id} was accepted but not committed within {} ms; it will still be stored",
         timeout.as_millis()

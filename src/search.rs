@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{now_micros, Chunk, Micros};
-use crate::store::{column_in, sql_str, Hit};
+use crate::store::{column_in, sql_str, ts_lit, Hit};
 use crate::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 
 /// Largest `top_k` accepted.
@@ -92,11 +92,6 @@ pub struct TraceMetadata {
     pub top_k: usize,
     pub streams: Vec<String>,
     pub filter: String,
-}
-
-/// A timestamp literal for a Lance filter.
-fn ts_lit(m: Micros) -> String {
-    format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
 }
 
 /// The streams a search covers: `streams` when given, else `stream`, else the caller's default.

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::ApiJson;
 use crate::auth::Caller;
+use crate::conversation::{self, IngestRequest, IngestResponse};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::import::{self, Format, ImportReport};
@@ -19,6 +20,14 @@ pub async fn store(
     ApiJson(req): ApiJson<StoreRequest>,
 ) -> Result<Json<StoreResponse>> {
     Ok(Json(memory::store(&engine, &caller, req).await?))
+}
+
+pub async fn ingest(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<IngestRequest>,
+) -> Result<Json<IngestResponse>> {
+    Ok(Json(conversation::ingest(&engine, &caller, req).await?))
 }
 
 #[derive(Deserialize)]

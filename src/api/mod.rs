@@ -23,6 +23,7 @@ pub use extract::{parse_json, ApiJson};
 pub fn router(engine: Arc<Engine>) -> Router {
     let protected = Router::new()
         .route("/v1/store", post(memories::store))
+        .route("/v1/ingest", post(memories::ingest))
         .route("/v1/delete", post(memories::delete))
         .route("/api/memories/{id}", delete(memories::delete_rest))
         .route("/v1/purge-namespace", post(memories::purge))

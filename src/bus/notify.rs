@@ -15,7 +15,11 @@ use super::{subject_token, BusError};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
-    Stored,
+    Stored {
+        /// Earlier memories this one superseded.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        superseded: Vec<String>,
+    },
     /// Not stored because an equal memory exists.
     Duplicate {
         existing_id: String,

@@ -8,15 +8,13 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::{l2_normalize, EmbedError, Embedder};
+use crate::openai_compat::OpenAiHttp;
 
 pub struct OpenAiEmbedder {
-    client: reqwest::Client,
-    url: String,
+    http: OpenAiHttp,
     model: String,
-    api_key: Option<String>,
     dim: usize,
     batch_size: usize,
-    max_retries: u32,
 }
 
 #[derive(Deserialize)]
@@ -31,13 +29,6 @@ struct Item {
     index: Option<usize>,
 }
 
-/// What one attempt came to.
-enum Attempt {
-    Done(Vec<Vec<f32>>),
-    Retry(String),
-    Fail(String),
-}
-
 impl OpenAiEmbedder {
     pub fn new(
         base_url: &str,
@@ -48,103 +39,47 @@ impl OpenAiEmbedder {
         timeout: Duration,
         max_retries: u32,
     ) -> Result<OpenAiEmbedder, EmbedError> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| EmbedError::Provider(format!("http client: {e}")))?;
         Ok(OpenAiEmbedder {
-            client,
-            url: format!("{}/embeddings", base_url.trim_end_matches('/')),
+            http: OpenAiHttp::new(base_url, api_key, timeout, max_retries)
+                .map_err(EmbedError::Provider)?,
             model: model.to_string(),
-            api_key,
             dim,
             batch_size: batch_size.max(1),
-            max_retries,
         })
     }
 
-    async fn attempt(&self, texts: &[String]) -> Attempt {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .json(&serde_json::json!({ "model": self.model, "input": texts }));
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => return Attempt::Retry(format!("{}: {e}", self.url)),
-        };
-        let status = response.status();
-        if status.as_u16() == 429 || status.is_server_error() {
-            return Attempt::Retry(format!("{} answered {status}", self.url));
-        }
-        if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Attempt::Fail(format!(
-                "{} answered {status}: {}",
-                self.url,
-                truncate(&body)
-            ));
-        }
-        let parsed: Response = match response.json().await {
-            Ok(p) => p,
-            Err(e) => return Attempt::Fail(format!("{}: unreadable response: {e}", self.url)),
-        };
+    async fn embed_batch(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let url = self.http.url("embeddings");
+        let body = serde_json::json!({ "model": self.model, "input": texts });
+        let answer = self
+            .http
+            .post("embeddings", &body)
+            .await
+            .map_err(EmbedError::Provider)?;
+        let parsed: Response = serde_json::from_value(answer)
+            .map_err(|e| EmbedError::Provider(format!("{url}: unreadable response: {e}")))?;
         if parsed.data.len() != texts.len() {
-            return Attempt::Fail(format!(
-                "{} returned {} embeddings for {} texts",
-                self.url,
+            return Err(EmbedError::Provider(format!(
+                "{url} returned {} embeddings for {} texts",
                 parsed.data.len(),
                 texts.len()
-            ));
+            )));
         }
         let mut vectors = vec![Vec::new(); texts.len()];
         for (pos, item) in parsed.data.into_iter().enumerate() {
             let slot = item.index.unwrap_or(pos);
             if slot >= vectors.len() || item.embedding.len() != self.dim {
-                return Attempt::Fail(format!(
-                    "{} returned an embedding of {} dimensions at index {slot}; embed.dim is {}",
-                    self.url,
+                return Err(EmbedError::Provider(format!(
+                    "{url} returned an embedding of {} dimensions at index {slot}; embed.dim is {}",
                     item.embedding.len(),
                     self.dim
-                ));
+                )));
             }
             let mut v = item.embedding;
             l2_normalize(&mut v);
             vectors[slot] = v;
         }
-        Attempt::Done(vectors)
-    }
-
-    async fn embed_batch(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let mut delay = Duration::from_millis(200);
-        let mut tries = 0;
-        loop {
-            match self.attempt(texts).await {
-                Attempt::Done(v) => return Ok(v),
-                Attempt::Fail(message) => return Err(EmbedError::Provider(message)),
-                Attempt::Retry(message) if tries >= self.max_retries => {
-                    return Err(EmbedError::Provider(format!(
-                        "{message} (gave up after {} attempts)",
-                        tries + 1
-                    )))
-                }
-                Attempt::Retry(message) => {
-                    tracing::warn!(%message, attempt = tries + 1, "embedding request failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                    tries += 1;
-                }
-            }
-        }
-    }
-}
-
-fn truncate(s: &str) -> &str {
-    match s.char_indices().nth(300) {
-        Some((i, _)) => &s[..i],
-        None => s,
+        Ok(vectors)
     }
 }
 

@@ -154,6 +154,8 @@ impl<T: RecordStage> Stage for T {
 pub struct BuildContext {
     pub store: Arc<Store>,
     pub embedder: Arc<dyn Embedder>,
+    /// The configured LLM (stages with an LLM path use it when present).
+    pub llm: Option<Arc<crate::llm::Llm>>,
     /// Where the pipeline files live; stage files named in parameters resolve here.
     pub dir: std::path::PathBuf,
 }
@@ -397,6 +399,7 @@ mod tests {
         BuildContext {
             store: Arc::new(Store::open(dir, 16, 100).await.unwrap()),
             embedder: Arc::new(HashEmbedder::new(16)),
+            llm: None,
             dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines"),
         }
     }
@@ -406,7 +409,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let ctx = ctx(tmp.path()).await;
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
-        let all = Pipelines::load(&dir, &["store"], &ctx).unwrap();
+        let all = Pipelines::load(&dir, &["store", "import", "ingest"], &ctx).unwrap();
         assert_eq!(
             all.get("store").unwrap().stage_names(),
             vec![

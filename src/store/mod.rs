@@ -26,6 +26,7 @@ pub const DEAD_LETTERS: &str = "dead_letters";
 pub const ENTITIES: &str = "entities";
 pub const EDGES: &str = "edges";
 pub const HISTORY: &str = "history";
+pub const LLM_CALLS: &str = "llm_calls";
 
 /// One change to a memory, with its reason (supersession, merge, …).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -92,6 +93,11 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// A timestamp literal for a Lance filter.
+pub fn ts_lit(m: crate::model::Micros) -> String {
+    format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
+}
+
 /// Quote a value for a Lance SQL filter.
 pub fn sql_str(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
@@ -154,6 +160,7 @@ pub struct Store {
     chunks: Table,
     dead_letters: Table,
     history: Table,
+    llm_calls: Table,
     pub graph: crate::graph::Graph,
     dim: usize,
     writer: ChunkWriter,
@@ -202,6 +209,7 @@ impl Store {
         ensure_indexes(&chunks).await?;
         let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
         let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
+        let llm_calls = open_or_create(&db, &names, LLM_CALLS, crate::llm::call_schema()).await?;
         let graph = crate::graph::Graph::open(
             open_or_create(&db, &names, ENTITIES, crate::graph::entity_schema()).await?,
             open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
@@ -213,6 +221,7 @@ impl Store {
             chunks,
             dead_letters,
             history,
+            llm_calls,
             graph,
             dim,
             writer,
@@ -253,6 +262,7 @@ impl Store {
             (CHUNKS, self.chunks.clone()),
             (DEAD_LETTERS, self.dead_letters.clone()),
             (HISTORY, self.history.clone()),
+            (LLM_CALLS, self.llm_calls.clone()),
             (ENTITIES, self.graph.entities.clone()),
             (EDGES, self.graph.edges.clone()),
         ])
@@ -293,6 +303,41 @@ impl Store {
         let batch = crate::graph::rows_to_batch(history_schema(), &rows)?;
         self.history.add(batch).execute().await?;
         Ok(())
+    }
+
+    /// Record one LLM call (tokens, cost, outcome).
+    pub async fn add_llm_call(&self, row: &crate::llm::LlmCall) -> Result<()> {
+        let batch = crate::graph::rows_to_batch(crate::llm::call_schema(), std::slice::from_ref(row))?;
+        self.llm_calls.add(batch).execute().await?;
+        Ok(())
+    }
+
+    /// Dollars the LLM calls of `stream` cost since `since`.
+    pub async fn llm_spent(&self, stream: &str, since: crate::model::Micros) -> Result<f64> {
+        let batches: Vec<RecordBatch> = self
+            .llm_calls
+            .query()
+            .only_if(format!(
+                "stream = {} AND created_at >= {}",
+                sql_str(stream),
+                ts_lit(since)
+            ))
+            .select(Select::columns(&["cost_usd"]))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut total = 0.0;
+        for b in &batches {
+            if let Some(col) = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Float64Array>()
+            {
+                total += col.iter().flatten().sum::<f64>();
+            }
+        }
+        Ok(total)
     }
 
     /// History rows of one chunk, oldest first.
