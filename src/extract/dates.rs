@@ -59,6 +59,7 @@ enum Kind {
     Ago,
     RelUnit,
     RelWeekday,
+    WeekdayNth,
     Weekday,
     Month,
     Year,
@@ -178,6 +179,12 @@ impl DateResolver {
                 )),
             ),
             (
+                Kind::WeekdayNth,
+                re(format!(
+                    r"\b(?:on\s+)?(?P<wd>{WEEKDAYS}),?\s+(?:the\s+)?(?P<d>\d{{1,2}})(?:st|nd|rd|th)\b"
+                )),
+            ),
+            (
                 Kind::Weekday,
                 re(format!(r"\b(?:on\s+)?(?P<wd>{WEEKDAYS})\b")),
             ),
@@ -195,7 +202,7 @@ impl DateResolver {
         DateResolver {
             patterns,
             past: Regex::new(
-                r"(?i)\b(?:was|were|went|did|had|got|ago|last|yesterday|came|saw|met|took|made|bought|ran|left)\b|\b\w{3,}ed\b",
+                r"(?i)\b(?:was|were|went|did|had|got|ago|last|yesterday|came|saw|met|took|made|bought|ran|left|broke|fell|lost|won|sold|drove|flew|ate|wrote|found|felt|began|gave|hurt|sent|spent|paid|told|said|caught|brought|thought|knew|swam|rode|forgot|threw|wore|chose|sang|slept)\b|\b\w{3,}ed\b",
             )
             .expect("static regex"),
             preposition: Regex::new(r"(?i)\b(?:on|by|until|till|before|after|since|from|for|at|around|in)\s*$")
@@ -216,7 +223,16 @@ impl DateResolver {
                 let Some((date, granularity, lead)) = self.meaning(*kind, &caps, base, past) else {
                     continue;
                 };
-                let lead = if self.preposition.is_match(&text[..m.start()]) && !lead.is_empty() && lead != "in" {
+                // "by next Friday" keeps its preposition; "Today is …" needs none.
+                let opens_clause = m.start() == 0
+                    && [" is ", " was ", " will be "]
+                        .iter()
+                        .any(|v| text[m.end()..].to_lowercase().starts_with(v));
+                let lead = if opens_clause
+                    || (self.preposition.is_match(&text[..m.start()])
+                        && !lead.is_empty()
+                        && lead != "in")
+                {
                     ""
                 } else {
                     lead
@@ -338,6 +354,21 @@ impl DateResolver {
                     "this" => monday_of(base) + Duration::days(offset),
                     _ => next_after(base, wd),
                 };
+                let (s, g) = day(date);
+                Some((s, g, "on"))
+            }
+            Kind::WeekdayNth => {
+                // "Saturday the 4th": the day of that number nearest the
+                // conversation that falls on that weekday (else just nearest).
+                let wd = weekday(get("wd")?)?;
+                let d: u32 = get("d")?.parse().ok()?;
+                let this = base.with_day(1)?;
+                let candidates: Vec<NaiveDate> = [-1i64, 0, 1]
+                    .iter()
+                    .filter_map(|k| add_months(this, *k)?.with_day(d))
+                    .collect();
+                let on_weekday = candidates.iter().copied().filter(|c| c.weekday() == wd);
+                let date = closest(base, on_weekday).or_else(|| closest(base, candidates))?;
                 let (s, g) = day(date);
                 Some((s, g, "on"))
             }
@@ -468,6 +499,8 @@ mod tests {
         assert_eq!(resolve("I'll call her on Monday", b), ["2026-04-06"]);
         assert_eq!(resolve("I called her on Monday", b), ["2026-03-30"]);
         assert_eq!(resolve("this weekend", b), ["2026-04-04"]);
+        assert_eq!(resolve("on Saturday the 4th", "2026-03-28"), ["2026-04-04"]);
+        assert_eq!(resolve("I broke my wrist on Tuesday", "2026-08-14"), ["2026-08-11"]);
         assert_eq!(resolve("last weekend", b), ["2026-03-28"]);
     }
 

@@ -4,6 +4,7 @@
 //! service in `crate::conversation` stores what they find.
 
 pub mod dates;
+pub mod eval;
 pub mod llm;
 pub mod rules;
 

@@ -19,6 +19,8 @@ use super::{Fact, Role, Source, Turn};
 struct RulesFile {
     segment: SegmentFile,
     skip: PatternList,
+    continuation: PatternList,
+    rewrites: Vec<RewriteFile>,
     hedges: HedgeFile,
     person: PersonFile,
     assistant: AssistantFile,
@@ -31,6 +33,7 @@ struct SegmentFile {
     abbreviations: Vec<String>,
     discourse_markers: Vec<String>,
     clause_split: String,
+    compound_subject: String,
     min_words: usize,
     max_words: usize,
 }
@@ -39,6 +42,13 @@ struct SegmentFile {
 #[serde(deny_unknown_fields)]
 struct PatternList {
     patterns: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RewriteFile {
+    pattern: String,
+    replace: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,9 +124,12 @@ pub struct RuleExtractor {
     /// Longest first, so "oh and" wins over "oh".
     markers: Vec<String>,
     clause_split: Regex,
+    compound_subject: Regex,
     min_words: usize,
     max_words: usize,
     skip: Vec<Regex>,
+    continuation: Vec<Regex>,
+    rewrites: Vec<(Regex, String)>,
     hedges: Vec<Regex>,
     hedge_factor: f32,
     person: Person,
@@ -206,9 +219,17 @@ impl RuleExtractor {
                 .collect(),
             markers,
             clause_split: compile("segment.clause_split", &file.segment.clause_split)?,
+            compound_subject: compile("segment.compound_subject", &file.segment.compound_subject)?,
             min_words: file.segment.min_words,
             max_words: file.segment.max_words,
             skip: compile_all("skip.patterns", &file.skip.patterns)?,
+            continuation: compile_all("continuation.patterns", &file.continuation.patterns)?,
+            rewrites: file
+                .rewrites
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Ok((compile(&format!("rewrites[{i}]"), &r.pattern)?, r.replace.clone())))
+                .collect::<Result<Vec<_>, String>>()?,
             hedges: compile_all("hedges.patterns", &file.hedges.patterns)?,
             hedge_factor: file.hedges.factor.clamp(0.0, 1.0),
             person: Person {
@@ -248,16 +269,22 @@ impl RuleExtractor {
             let text = normalize(&turn.content);
             let sentences = self.sentences(&text);
             if let (Some(first), Some(prev)) = (sentences.first(), i.checked_sub(1)) {
-                if turns[prev].role == Role::Assistant {
+                // A confirmation that says what was chosen is a fact of its own.
+                let says_more = self.clauses(first).iter().any(|c| self.fact(c, i, date).is_some());
+                if turns[prev].role == Role::Assistant && !says_more {
                     if let Some(f) = self.confirmed_suggestion(first, &turns[prev], prev, date) {
                         facts.push(f);
                     }
                 }
             }
+            let turn_start = facts.len();
             for sentence in sentences {
                 for clause in self.clauses(sentence) {
                     if let Some(f) = self.fact(clause, i, date) {
                         facts.push(f);
+                    } else if facts.len() > turn_start {
+                        let last = facts.last_mut().expect("a fact of this turn");
+                        self.continue_fact(last, clause, date);
                     }
                 }
             }
@@ -277,15 +304,17 @@ impl RuleExtractor {
                 '\n' => true,
                 '!' | '?' => next.is_none_or(|n| n.is_whitespace() || n == '"'),
                 '.' => {
-                    let word: String = text[start..pos]
+                    let raw = text[start..pos]
                         .rsplit(|ch: char| ch.is_whitespace() || ch == '(')
                         .next()
-                        .unwrap_or("")
-                        .to_lowercase();
+                        .unwrap_or("");
+                    let word = raw.to_lowercase();
                     let digit_after = next.is_some_and(|n| n.is_ascii_digit());
                     next.is_none_or(|n| n.is_whitespace() || n == '"' || n == ')')
                         && !digit_after
                         && !self.abbreviations.contains(word.trim_start_matches('.'))
+                        // An initial ("Ursula K. Le Guin").
+                        && !(raw.chars().count() == 1 && raw.chars().all(char::is_uppercase))
                 }
                 _ => false,
             };
@@ -335,6 +364,9 @@ impl RuleExtractor {
             let Some(resume) = caps.iter().skip(1).flatten().next() else {
                 continue;
             };
+            if self.compound_subject.is_match(&sentence[resume.start()..]) {
+                continue;
+            }
             out.push(&sentence[start..whole.start()]);
             start = resume.start();
         }
@@ -379,7 +411,7 @@ impl RuleExtractor {
             confidence *= self.hedge_factor;
         }
         let dates = self.dates.resolve(clause, date);
-        let content = finish(&self.person.third(&DateResolver::rewrite(clause, &dates)));
+        let content = finish(&self.person.third(&self.rewrite(&DateResolver::rewrite(clause, &dates))));
         Some(Fact {
             content,
             memory_type: rule.memory_type.clone(),
@@ -393,6 +425,38 @@ impl RuleExtractor {
             },
             rule: rule.name.clone(),
         })
+    }
+
+    /// The configured phrase rewrites, in order.
+    fn rewrite(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (pattern, replace) in &self.rewrites {
+            out = pattern.replace_all(&out, replace.as_str()).into_owned();
+        }
+        out
+    }
+
+    /// Fold a clause that only adds a date ("It's on January 9th.") into the
+    /// fact before it.
+    fn continue_fact(&self, fact: &mut Fact, clause: &str, date: NaiveDate) {
+        let clause = self.strip_markers(clause);
+        if !self.continuation.iter().any(|p| p.is_match(clause)) {
+            return;
+        }
+        let dates = self.dates.resolve(clause, date);
+        if dates.is_empty() {
+            return;
+        }
+        let added = DateResolver::rewrite(clause, &dates);
+        let added = added.trim_end_matches(['.', '!']);
+        let mut lowered = added.chars();
+        let added: String = lowered
+            .next()
+            .map(|c| c.to_lowercase().chain(lowered).collect())
+            .unwrap_or_default();
+        fact.content = format!("{} ({added}).", fact.content.trim_end_matches(['.', '!']));
+        fact.source.text = format!("{} {clause}", fact.source.text);
+        fact.dates.extend(dates);
     }
 
     /// The assistant's last suggestion in `assistant`, when `reply` (the first
@@ -552,7 +616,7 @@ impl Person {
                     if let Some(v) = self.third_person.get(&lower) {
                         v.clone()
                     } else if self.unchanged.contains(&lower)
-                        || lower.ends_with("ed")
+                        || (lower.ends_with("ed") && !lower.ends_with("eed"))
                         || lower.ends_with("n't")
                     {
                         word.to_string()

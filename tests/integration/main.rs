@@ -6,6 +6,7 @@ mod auth;
 mod embed;
 mod enrich;
 mod errors;
+mod extract_eval;
 mod fixture;
 mod jetstream;
 mod nats;

@@ -1,0 +1,47 @@
+//! The rule extractor on the labelled transcripts of `datasets/ingest`: the
+//! README's precision, recall and date figures come from this test
+//! (`cargo test --test integration extract_eval -- --nocapture`).
+
+use std::path::Path;
+
+use loomem::extract::eval::{evaluate, Case};
+use loomem::extract::RuleExtractor;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn rule_extractor_meets_its_targets_on_the_labelled_transcripts() {
+    let cases: Vec<Case> = serde_json::from_str(
+        &std::fs::read_to_string(root().join("datasets/ingest/transcripts.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(cases.len() >= 40, "the evaluation set has {} transcripts", cases.len());
+    let rules = RuleExtractor::load(&root().join("pipelines/extract/facts.toml")).unwrap();
+    let show = std::env::var_os("LOOMEM_EVAL_SHOW").is_some();
+    let report = evaluate(&cases, |turns, date| {
+        let facts = rules.extract(turns, date);
+        if show {
+            for f in &facts {
+                let dates: Vec<&str> = f.dates.iter().map(|d| d.date.as_str()).collect();
+                println!("    [{}/{}] {} {dates:?}", f.memory_type, f.rule, f.content);
+            }
+        }
+        facts
+    })
+    .unwrap();
+    println!("{}", report.summary());
+    for fp in &report.false_positives {
+        println!("  false positive  {fp}");
+    }
+    for m in &report.missed {
+        println!("  missed          {m}");
+    }
+    for d in &report.wrong_dates {
+        println!("  wrong date      {d}");
+    }
+    assert!(report.precision() >= 0.85, "{}", report.summary());
+    assert!(report.recall() >= 0.70, "{}", report.summary());
+    assert!(report.date_accuracy() >= 0.95, "{}", report.summary());
+}
