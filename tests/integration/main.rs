@@ -8,6 +8,7 @@ mod enrich;
 mod errors;
 mod extract_eval;
 mod fixture;
+mod ingest;
 mod jetstream;
 mod nats;
 mod restart;
