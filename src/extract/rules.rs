@@ -649,3 +649,85 @@ impl Person {
             .into_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::extract::parse_transcript;
+
+    fn rules() -> RuleExtractor {
+        RuleExtractor::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/extract/facts.toml"),
+        )
+        .unwrap()
+    }
+
+    fn facts(text: &str) -> Vec<Fact> {
+        rules().extract(
+            &parse_transcript(text),
+            NaiveDate::from_ymd_opt(2026, 4, 2).unwrap(),
+        )
+    }
+
+    #[test]
+    fn first_person_becomes_third() {
+        let r = rules();
+        let t = |s: &str| r.person.third(s);
+        assert_eq!(t("I love my dog"), "User loves their dog");
+        assert_eq!(t("I really enjoy hiking"), "User really enjoys hiking");
+        assert_eq!(t("I'm a nurse and I am tired"), "User is a nurse and they are tired");
+        assert_eq!(t("I don't eat meat"), "User doesn't eat meat");
+        assert_eq!(t("I need to renew my passport"), "User needs to renew their passport");
+        assert_eq!(t("I have two cats"), "User has two cats");
+        assert_eq!(t("I switched to Cursor"), "User switched to Cursor");
+        assert_eq!(t("My sister called me"), "User's sister called them");
+        assert_eq!(t("I watch TV, i.e. a lot"), "User watches TV, i.e. a lot");
+    }
+
+    #[test]
+    fn the_reference_example_yields_a_preference_and_a_dated_project() {
+        let f = facts("User: I switched from VSCode to Cursor last week. Also, the dashboard deadline is April 15th.");
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert_eq!(f[0].memory_type, "preference");
+        assert_eq!(f[0].content, "User switched from VSCode to Cursor around 2026-03-26.");
+        assert_eq!(f[1].memory_type, "project");
+        assert_eq!(f[1].subject, "dashboard");
+        assert_eq!(f[1].content, "The dashboard deadline is 2026-04-15.");
+        assert_eq!(f[1].dates[0].date, "2026-04-15");
+    }
+
+    #[test]
+    fn questions_greetings_and_requests_are_not_facts() {
+        assert!(facts("User: Hi there!\nUser: Can you help me with my resume?\nUser: What time is it in Tokyo?\nUser: Thanks so much!").is_empty());
+        assert!(facts("User: Please write a haiku about autumn.\nUser: I loved it.").is_empty());
+    }
+
+    #[test]
+    fn clauses_split_on_a_new_first_person_subject_only() {
+        let f = facts("User: I'm a vegan and I can't eat soy either.");
+        assert_eq!(f.len(), 2, "{f:?}");
+        let f = facts("User: My wife and I are going to Rome next month.");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(f[0].content.starts_with("User and their wife are going to Rome in 2026-05"), "{f:?}");
+    }
+
+    #[test]
+    fn a_date_in_the_next_sentence_joins_its_fact() {
+        let f = facts("User: We're planning my dad's retirement party. It's on May 9th.");
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].dates[0].date, "2026-05-09");
+        assert!(f[0].content.ends_with("(it's on 2026-05-09)."), "{f:?}");
+    }
+
+    #[test]
+    fn a_broken_rules_file_names_the_pattern() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/extract/facts.toml"),
+        )
+        .unwrap()
+        .replacen("name = \"decision\"", "name = \"decision\"\n# broken\n", 1)
+        .replacen("'''\\b(?:I|we)(?:'ve", "'''(unclosed\\b(?:I|we)(?:'ve", 1);
+        let err = RuleExtractor::parse(&text).err().unwrap();
+        assert!(err.contains("rule `decision` pattern"), "{err}");
+    }
+}
