@@ -80,6 +80,7 @@ fn bench_stages(c: &mut Criterion) {
             store: Arc::new(Store::open(tmp.path(), 384, 8192).await.unwrap()),
             embedder: Arc::new(HashEmbedder::new(384)),
             llm: None,
+            ner: None,
             dir: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines"),
         }
     });

@@ -18,8 +18,19 @@ pub struct Status {
     pub dead_letters: usize,
     pub bus: BusStatus,
     pub embedder: EmbedderStatus,
+    pub llm: LlmStatus,
     /// Cumulative per-stage counts and timings, by pipeline.
     pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
+}
+
+/// The optional LLM: whether one is configured, its model, and the entity
+/// queue's counters (queued, enriched, skipped for the budget, dropped when
+/// full, failed calls).
+#[derive(Debug, Serialize)]
+pub struct LlmStatus {
+    pub configured: bool,
+    pub model: Option<String>,
+    pub ner: Option<crate::ner::NerStats>,
 }
 
 /// The reference's summary keys; `rocksdb_keys` and `tantivy_docs` count the
@@ -96,6 +107,11 @@ pub async fn status(engine: &Engine, caller: &Caller) -> Result<Status> {
                 )))
                 .await?,
             job: engine.jobs.running(crate::reembed::GROUP).map(|j| j.view()),
+        },
+        llm: LlmStatus {
+            configured: engine.llm.is_some(),
+            model: engine.llm.as_ref().map(|l| l.model().to_string()),
+            ner: engine.ner.as_ref().map(|q| q.stats()),
         },
         pipelines: engine
             .pipelines

@@ -485,11 +485,19 @@ impl Config {
             _ => {}
         }
         if self.llm.enabled() {
-            if !(self.llm.base_url.starts_with("http://") || self.llm.base_url.starts_with("https://")) {
-                return Err(invalid("llm.base_url", "must be an http(s) URL (or empty for no LLM)"));
+            if !(self.llm.base_url.starts_with("http://")
+                || self.llm.base_url.starts_with("https://"))
+            {
+                return Err(invalid(
+                    "llm.base_url",
+                    "must be an http(s) URL (or empty for no LLM)",
+                ));
             }
             if self.llm.model.trim().is_empty() {
-                return Err(invalid("llm.model", "must name a model when llm.base_url is set"));
+                return Err(invalid(
+                    "llm.model",
+                    "must name a model when llm.base_url is set",
+                ));
             }
         }
         for (key, v) in [

@@ -207,7 +207,10 @@ async fn extract_facts(
         }),
         Err(e) => {
             tracing::warn!(error = %e, stream, "LLM answer rejected; using the rules");
-            Ok(rules(Some(format!("LLM answer rejected: {e}")), Some(usage)))
+            Ok(rules(
+                Some(format!("LLM answer rejected: {e}")),
+                Some(usage),
+            ))
         }
     }
 }
@@ -262,7 +265,11 @@ fn chunk_of(
 }
 
 /// Extract the facts of a conversation and store them.
-pub async fn ingest(engine: &Engine, caller: &Caller, req: IngestRequest) -> Result<IngestResponse> {
+pub async fn ingest(
+    engine: &Engine,
+    caller: &Caller,
+    req: IngestRequest,
+) -> Result<IngestResponse> {
     let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
     let turns = turns_of(&req, engine.cfg.ingest.max_transcript_chars)?;
     let created_at = match &req.conversation_date {
@@ -356,7 +363,9 @@ pub async fn ingest(engine: &Engine, caller: &Caller, req: IngestRequest) -> Res
             None if req.dry_run => ("preview", None, Vec::new()),
             None => ("accepted", None, Vec::new()),
             Some(Outcome::Stored { superseded }) => ("stored", None, superseded),
-            Some(Outcome::Duplicate { existing_id }) => ("duplicate", Some(existing_id), Vec::new()),
+            Some(Outcome::Duplicate { existing_id }) => {
+                ("duplicate", Some(existing_id), Vec::new())
+            }
             Some(Outcome::Dropped { .. }) => ("dropped", None, Vec::new()),
             Some(Outcome::Failed { error }) => {
                 return Err(Error::Internal(format!(

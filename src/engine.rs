@@ -46,6 +46,8 @@ pub struct Engine {
     pub llm: Option<Arc<Llm>>,
     /// The rule extractor of `POST /v1/ingest`.
     pub facts: Arc<RuleExtractor>,
+    /// The LLM entity queue, when the LLM does NER.
+    pub ner: Option<crate::ner::NerQueue>,
     /// Background jobs started through the API.
     pub jobs: crate::jobs::Jobs,
     started: Instant,
@@ -81,13 +83,17 @@ impl Engine {
             );
         }
         let llm = Llm::from_config(&cfg.llm, env, store.clone()).map_err(StartError::Llm)?;
-        let facts = Arc::new(
-            RuleExtractor::load(&cfg.ingest_rules_file()).map_err(StartError::Rules)?,
-        );
+        let facts =
+            Arc::new(RuleExtractor::load(&cfg.ingest_rules_file()).map_err(StartError::Rules)?);
+        let ner = llm
+            .as_ref()
+            .filter(|_| cfg.llm.ner)
+            .map(|llm| crate::ner::NerQueue::spawn(llm.clone(), store.clone()));
         let ctx = BuildContext {
             store: store.clone(),
             embedder: embedder.clone(),
             llm: llm.clone(),
+            ner: ner.clone(),
             dir: cfg.pipelines_dir(),
         };
         let pipelines = Arc::new(Pipelines::load(
@@ -139,6 +145,7 @@ impl Engine {
             auth,
             llm,
             facts,
+            ner,
             jobs: Default::default(),
             started: Instant::now(),
             stop_worker,

@@ -18,6 +18,7 @@ pub mod jobs;
 pub mod llm;
 pub mod memory;
 pub mod model;
+pub mod ner;
 pub mod openai_compat;
 pub mod pipeline;
 pub mod reembed;

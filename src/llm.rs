@@ -58,7 +58,11 @@ pub fn call_schema() -> SchemaRef {
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
     #[error("stream `{stream}` has spent ${spent:.4} of its ${cap:.4} daily LLM budget")]
-    CapReached { stream: String, spent: f64, cap: f64 },
+    CapReached {
+        stream: String,
+        spent: f64,
+        cap: f64,
+    },
     #[error("LLM request failed: {0}")]
     Request(String),
     #[error("LLM answer unusable: {0}")]

@@ -65,7 +65,11 @@ impl OpenAiHttp {
     }
 
     /// POST `body` to `{base_url}/{path}` and return the JSON answer.
-    pub async fn post(&self, path: &str, body: &serde_json::Value) -> Result<serde_json::Value, String> {
+    pub async fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
         let url = self.url(path);
         let mut delay = Duration::from_millis(200);
         let mut tries = 0;

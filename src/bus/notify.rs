@@ -21,17 +21,11 @@ pub enum Outcome {
         superseded: Vec<String>,
     },
     /// Not stored because an equal memory exists.
-    Duplicate {
-        existing_id: String,
-    },
+    Duplicate { existing_id: String },
     /// Deliberately not stored (e.g. nothing left after sanitizing).
-    Dropped {
-        reason: String,
-    },
+    Dropped { reason: String },
     /// Given up on after `max_deliver` attempts; the message is in `dead_letters`.
-    Failed {
-        error: String,
-    },
+    Failed { error: String },
 }
 
 const DONE_PREFIX: &str = "loomem.done";

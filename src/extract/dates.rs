@@ -46,7 +46,8 @@ pub struct ResolvedDate {
 
 const MONTHS: &str = r"jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?";
 const WEEKDAYS: &str = r"monday|tuesday|wednesday|thursday|friday|saturday|sunday";
-const NUMBER: &str = r"\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of";
+const NUMBER: &str =
+    r"\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|a couple of";
 const UNITS: &str = r"days?|weeks?|months?|years?";
 
 #[derive(Clone, Copy)]
@@ -427,14 +428,17 @@ impl DateResolver {
                 Granularity::Month | Granularity::Year if d.lead.is_empty() => {
                     let first = d.expression.split_whitespace().next().unwrap_or("");
                     let first = first.to_lowercase();
-                    ["since", "until", "by", "early", "late", "mid", "back", "last", "next", "this"]
-                        .iter()
-                        .find(|p| first.starts_with(*p))
-                        .map(|p| match *p {
-                            "last" | "next" | "this" => "in",
-                            "back" => "back in",
-                            other => other,
-                        })
+                    [
+                        "since", "until", "by", "early", "late", "mid", "back", "last", "next",
+                        "this",
+                    ]
+                    .iter()
+                    .find(|p| first.starts_with(*p))
+                    .map(|p| match *p {
+                        "last" | "next" | "this" => "in",
+                        "back" => "back in",
+                        other => other,
+                    })
                 }
                 _ => None,
             };
@@ -500,7 +504,10 @@ mod tests {
         assert_eq!(resolve("I called her on Monday", b), ["2026-03-30"]);
         assert_eq!(resolve("this weekend", b), ["2026-04-04"]);
         assert_eq!(resolve("on Saturday the 4th", "2026-03-28"), ["2026-04-04"]);
-        assert_eq!(resolve("I broke my wrist on Tuesday", "2026-08-14"), ["2026-08-11"]);
+        assert_eq!(
+            resolve("I broke my wrist on Tuesday", "2026-08-14"),
+            ["2026-08-11"]
+        );
         assert_eq!(resolve("last weekend", b), ["2026-03-28"]);
     }
 

@@ -93,7 +93,9 @@ impl Report {
 
 fn covers(fact: &Fact, gold: &GoldFact) -> bool {
     let content = fact.content.to_lowercase();
-    gold.keys.iter().all(|k| content.contains(&k.to_lowercase()))
+    gold.keys
+        .iter()
+        .all(|k| content.contains(&k.to_lowercase()))
 }
 
 /// Run `extract` over every case and score it.
@@ -114,7 +116,8 @@ pub fn evaluate(
             if case.facts.iter().any(|g| covers(f, g)) {
                 r.correct += 1;
             } else {
-                r.false_positives.push(format!("{}: {}", case.id, f.content));
+                r.false_positives
+                    .push(format!("{}: {}", case.id, f.content));
             }
         }
         for g in &case.facts {

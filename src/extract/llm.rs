@@ -55,7 +55,11 @@ pub fn schema() -> serde_json::Value {
 
 /// The user message: the conversation date, then the turns.
 pub fn prompt(turns: &[Turn], date: NaiveDate) -> String {
-    let mut p = format!("Conversation date: {} ({})\n\n", date.format("%Y-%m-%d"), date.format("%A"));
+    let mut p = format!(
+        "Conversation date: {} ({})\n\n",
+        date.format("%Y-%m-%d"),
+        date.format("%A")
+    );
     for t in turns {
         let role = match t.role {
             Role::User => "User",
@@ -114,7 +118,9 @@ pub fn validate(answer: serde_json::Value, turns: &[Turn]) -> Result<Vec<Fact>, 
     for (i, f) in answer.facts.into_iter().enumerate() {
         let content = f.content.trim();
         if content.is_empty() || content.chars().count() > MAX_FACT_CHARS {
-            return Err(format!("facts[{i}].content: must be 1-{MAX_FACT_CHARS} characters"));
+            return Err(format!(
+                "facts[{i}].content: must be 1-{MAX_FACT_CHARS} characters"
+            ));
         }
         let memory_type = f.memory_type.trim().to_lowercase();
         if !FACT_TYPES.contains(&memory_type.as_str()) {
@@ -153,7 +159,11 @@ pub fn validate(answer: serde_json::Value, turns: &[Turn]) -> Result<Vec<Fact>, 
         facts.push(Fact {
             content: content.to_string(),
             memory_type,
-            subject: if subject.is_empty() { "user".into() } else { subject.to_string() },
+            subject: if subject.is_empty() {
+                "user".into()
+            } else {
+                subject.to_string()
+            },
             confidence: f.confidence as f32,
             dates,
             source: Source {
@@ -197,7 +207,9 @@ mod tests {
             "content": "x", "memory_type": "gossip", "subject": "user", "date": null,
             "confidence": 0.5, "quote": ""
         }]});
-        assert!(validate(bad_type, &turns()).unwrap_err().contains("memory_type"));
+        assert!(validate(bad_type, &turns())
+            .unwrap_err()
+            .contains("memory_type"));
         let bad_date = serde_json::json!({"facts": [{
             "content": "x", "memory_type": "fact", "subject": "user", "date": "next week",
             "confidence": 0.5, "quote": ""

@@ -51,8 +51,19 @@ pub fn parse_transcript(text: &str) -> Vec<Turn> {
             let label = c[1].trim().to_lowercase();
             let known = matches!(
                 label.as_str(),
-                "user" | "human" | "me" | "customer" | "assistant" | "ai" | "bot" | "agent"
-                    | "model" | "gpt" | "claude" | "system" | "tool"
+                "user"
+                    | "human"
+                    | "me"
+                    | "customer"
+                    | "assistant"
+                    | "ai"
+                    | "bot"
+                    | "agent"
+                    | "model"
+                    | "gpt"
+                    | "claude"
+                    | "system"
+                    | "tool"
             );
             known.then(|| (Role::parse(&label), c[2].to_string()))
         });

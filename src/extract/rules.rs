@@ -228,12 +228,22 @@ impl RuleExtractor {
                 .rewrites
                 .iter()
                 .enumerate()
-                .map(|(i, r)| Ok((compile(&format!("rewrites[{i}]"), &r.pattern)?, r.replace.clone())))
+                .map(|(i, r)| {
+                    Ok((
+                        compile(&format!("rewrites[{i}]"), &r.pattern)?,
+                        r.replace.clone(),
+                    ))
+                })
                 .collect::<Result<Vec<_>, String>>()?,
             hedges: compile_all("hedges.patterns", &file.hedges.patterns)?,
             hedge_factor: file.hedges.factor.clamp(0.0, 1.0),
             person: Person {
-                adverbs: file.person.adverbs.iter().map(|a| a.to_lowercase()).collect(),
+                adverbs: file
+                    .person
+                    .adverbs
+                    .iter()
+                    .map(|a| a.to_lowercase())
+                    .collect(),
                 unchanged: file
                     .person
                     .unchanged
@@ -248,8 +258,10 @@ impl RuleExtractor {
                     .collect(),
                 pronoun: Regex::new(r"(?i)\b(?:i'm|i've|i'll|i'd|i|me|my|mine|myself)\b")
                     .expect("static regex"),
-                second_person: Regex::new(r"(?i)\b(?:you're|you've|you'll|you|your|yours|yourself)\b")
-                    .expect("static regex"),
+                second_person: Regex::new(
+                    r"(?i)\b(?:you're|you've|you'll|you|your|yours|yourself)\b",
+                )
+                .expect("static regex"),
             },
             confirm: compile("assistant.confirm", &file.assistant.confirm)?,
             confirm_not: compile("assistant.confirm_not", &file.assistant.confirm_not)?,
@@ -270,7 +282,10 @@ impl RuleExtractor {
             let sentences = self.sentences(&text);
             if let (Some(first), Some(prev)) = (sentences.first(), i.checked_sub(1)) {
                 // A confirmation that says what was chosen is a fact of its own.
-                let says_more = self.clauses(first).iter().any(|c| self.fact(c, i, date).is_some());
+                let says_more = self
+                    .clauses(first)
+                    .iter()
+                    .any(|c| self.fact(c, i, date).is_some());
                 if turns[prev].role == Role::Assistant && !says_more {
                     if let Some(f) = self.confirmed_suggestion(first, &turns[prev], prev, date) {
                         facts.push(f);
@@ -411,7 +426,11 @@ impl RuleExtractor {
             confidence *= self.hedge_factor;
         }
         let dates = self.dates.resolve(clause, date);
-        let content = finish(&self.person.third(&self.rewrite(&DateResolver::rewrite(clause, &dates))));
+        let content = finish(
+            &self
+                .person
+                .third(&self.rewrite(&DateResolver::rewrite(clause, &dates))),
+        );
         Some(Fact {
             content,
             memory_type: rule.memory_type.clone(),
@@ -476,15 +495,25 @@ impl RuleExtractor {
             .sentences(&text)
             .into_iter()
             .rev()
-            .filter(|s| !s.ends_with('?') || s.to_lowercase().starts_with("how about") || s.to_lowercase().starts_with("what about"))
+            .filter(|s| {
+                !s.ends_with('?')
+                    || s.to_lowercase().starts_with("how about")
+                    || s.to_lowercase().starts_with("what about")
+            })
             .find_map(|sentence| {
                 self.suggestions
                     .iter()
                     .find_map(|s| s.pattern.captures(sentence).map(|c| (s, c)))
             })?;
-        let rest = caps.name("rest")?.as_str().trim().trim_end_matches([',', '?', '!']);
+        let rest = caps
+            .name("rest")?
+            .as_str()
+            .trim()
+            .trim_end_matches([',', '?', '!']);
         let dates = self.dates.resolve(rest, date);
-        let rest = self.person.third_from_second(&DateResolver::rewrite(rest, &dates));
+        let rest = self
+            .person
+            .third_from_second(&DateResolver::rewrite(rest, &dates));
         Some(Fact {
             content: finish(&s.template.replace("{rest}", &rest)),
             memory_type: s.memory_type.clone(),
@@ -675,9 +704,15 @@ mod tests {
         let t = |s: &str| r.person.third(s);
         assert_eq!(t("I love my dog"), "User loves their dog");
         assert_eq!(t("I really enjoy hiking"), "User really enjoys hiking");
-        assert_eq!(t("I'm a nurse and I am tired"), "User is a nurse and they are tired");
+        assert_eq!(
+            t("I'm a nurse and I am tired"),
+            "User is a nurse and they are tired"
+        );
         assert_eq!(t("I don't eat meat"), "User doesn't eat meat");
-        assert_eq!(t("I need to renew my passport"), "User needs to renew their passport");
+        assert_eq!(
+            t("I need to renew my passport"),
+            "User needs to renew their passport"
+        );
         assert_eq!(t("I have two cats"), "User has two cats");
         assert_eq!(t("I switched to Cursor"), "User switched to Cursor");
         assert_eq!(t("My sister called me"), "User's sister called them");
@@ -689,7 +724,10 @@ mod tests {
         let f = facts("User: I switched from VSCode to Cursor last week. Also, the dashboard deadline is April 15th.");
         assert_eq!(f.len(), 2, "{f:?}");
         assert_eq!(f[0].memory_type, "preference");
-        assert_eq!(f[0].content, "User switched from VSCode to Cursor around 2026-03-26.");
+        assert_eq!(
+            f[0].content,
+            "User switched from VSCode to Cursor around 2026-03-26."
+        );
         assert_eq!(f[1].memory_type, "project");
         assert_eq!(f[1].subject, "dashboard");
         assert_eq!(f[1].content, "The dashboard deadline is 2026-04-15.");
@@ -708,7 +746,11 @@ mod tests {
         assert_eq!(f.len(), 2, "{f:?}");
         let f = facts("User: My wife and I are going to Rome next month.");
         assert_eq!(f.len(), 1, "{f:?}");
-        assert!(f[0].content.starts_with("User and their wife are going to Rome in 2026-05"), "{f:?}");
+        assert!(
+            f[0].content
+                .starts_with("User and their wife are going to Rome in 2026-05"),
+            "{f:?}"
+        );
     }
 
     #[test]

@@ -156,6 +156,8 @@ pub struct BuildContext {
     pub embedder: Arc<dyn Embedder>,
     /// The configured LLM (stages with an LLM path use it when present).
     pub llm: Option<Arc<crate::llm::Llm>>,
+    /// The LLM entity queue (present when the LLM is configured with `ner`).
+    pub ner: Option<crate::ner::NerQueue>,
     /// Where the pipeline files live; stage files named in parameters resolve here.
     pub dir: std::path::PathBuf,
 }
@@ -400,6 +402,7 @@ mod tests {
             store: Arc::new(Store::open(dir, 16, 100).await.unwrap()),
             embedder: Arc::new(HashEmbedder::new(16)),
             llm: None,
+            ner: None,
             dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines"),
         }
     }

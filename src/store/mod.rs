@@ -307,7 +307,8 @@ impl Store {
 
     /// Record one LLM call (tokens, cost, outcome).
     pub async fn add_llm_call(&self, row: &crate::llm::LlmCall) -> Result<()> {
-        let batch = crate::graph::rows_to_batch(crate::llm::call_schema(), std::slice::from_ref(row))?;
+        let batch =
+            crate::graph::rows_to_batch(crate::llm::call_schema(), std::slice::from_ref(row))?;
         self.llm_calls.add(batch).execute().await?;
         Ok(())
     }

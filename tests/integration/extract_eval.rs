@@ -12,8 +12,10 @@ fn root() -> &'static Path {
 }
 
 fn cases(file: &str) -> Vec<Case> {
-    serde_json::from_str(&std::fs::read_to_string(root().join("datasets/ingest").join(file)).unwrap())
-        .unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("datasets/ingest").join(file)).unwrap(),
+    )
+    .unwrap()
 }
 
 fn score(name: &str, cases: &[Case]) -> loomem::extract::eval::Report {
@@ -46,7 +48,11 @@ fn score(name: &str, cases: &[Case]) -> loomem::extract::eval::Report {
 #[test]
 fn rule_extractor_meets_its_targets_on_the_labelled_transcripts() {
     let cases = cases("transcripts.json");
-    assert!(cases.len() >= 40, "the evaluation set has {} transcripts", cases.len());
+    assert!(
+        cases.len() >= 40,
+        "the evaluation set has {} transcripts",
+        cases.len()
+    );
     let report = score("transcripts.json", &cases);
     assert!(report.precision() >= 0.85, "{}", report.summary());
     assert!(report.recall() >= 0.70, "{}", report.summary());

@@ -2,8 +2,10 @@
 //! pipeline; the LLM path against a local stand-in for an OpenAI-compatible chat
 //! endpoint.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -19,7 +21,9 @@ fn fact<'a>(body: &'a Value, memory_type: &str) -> &'a Value {
 }
 
 async fn sql(d: &Daemon, query: &str) -> Vec<Value> {
-    let (status, body) = d.call("POST", "/v1/sql", Some(json!({ "sql": query }))).await;
+    let (status, body) = d
+        .call("POST", "/v1/sql", Some(json!({ "sql": query })))
+        .await;
     assert_eq!(status, 200, "{body}");
     body["rows"].as_array().cloned().unwrap()
 }
@@ -55,7 +59,10 @@ async fn the_reference_example_supersedes_the_old_editor_and_dates_the_deadline(
     assert_eq!(body["stored_ids"].as_array().unwrap().len(), 2);
 
     let pref = fact(&body, "preference");
-    assert!(pref["content"].as_str().unwrap().contains("Cursor"), "{pref}");
+    assert!(
+        pref["content"].as_str().unwrap().contains("Cursor"),
+        "{pref}"
+    );
     assert_eq!(pref["subject"], "user");
     assert_eq!(pref["dates"][0]["date"], "2026-03-26");
     assert_eq!(pref["supersedes"], json!([old_id]));
@@ -91,14 +98,15 @@ async fn the_reference_example_supersedes_the_old_editor_and_dates_the_deadline(
         .unwrap()
         .contains("switched from VSCode"));
     assert!(
-        new_row["created_at"].as_str().unwrap().starts_with("2026-04-02"),
+        new_row["created_at"]
+            .as_str()
+            .unwrap()
+            .starts_with("2026-04-02"),
         "{new_row}"
     );
 
     // The same fact told again later is a duplicate of the stored one.
-    let said = |date: &str| {
-        json!({"content": "User: I love hiking in the Alps.", "conversation_date": date, "stream": "s"})
-    };
+    let said = |date: &str| json!({"content": "User: I love hiking in the Alps.", "conversation_date": date, "stream": "s"});
     let (_, first) = d.call("POST", "/v1/ingest", Some(said("2026-04-03"))).await;
     assert_eq!(first["facts"][0]["status"], "stored", "{first}");
     let (status, again) = d.call("POST", "/v1/ingest", Some(said("2026-04-05"))).await;
@@ -116,9 +124,18 @@ async fn ingest_validates_its_input_and_previews_without_storing() {
         (json!({"stream": "s"}), "content"),
         (json!({"content": "User: hi", "messages": []}), "content"),
         (json!({"content": "Assistant: hello there"}), "content"),
-        (json!({"content": "User: I like tea", "extractor": "magic"}), "extractor"),
-        (json!({"content": "User: I like tea", "extractor": "llm"}), "extractor"),
-        (json!({"content": "User: I like tea", "conversation_date": "someday"}), "conversation_date"),
+        (
+            json!({"content": "User: I like tea", "extractor": "magic"}),
+            "extractor",
+        ),
+        (
+            json!({"content": "User: I like tea", "extractor": "llm"}),
+            "extractor",
+        ),
+        (
+            json!({"content": "User: I like tea", "conversation_date": "someday"}),
+            "conversation_date",
+        ),
     ] {
         let (status, resp) = d.call("POST", "/v1/ingest", Some(body.clone())).await;
         assert_eq!(status, 422, "{body} → {resp}");
@@ -128,7 +145,11 @@ async fn ingest_validates_its_input_and_previews_without_storing() {
         );
     }
     let (status, resp) = d
-        .call("POST", "/v1/ingest", Some(json!({"content": "User: hi", "surprise": 1})))
+        .call(
+            "POST",
+            "/v1/ingest",
+            Some(json!({"content": "User: hi", "surprise": 1})),
+        )
         .await;
     assert_eq!(status, 422, "{resp}");
 
@@ -153,16 +174,17 @@ async fn ingest_validates_its_input_and_previews_without_storing() {
     assert_eq!(body["status"], "dry_run");
     let facts = body["facts"].as_array().unwrap();
     assert!(
-        facts.iter().any(|f| f["content"]
-            .as_str()
-            .unwrap()
-            .contains("bergamot")
-            && f["status"] == "preview"),
+        facts.iter().any(
+            |f| f["content"].as_str().unwrap().contains("bergamot") && f["status"] == "preview"
+        ),
         "{body}"
     );
     // "Sounds great" took the assistant's suggestion: a decision in the user's name.
     let decision = fact(&body, "decision");
-    assert!(decision["content"].as_str().unwrap().contains("Darjeeling"), "{decision}");
+    assert!(
+        decision["content"].as_str().unwrap().contains("Darjeeling"),
+        "{decision}"
+    );
     assert_eq!(decision["source"]["role"], "assistant");
     let rows = sql(&d, "SELECT count(*) AS n FROM chunks").await;
     assert_eq!(rows[0]["n"], 0);
@@ -184,21 +206,44 @@ async fn ingest_validates_its_input_and_previews_without_storing() {
     assert_eq!(facts[0]["memory_type"], "preference");
     assert_eq!(facts[0]["source"]["role"], "user");
     assert_eq!(facts[0]["status"], "stored");
-    assert!(!facts[0]["content"].as_str().unwrap().contains("TimescaleDB"));
+    assert!(!facts[0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("TimescaleDB"));
 }
 
-/// A local stand-in for an OpenAI-compatible chat endpoint: answers with the
-/// current `reply` text and fixed token usage, recording every request.
+/// A local stand-in for an OpenAI-compatible chat endpoint: answers each
+/// request with the text set for its JSON schema's name (facts, entities,
+/// judgements) and fixed token usage, recording every request.
 struct StubLlm {
     url: String,
-    reply: Arc<Mutex<String>>,
+    replies: Arc<Mutex<HashMap<String, String>>>,
     requests: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<Value>>>,
 }
 
+impl StubLlm {
+    fn answer(&self, schema: &str, text: &str) {
+        self.replies
+            .lock()
+            .unwrap()
+            .insert(schema.to_string(), text.to_string());
+    }
+
+    fn requests_for(&self, schema: &str) -> Vec<Value> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r["response_format"]["json_schema"]["name"] == schema)
+            .cloned()
+            .collect()
+    }
+}
+
 async fn stub_llm() -> StubLlm {
     use axum::routing::post;
-    let reply = Arc::new(Mutex::new(String::new()));
+    let reply: Arc<Mutex<HashMap<String, String>>> = Default::default();
     let requests = Arc::new(AtomicUsize::new(0));
     let seen: Arc<Mutex<Vec<Value>>> = Default::default();
     let (r, n, s) = (reply.clone(), requests.clone(), seen.clone());
@@ -209,7 +254,11 @@ async fn stub_llm() -> StubLlm {
             async move {
                 n.fetch_add(1, Ordering::SeqCst);
                 s.lock().unwrap().push(body.clone());
-                let content = r.lock().unwrap().clone();
+                let schema = body["response_format"]["json_schema"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let content = r.lock().unwrap().get(&schema).cloned().unwrap_or_default();
                 axum::Json(json!({
                     "id": "chatcmpl-stub",
                     "model": body["model"],
@@ -224,7 +273,7 @@ async fn stub_llm() -> StubLlm {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     StubLlm {
         url,
-        reply,
+        replies: reply,
         requests,
         seen,
     }
@@ -241,7 +290,8 @@ fn valid_answer() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers_and_past_the_cap() {
+async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers_and_past_the_cap()
+{
     let llm = stub_llm().await;
     // 1000 prompt + 500 completion tokens at $2 / $8 per million = $0.006 a call.
     let d = Daemon::start(
@@ -264,14 +314,17 @@ async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers
     };
 
     // A valid answer is stored as the LLM wrote it, with its cost.
-    *llm.reply.lock().unwrap() = valid_answer();
+    llm.answer("memory_facts", &valid_answer());
     let (status, body) = d.call("POST", "/v1/ingest", Some(transcript("s"))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["extractor"], "llm", "{body}");
     assert_eq!(body["llm"]["model"], "stub-chat-1");
     assert_eq!(body["llm"]["prompt_tokens"], 1000);
     assert!((body["llm"]["cost_usd"].as_f64().unwrap() - 0.006).abs() < 1e-9);
-    assert_eq!(fact(&body, "preference")["content"], "User prefers Cursor over VSCode");
+    assert_eq!(
+        fact(&body, "preference")["content"],
+        "User prefers Cursor over VSCode"
+    );
     assert_eq!(fact(&body, "project")["dates"][0]["date"], "2026-04-15");
     let request = llm.seen.lock().unwrap()[0].clone();
     assert_eq!(request["model"], "stub-chat-1");
@@ -290,35 +343,53 @@ async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers
     assert_eq!(meta["ingest"]["model"], "stub-chat-1");
 
     // Invalid JSON: the rules extract instead, and say why.
-    *llm.reply.lock().unwrap() = "Sure! Here are the facts: none of them are JSON".into();
+    llm.answer(
+        "memory_facts",
+        "Sure! Here are the facts: none of them are JSON",
+    );
     let (status, body) = d.call("POST", "/v1/ingest", Some(transcript("s"))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["extractor"], "rules", "{body}");
-    assert!(body["fallback_reason"].as_str().unwrap().contains("JSON"), "{body}");
+    assert!(
+        body["fallback_reason"].as_str().unwrap().contains("JSON"),
+        "{body}"
+    );
     assert_eq!(body["facts"].as_array().unwrap().len(), 2);
 
     // An answer that breaks the schema is rejected the same way.
-    *llm.reply.lock().unwrap() = json!({"facts": [{"content": "x", "memory_type": "gossip",
-        "subject": "user", "date": null, "confidence": 2, "quote": ""}]})
-    .to_string();
+    llm.answer(
+        "memory_facts",
+        &json!({"facts": [{"content": "x", "memory_type": "gossip",
+            "subject": "user", "date": null, "confidence": 2, "quote": ""}]})
+        .to_string(),
+    );
     // (Two calls so far cost $0.012: past the $0.01 cap, no third call is made.)
     let calls_before = llm.requests.load(Ordering::SeqCst);
     let (status, body) = d.call("POST", "/v1/ingest", Some(transcript("s"))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["extractor"], "rules");
     assert!(
-        body["fallback_reason"].as_str().unwrap().contains("daily LLM budget"),
+        body["fallback_reason"]
+            .as_str()
+            .unwrap()
+            .contains("daily LLM budget"),
         "{body}"
     );
     assert_eq!(llm.requests.load(Ordering::SeqCst), calls_before);
-    assert!(!body["facts"].as_array().unwrap().is_empty(), "ingestion goes on");
+    assert!(
+        !body["facts"].as_array().unwrap().is_empty(),
+        "ingestion goes on"
+    );
 
     // The cap is per stream: another stream still gets the LLM, and a
     // schema-breaking answer falls back with the reason.
     let (_, body) = d.call("POST", "/v1/ingest", Some(transcript("t"))).await;
     assert_eq!(body["extractor"], "rules", "{body}");
     assert!(
-        body["fallback_reason"].as_str().unwrap().contains("memory_type"),
+        body["fallback_reason"]
+            .as_str()
+            .unwrap()
+            .contains("memory_type"),
         "{body}"
     );
 
@@ -329,7 +400,9 @@ async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers
     )
     .await;
     assert_eq!(rows.len(), 3, "{rows:?}");
-    assert!(rows.iter().all(|r| r["purpose"] == "ingest" && r["prompt_tokens"] == 1000));
+    assert!(rows
+        .iter()
+        .all(|r| r["purpose"] == "ingest" && r["prompt_tokens"] == 1000));
     assert_eq!(rows[0]["status"], "ok");
     assert_eq!(rows[1]["status"], "error");
     assert_eq!(rows[2]["stream"], "t");
@@ -339,4 +412,121 @@ async fn the_llm_extracts_when_configured_and_the_rules_take_over_on_bad_answers
         .map(|r| r["cost_usd"].as_f64().unwrap())
         .sum();
     assert!((spent - 0.012).abs() < 1e-9, "{rows:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_llm_new_memories_get_llm_entities_and_a_judge_for_silent_updates() {
+    let llm = stub_llm().await;
+    let d = Daemon::start(
+        Options::default()
+            .env("LOOMEM_LLM__BASE_URL", &llm.url)
+            .env("LOOMEM_LLM__MODEL", "stub-chat-1")
+            .env("LOOMEM_LLM__INPUT_COST_PER_MTOK", "1.0"),
+    )
+    .await;
+    llm.answer(
+        "memory_entities",
+        &json!({"entities": [
+            {"memory": 1, "name": "Beacon Hill", "type": "PLACE"},
+            {"memory": 2, "name": "Beacon Hill", "type": "PLACE"},
+            {"memory": 9, "name": "Nowhere", "type": "PLACE"}
+        ]})
+        .to_string(),
+    );
+    llm.answer(
+        "contradiction_judgement",
+        &json!({"superseded": [1], "reason": "the user moved"}).to_string(),
+    );
+
+    // No rule sees an update here: no cue, no shared entity, no slot.
+    let (status, old) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "I live in Boston", "stream": "s", "created_at": "2026-01-01"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{old}");
+    let (status, new) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "I live in Chicago", "stream": "s"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{new}");
+    let (old_id, new_id) = (old["id"].as_str().unwrap(), new["id"].as_str().unwrap());
+
+    // The judge saw the earlier memory and its verdict superseded it.
+    let judged = llm.requests_for("contradiction_judgement");
+    assert_eq!(
+        judged.len(),
+        1,
+        "only the second memory has an earlier neighbour"
+    );
+    let prompt = judged[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        prompt.contains("I live in Chicago")
+            && prompt.contains("[1]")
+            && prompt.contains("I live in Boston"),
+        "{prompt}"
+    );
+    let rows = sql(
+        &d,
+        &format!("SELECT id, superseded_by, version FROM chunks WHERE id = '{old_id}'"),
+    )
+    .await;
+    assert_eq!(rows[0]["superseded_by"], new_id, "{rows:?}");
+    let (_, history) = d
+        .call("GET", &format!("/v1/memories/{new_id}/history"), None)
+        .await;
+    assert!(
+        history.to_string().contains("LLM judge (the user moved)"),
+        "{history}"
+    );
+
+    // The NER queue enriches committed memories in the background (one call
+    // for both, or one each: memory numbers out of range are dropped).
+    let mut rows = Vec::new();
+    for _ in 0..100 {
+        rows = sql(
+            &d,
+            "SELECT id, entities, extraction_meta FROM chunks WHERE array_has(entities, 'beaconhill') ORDER BY id",
+        )
+        .await;
+        if rows.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let meta: Value = serde_json::from_str(rows[0]["extraction_meta"].as_str().unwrap()).unwrap();
+    assert_eq!(meta["llm_ner"]["model"], "stub-chat-1");
+    assert!(
+        !rows[0]["entities"].to_string().contains("nowhere"),
+        "out-of-range entity dropped"
+    );
+    let graph = sql(
+        &d,
+        "SELECT name, entity_type FROM entities WHERE key = 'beaconhill'",
+    )
+    .await;
+    assert_eq!(graph.len(), 1, "{graph:?}");
+    assert_eq!(graph[0]["entity_type"], "PLACE");
+
+    let (_, status) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(status["llm"]["configured"], true);
+    assert_eq!(status["llm"]["ner"]["enriched"], 2, "{status}");
+
+    // Every call is accounted for, by purpose.
+    let calls = sql(
+        &d,
+        "SELECT purpose, count(*) AS n, sum(cost_usd) AS cost FROM llm_calls GROUP BY purpose ORDER BY purpose",
+    )
+    .await;
+    assert_eq!(calls[0]["purpose"], "judge");
+    assert_eq!(calls[0]["n"], 1);
+    assert_eq!(calls[1]["purpose"], "ner");
+    assert!(calls[1]["n"].as_i64().unwrap() >= 1);
+    assert!(calls[1]["cost"].as_f64().unwrap() > 0.0, "{calls:?}");
 }

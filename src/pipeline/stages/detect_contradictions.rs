@@ -17,9 +17,42 @@ use serde::Deserialize;
 
 use super::parse_params;
 use crate::graph::{entity_key, Dictionary, DictionaryEntry};
+use crate::llm::{Llm, LlmError};
 use crate::model::{now_micros, Chunk};
-use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
-use crate::store::{sql_str, HistoryRow, Store};
+use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage};
+use crate::store::{id_in, sql_str, HistoryRow, Store};
+
+const JUDGE_PROMPT: &str = "You keep a user's long-term memory consistent. Given a new memory and earlier memories about the same subject, say which earlier memories the new one makes outdated: they state something that is no longer true now that the new memory holds (a changed preference, a move, a new job, a changed plan or date). A memory that only adds detail, or is merely related, does not outdate anything. Return JSON {\"superseded\": [numbers of the outdated earlier memories], \"reason\": \"one short sentence\"}.";
+
+fn judge_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["superseded", "reason"],
+        "properties": {
+            "superseded": {"type": "array", "items": {"type": "integer"}},
+            "reason": {"type": "string"},
+        },
+    })
+}
+
+/// The earlier memories (by position in `olds`) a judgement names, and its reason.
+fn judgement(answer: serde_json::Value, n: usize) -> Result<(BTreeSet<usize>, String), String> {
+    #[derive(Deserialize)]
+    struct Answer {
+        superseded: Vec<i64>,
+        #[serde(default)]
+        reason: String,
+    }
+    let a: Answer = serde_json::from_value(answer).map_err(|e| format!("schema: {e}"))?;
+    let picked = a
+        .superseded
+        .into_iter()
+        .filter(|k| (1..=n as i64).contains(k))
+        .map(|k| k as usize - 1)
+        .collect();
+    Ok((picked, excerpt(a.reason.trim())))
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +66,23 @@ pub struct DetectContradictionsConfig {
     /// Most earlier memories one new memory may supersede.
     #[serde(default = "default_max")]
     pub max_superseded: usize,
+    /// With `[llm]` configured (`judge_contradictions = true`): when the rules
+    /// see no update, ask the LLM whether the new memory makes one of its
+    /// closest earlier memories about the same subject outdated.
+    #[serde(default)]
+    pub llm_judge: bool,
+    /// Earlier memories shown to the judge: the closest ones at least this similar.
+    #[serde(default = "default_judge_similarity")]
+    pub judge_min_similarity: f32,
+    #[serde(default = "default_judge_candidates")]
+    pub judge_candidates: usize,
+}
+
+fn default_judge_similarity() -> f32 {
+    0.6
+}
+fn default_judge_candidates() -> usize {
+    3
 }
 
 fn default_max() -> usize {
@@ -64,6 +114,9 @@ impl DetectContradictionsConfig {
         }
         Ok(DetectContradictions {
             store,
+            judge: None,
+            judge_min_similarity: self.judge_min_similarity,
+            judge_candidates: self.judge_candidates.max(1),
             max_superseded: self.max_superseded,
             by_category,
             category_of,
@@ -79,11 +132,21 @@ impl DetectContradictionsConfig {
 
 pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, PipelineError> {
     let cfg: DetectContradictionsConfig = parse_params("detect_contradictions", params)?;
-    Ok(Box::new(cfg.build(ctx.store.clone(), &ctx.dir)?))
+    let judge = ctx
+        .llm
+        .clone()
+        .filter(|llm| cfg.llm_judge && llm.config().judge_contradictions);
+    let mut stage = cfg.build(ctx.store.clone(), &ctx.dir)?;
+    stage.judge = judge;
+    Ok(Box::new(stage))
 }
 
 pub struct DetectContradictions {
     store: Arc<Store>,
+    /// The LLM asked when the rules see no update.
+    pub judge: Option<Arc<Llm>>,
+    judge_min_similarity: f32,
+    judge_candidates: usize,
     max_superseded: usize,
     by_category: BTreeMap<String, BTreeSet<String>>,
     category_of: BTreeMap<String, String>,
@@ -160,8 +223,9 @@ impl DetectContradictions {
         (!update.keys.is_empty() || update.slot.is_some()).then_some(update)
     }
 
-    /// Does `old` hold what `update` (from `new`) replaces?
-    fn replaces(&self, update: &Update, new: &Chunk, old: &Chunk) -> bool {
+    /// May `new` supersede `old` at all: another live, mutable, not newer
+    /// memory of the same stream and subject.
+    fn may_replace(&self, _update: &Update, new: &Chunk, old: &Chunk) -> bool {
         old.id != new.id
             && old.stream == new.stream
             && old.superseded_by.is_none()
@@ -169,6 +233,11 @@ impl DetectContradictions {
             && old.created_at <= new.created_at
             && old.subject.as_deref().map(str::to_lowercase)
                 == new.subject.as_deref().map(str::to_lowercase)
+    }
+
+    /// Does `old` hold what `update` (from `new`) replaces?
+    fn replaces(&self, update: &Update, new: &Chunk, old: &Chunk) -> bool {
+        self.may_replace(update, new, old)
             && (old.entities.iter().any(|e| update.keys.contains(e))
                 || update
                     .slot
@@ -250,6 +319,131 @@ fn supersede(new: &mut Chunk, old: &mut Chunk, cue: &str, history: &mut Vec<Hist
     }
 }
 
+impl DetectContradictions {
+    /// Ask the judge about records the rules left alone: kept, with a subject,
+    /// superseding nothing. Judge failures are logged and change nothing.
+    async fn judge_batch(&self, llm: &Llm, batch: &mut [Record]) -> Result<(), PipelineError> {
+        let pending: Vec<usize> = (0..batch.len())
+            .filter(|&i| {
+                let r = &batch[i];
+                r.is_kept()
+                    && r.chunk.subject.is_some()
+                    && r.chunk.supersedes.is_none()
+                    && self.update_of(&r.chunk).is_none()
+            })
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        ensure_neighbors(&self.store, batch, self.judge_candidates).await?;
+        let close: Vec<(usize, Vec<String>)> = pending
+            .into_iter()
+            .map(|i| {
+                let ids = batch[i]
+                    .neighbors
+                    .iter()
+                    .flatten()
+                    .filter(|n| {
+                        n.similarity >= self.judge_min_similarity && n.id != batch[i].chunk.id
+                    })
+                    .take(self.judge_candidates)
+                    .map(|n| n.id.clone())
+                    .collect();
+                (i, ids)
+            })
+            .filter(|(_, ids): &(usize, Vec<String>)| !ids.is_empty())
+            .collect();
+        if close.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<String> = close
+            .iter()
+            .flat_map(|(_, ids)| ids.iter().cloned())
+            .collect();
+        let stored: BTreeMap<String, Chunk> = self
+            .store
+            .find(id_in(&all), None)
+            .await
+            .map_err(|e| PipelineError::Batch {
+                stage: "detect_contradictions",
+                message: e.to_string(),
+            })?
+            .into_iter()
+            .map(|c| (c.id.clone(), c))
+            .collect();
+        let same_subject = Update {
+            cue: String::new(),
+            keys: BTreeSet::new(),
+            slot: None,
+        };
+        let asks: Vec<(usize, Chunk, Vec<Chunk>)> = close
+            .into_iter()
+            .filter_map(|(i, ids)| {
+                let new = &batch[i].chunk;
+                let olds: Vec<Chunk> = ids
+                    .iter()
+                    .filter_map(|id| stored.get(id))
+                    .filter(|old| self.may_replace(&same_subject, new, old))
+                    .cloned()
+                    .collect();
+                (!olds.is_empty()).then(|| (i, new.clone(), olds))
+            })
+            .collect();
+        use futures::StreamExt;
+        let verdicts: Vec<(usize, Vec<Chunk>, String)> = futures::stream::iter(asks)
+            .map(|(i, new, olds)| async move {
+                let mut prompt = format!(
+                    "New memory (recorded {}): {}\n\nEarlier memories:\n",
+                    crate::time::to_rfc3339(new.created_at),
+                    new.content
+                );
+                for (k, old) in olds.iter().enumerate() {
+                    prompt.push_str(&format!(
+                        "[{}] (recorded {}) {}\n",
+                        k + 1,
+                        crate::time::to_rfc3339(old.created_at),
+                        old.content
+                    ));
+                }
+                let reply = llm
+                    .chat_json(&new.stream, "judge", JUDGE_PROMPT, &prompt, "contradiction_judgement", judge_schema())
+                    .await;
+                let verdict = match reply {
+                    Ok(r) => judgement(r.json, olds.len()),
+                    Err(LlmError::CapReached { .. }) => Ok((BTreeSet::new(), String::new())),
+                    Err(e) => Err(e.to_string()),
+                };
+                match verdict {
+                    Ok((picked, reason)) => {
+                        let olds = olds
+                            .into_iter()
+                            .enumerate()
+                            .filter(|(k, _)| picked.contains(k))
+                            .map(|(_, c)| c)
+                            .collect();
+                        (i, olds, reason)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, memory = %new.id, "contradiction judge unavailable");
+                        (i, Vec::new(), String::new())
+                    }
+                }
+            })
+            .buffer_unordered(4)
+            .collect()
+            .await;
+        for (i, olds, reason) in verdicts {
+            let r = &mut batch[i];
+            for mut old in olds.into_iter().take(self.max_superseded) {
+                let cue = format!("LLM judge ({reason})");
+                supersede(&mut r.chunk, &mut old, &cue, &mut r.history);
+                r.also_write.push(old);
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Stage for DetectContradictions {
     fn name(&self) -> &'static str {
         "detect_contradictions"
@@ -278,6 +472,9 @@ impl Stage for DetectContradictions {
                     }
                 }
             }
+            if let Some(llm) = &self.judge {
+                self.judge_batch(llm, batch).await?;
+            }
             Ok(())
         })
     }
@@ -295,6 +492,9 @@ mod tests {
             dictionary_file: Some("dictionaries/entities.toml".into()),
             entity: vec![],
             max_superseded: 5,
+            llm_judge: false,
+            judge_min_similarity: 0.6,
+            judge_candidates: 3,
         };
         (cfg.build(store, &dir).unwrap(), tmp)
     }

@@ -31,6 +31,10 @@ pub struct ExtractEntitiesConfig {
     /// Most entities per chunk that pair up as co-occurrence edges.
     #[serde(default = "ten")]
     pub max_cooccurrence: usize,
+    /// Also queue kept memories for LLM entity extraction (when `[llm]` is
+    /// configured with `ner = true`).
+    #[serde(default)]
+    pub llm_ner: bool,
 }
 
 fn yes() -> bool {
@@ -365,6 +369,7 @@ impl ExtractEntitiesConfig {
             store,
             populate_graph: self.populate_graph,
             max_cooccurrence: self.max_cooccurrence,
+            ner: None,
             word: Regex::new(r"[\p{L}\p{N}][\p{L}\p{N}'’.\-+#]*").expect("static regex"),
             date: Regex::new(
                 r"(?i)\b\d{4}-\d{2}-\d{2}\b|\b(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.? \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b|\b\d{1,2}(?:st|nd|rd|th)? (?:of )?(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)(?:,? \d{4})?\b",
@@ -378,7 +383,10 @@ impl ExtractEntitiesConfig {
 
 pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, PipelineError> {
     let cfg: ExtractEntitiesConfig = parse_params("extract_entities", params)?;
-    Ok(Box::new(cfg.build(ctx.store.clone(), &ctx.dir)?))
+    let ner = cfg.llm_ner.then(|| ctx.ner.clone()).flatten();
+    let mut stage = cfg.build(ctx.store.clone(), &ctx.dir)?;
+    stage.ner = ner;
+    Ok(Box::new(stage))
 }
 
 pub struct ExtractEntities {
@@ -386,6 +394,8 @@ pub struct ExtractEntities {
     store: Arc<Store>,
     populate_graph: bool,
     max_cooccurrence: usize,
+    /// The LLM entity queue kept memories also go to.
+    pub ner: Option<crate::ner::NerQueue>,
     word: Regex,
     date: Regex,
     project: Regex,
@@ -732,6 +742,14 @@ impl Stage for ExtractEntities {
             }
             // The graph merge runs beside the rest of the pipeline; `write`
             // waits for it before the batch is acknowledged.
+            if let Some(ner) = &self.ner {
+                let kept: Vec<&crate::model::Chunk> = batch
+                    .iter()
+                    .filter(|r| r.is_kept())
+                    .map(|r| &r.chunk)
+                    .collect();
+                ner.push(&kept);
+            }
             if self.populate_graph && !(mentions.is_empty() && relations.is_empty()) {
                 let store = self.store.clone();
                 let write = PendingWrite::spawn(async move {
@@ -763,6 +781,7 @@ mod tests {
             entity: vec![],
             populate_graph: true,
             max_cooccurrence: 10,
+            llm_ner: false,
         };
         (cfg.build(store, &dir).unwrap(), tmp)
     }
