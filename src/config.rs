@@ -626,7 +626,7 @@ fn typed_override(existing: Option<&toml::Value>, raw: &str) -> Result<toml::Val
         Some(Value::Array(_)) | Some(Value::Table(_)) | None => {
             match format!("v = {raw}").parse::<toml::Table>() {
                 Ok(mut t) => Ok(t.remove("v").expect("parsed key")),
-                Err(_) if matches!(existing, None) => Ok(Value::String(raw.to_string())),
+                Err(_) if existing.is_none() => Ok(Value::String(raw.to_string())),
                 Err(e) => Err(format!("expected a TOML value: {e}")),
             }
         }

@@ -215,53 +215,58 @@ async fn extract_facts(
     }
 }
 
-/// The chunk a fact becomes.
-fn chunk_of(
-    engine: &Engine,
-    caller: &Caller,
-    req: &IngestRequest,
-    fact: &Fact,
-    id: String,
+/// What every fact of one conversation shares.
+struct Conversation<'a> {
+    engine: &'a Engine,
+    caller: &'a Caller,
+    req: &'a IngestRequest,
+    extraction: &'a Extraction,
     created_at: Micros,
-    extraction: &Extraction,
-    conversation_date: &str,
-) -> Result<Chunk> {
-    let mut chunk = crate::memory::chunk_from_request(
-        engine,
-        caller,
-        crate::memory::StoreRequest {
-            content: fact.content.clone(),
-            stream: req.stream.clone(),
-            metadata: req.metadata.clone(),
-            user_id: req.user_id.clone(),
-            app_id: req.app_id.clone(),
-            agent_id: req.agent_id.clone(),
-            session_id: req.session_id.clone(),
-            memory_type: Some(fact.memory_type.clone()),
-            subject: Some(fact.subject.clone()),
-            source: Some(req.source.clone().unwrap_or_else(|| "ingest".into())),
-            confidence: Some(fact.confidence.clamp(0.0, 1.0)),
-            id: Some(id),
-            ..Default::default()
-        },
-    )?;
-    chunk.created_at = created_at;
-    chunk.updated_at = created_at;
-    let mut meta = serde_json::json!({
-        "extractor": extraction.extractor,
-        "rule": fact.rule,
-        "conversation_date": conversation_date,
-        "source_span": fact.source,
-        "dates": fact.dates,
-    });
-    if let (Some(usage), "llm") = (&extraction.llm, extraction.extractor) {
-        meta["model"] = serde_json::json!(usage.model);
+    date: String,
+}
+
+impl Conversation<'_> {
+    /// The chunk a fact becomes.
+    fn chunk_of(&self, fact: &Fact, id: String) -> Result<Chunk> {
+        let (req, extraction, created_at, conversation_date) =
+            (self.req, self.extraction, self.created_at, &self.date);
+        let mut chunk = crate::memory::chunk_from_request(
+            self.engine,
+            self.caller,
+            crate::memory::StoreRequest {
+                content: fact.content.clone(),
+                stream: req.stream.clone(),
+                metadata: req.metadata.clone(),
+                user_id: req.user_id.clone(),
+                app_id: req.app_id.clone(),
+                agent_id: req.agent_id.clone(),
+                session_id: req.session_id.clone(),
+                memory_type: Some(fact.memory_type.clone()),
+                subject: Some(fact.subject.clone()),
+                source: Some(req.source.clone().unwrap_or_else(|| "ingest".into())),
+                confidence: Some(fact.confidence.clamp(0.0, 1.0)),
+                id: Some(id),
+                ..Default::default()
+            },
+        )?;
+        chunk.created_at = created_at;
+        chunk.updated_at = created_at;
+        let mut meta = serde_json::json!({
+            "extractor": extraction.extractor,
+            "rule": fact.rule,
+            "conversation_date": conversation_date,
+            "source_span": fact.source,
+            "dates": fact.dates,
+        });
+        if let (Some(usage), "llm") = (&extraction.llm, extraction.extractor) {
+            meta["model"] = serde_json::json!(usage.model);
+        }
+        if let Some(reason) = &extraction.fallback_reason {
+            meta["fallback_reason"] = serde_json::json!(reason);
+        }
+        chunk.annotate("ingest", meta);
+        Ok(chunk)
     }
-    if let Some(reason) = &extraction.fallback_reason {
-        meta["fallback_reason"] = serde_json::json!(reason);
-    }
-    chunk.annotate("ingest", meta);
-    Ok(chunk)
 }
 
 /// Extract the facts of a conversation and store them.
@@ -301,6 +306,14 @@ pub async fn ingest(
             .collect::<Vec<_>>()
             .join("\n"),
     );
+    let conversation = Conversation {
+        engine,
+        caller,
+        req: &req,
+        extraction: &extraction,
+        created_at,
+        date: conversation_date.clone(),
+    };
     let mut chunks = Vec::with_capacity(extraction.facts.len());
     for (i, fact) in extraction.facts.iter().enumerate() {
         let id = crate::import::derived_id(&[
@@ -311,16 +324,7 @@ pub async fn ingest(
             &i.to_string(),
             &fact.content,
         ]);
-        chunks.push(chunk_of(
-            engine,
-            caller,
-            &req,
-            fact,
-            id,
-            created_at,
-            &extraction,
-            &conversation_date,
-        )?);
+        chunks.push(conversation.chunk_of(fact, id)?);
     }
     let wait = req.wait.unwrap_or(true);
     let status = if req.dry_run {

@@ -260,7 +260,7 @@ impl MiniLmEmbedder {
                 "config.json: hidden_act {act:?} is not supported (gelu only)"
             )));
         }
-        if cfg.hidden_size % cfg.num_attention_heads != 0 {
+        if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
             return Err(invalid(
                 "config.json: hidden_size is not a multiple of num_attention_heads".into(),
             ));

@@ -324,12 +324,11 @@ impl RuleExtractor {
                         .next()
                         .unwrap_or("");
                     let word = raw.to_lowercase();
-                    let digit_after = next.is_some_and(|n| n.is_ascii_digit());
+                    // Not after an abbreviation or an initial ("Ursula K. Le Guin").
+                    let initial = raw.chars().count() == 1 && raw.chars().all(char::is_uppercase);
                     next.is_none_or(|n| n.is_whitespace() || n == '"' || n == ')')
-                        && !digit_after
                         && !self.abbreviations.contains(word.trim_start_matches('.'))
-                        // An initial ("Ursula K. Le Guin").
-                        && !(raw.chars().count() == 1 && raw.chars().all(char::is_uppercase))
+                        && !initial
                 }
                 _ => false,
             };

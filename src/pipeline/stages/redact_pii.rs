@@ -189,7 +189,7 @@ pub fn luhn_valid(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    !digits.is_empty() && sum % 10 == 0
+    !digits.is_empty() && sum.is_multiple_of(10)
 }
 
 /// The PESEL checksum: weights 1,3,7,9 repeating over the first ten digits, and a
