@@ -21,6 +21,7 @@ pub mod model;
 pub mod ner;
 pub mod openai_compat;
 pub mod pipeline;
+pub mod recall;
 pub mod reembed;
 pub mod search;
 pub mod server;
