@@ -40,6 +40,28 @@ pub enum ConfigError {
     Invalid { key: String, message: String },
 }
 
+/// An OpenAI-compatible endpoint of `section`: an http(s) base URL and a model.
+fn check_endpoint(
+    section: &str,
+    base_url: &str,
+    model: &str,
+    when: &str,
+) -> Result<(), ConfigError> {
+    if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+        return Err(invalid(
+            &format!("{section}.base_url"),
+            format!("must be an http(s) URL {when}"),
+        ));
+    }
+    if model.trim().is_empty() {
+        return Err(invalid(
+            &format!("{section}.model"),
+            format!("must name a model {when}"),
+        ));
+    }
+    Ok(())
+}
+
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_string(),
@@ -466,39 +488,21 @@ impl Config {
             EmbedProvider::Minilm if !(8..=512).contains(&self.embed.max_tokens) => {
                 return Err(invalid("embed.max_tokens", "must be between 8 and 512"));
             }
-            EmbedProvider::Openai => {
-                if !(self.embed.base_url.starts_with("http://")
-                    || self.embed.base_url.starts_with("https://"))
-                {
-                    return Err(invalid(
-                        "embed.base_url",
-                        "must be an http(s) URL for the openai provider",
-                    ));
-                }
-                if self.embed.model.trim().is_empty() {
-                    return Err(invalid(
-                        "embed.model",
-                        "must name a model for the openai provider",
-                    ));
-                }
-            }
+            EmbedProvider::Openai => check_endpoint(
+                "embed",
+                &self.embed.base_url,
+                &self.embed.model,
+                "for the openai provider",
+            )?,
             _ => {}
         }
         if self.llm.enabled() {
-            if !(self.llm.base_url.starts_with("http://")
-                || self.llm.base_url.starts_with("https://"))
-            {
-                return Err(invalid(
-                    "llm.base_url",
-                    "must be an http(s) URL (or empty for no LLM)",
-                ));
-            }
-            if self.llm.model.trim().is_empty() {
-                return Err(invalid(
-                    "llm.model",
-                    "must name a model when llm.base_url is set",
-                ));
-            }
+            check_endpoint(
+                "llm",
+                &self.llm.base_url,
+                &self.llm.model,
+                "when llm.base_url is set (empty = no LLM)",
+            )?;
         }
         for (key, v) in [
             ("llm.input_cost_per_mtok", self.llm.input_cost_per_mtok),
@@ -701,6 +705,10 @@ mod tests {
             ("LOOMEM_BUS__BATCH_SIZE", "0", "bus.batch_size"),
             ("LOOMEM_SEARCH__RRF_K", "-1.0", "search.rrf_k"),
             ("LOOMEM_SERVER__PROT", "1", "server"),
+            ("LOOMEM_LLM__BASE_URL", "ftp://llm", "llm.base_url"),
+            ("LOOMEM_LLM__BASE_URL", "http://llm/v1", "llm.model"),
+            ("LOOMEM_LLM__DAILY_COST_CAP_USD", "-1.0", "llm.daily_cost_cap_usd"),
+            ("LOOMEM_EMBED__PROVIDER", "openai", "embed.base_url"),
         ];
         for (var, value, key) in cases {
             let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))
