@@ -707,7 +707,11 @@ mod tests {
             ("LOOMEM_SERVER__PROT", "1", "server"),
             ("LOOMEM_LLM__BASE_URL", "ftp://llm", "llm.base_url"),
             ("LOOMEM_LLM__BASE_URL", "http://llm/v1", "llm.model"),
-            ("LOOMEM_LLM__DAILY_COST_CAP_USD", "-1.0", "llm.daily_cost_cap_usd"),
+            (
+                "LOOMEM_LLM__DAILY_COST_CAP_USD",
+                "-1.0",
+                "llm.daily_cost_cap_usd",
+            ),
             ("LOOMEM_EMBED__PROVIDER", "openai", "embed.base_url"),
         ];
         for (var, value, key) in cases {

@@ -43,6 +43,11 @@ pub struct SearchRequest {
     pub min_confidence: Option<f64>,
     /// `today`, `this_week` or `this_month` (MCP `memory_search`).
     pub time_filter: Option<String>,
+    /// Which legs run: `hybrid` (default), `bm25` or `vector`.
+    pub mode: Option<String>,
+    /// The instant relative filters (`time_filter`) count from; default now
+    /// (a benchmark asks "as of" the question's date).
+    pub now: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize)]
@@ -299,20 +304,35 @@ pub async fn search(
         top_k = top_k.max(AGGREGATION_TOP_K);
     }
     let streams = resolve_streams(engine, caller, &req)?;
-    let filter = build_filter(&streams, &req, now_micros())?;
+    let now = match &req.now {
+        Some(v) => parse_instant("now", v)?,
+        None => now_micros(),
+    };
+    let filter = build_filter(&streams, &req, now)?;
     let s = &engine.cfg.search;
+    let (bm25_weight, vector_weight) = match req.mode.as_deref().map(str::trim) {
+        None | Some("hybrid") => (s.bm25_weight, s.vector_weight),
+        Some("bm25") => (s.bm25_weight.max(f32::MIN_POSITIVE), 0.0),
+        Some("vector") => (0.0, s.vector_weight.max(f32::MIN_POSITIVE)),
+        Some(other) => {
+            return Err(Error::invalid(
+                "mode",
+                format!("`{other}`: must be hybrid, bm25 or vector"),
+            ))
+        }
+    };
     let candidates = s.candidates.max(top_k);
 
     let texts = [query.clone()];
     let bm25 = async {
-        if s.bm25_weight > 0.0 {
+        if bm25_weight > 0.0 {
             engine.store.search_text(&query, &filter, candidates).await
         } else {
             Ok(Vec::new())
         }
     };
     let vector = async {
-        if s.vector_weight > 0.0 {
+        if vector_weight > 0.0 {
             let v = engine.embedder.embed(&texts).await?;
             let v = v
                 .into_iter()
@@ -329,8 +349,8 @@ pub async fn search(
     let (bm25, vector) = tokio::join!(bm25, vector);
     let fused = fuse(
         vec![
-            ("bm25", s.bm25_weight, bm25?),
-            ("vector", s.vector_weight, vector?),
+            ("bm25", bm25_weight, bm25?),
+            ("vector", vector_weight, vector?),
         ],
         s.rrf_k,
     );

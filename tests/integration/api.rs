@@ -358,8 +358,13 @@ async fn date_filters_bound_the_creation_time() {
         .is_empty());
     assert_eq!(
         d.search_ids(q(json!({"time_filter": "today"}))).await,
-        vec![id]
+        vec![id.clone()]
     );
+    // "today" counts from `now` when one is given: a year on, it is not today.
+    assert!(d
+        .search_ids(q(json!({"time_filter": "today", "now": day(365)})))
+        .await
+        .is_empty());
     let (s, body) = d
         .call(
             "POST",
@@ -371,6 +376,50 @@ async fn date_filters_bound_the_creation_time() {
     assert!(
         body["detail"].as_str().unwrap().starts_with("date_from:"),
         "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_modes_choose_the_legs() {
+    let d = Daemon::start(Options::embedded()).await;
+    let id = d.store("User prefers dark mode in all tools", "s").await;
+    for (mode, legs) in [
+        ("bm25", vec!["bm25"]),
+        ("vector", vec!["vector"]),
+        ("hybrid", vec!["bm25", "vector"]),
+    ] {
+        let (status, resp) = d
+            .call(
+                "POST",
+                "/v1/search",
+                Some(json!({"query": "dark mode", "stream": "s", "trace": true, "mode": mode})),
+            )
+            .await;
+        assert_eq!(status, 200, "{resp}");
+        assert_eq!(
+            resp["results"][0]["chunk_id"],
+            id.as_str(),
+            "{mode}: {resp}"
+        );
+        let mut got: Vec<&String> = resp["results"][0]["trace_info"]["legs"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        got.sort();
+        assert_eq!(got, legs, "{mode}");
+    }
+    let (status, resp) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "dark mode", "mode": "psychic"})),
+        )
+        .await;
+    assert_eq!(status, 422);
+    assert!(
+        resp["detail"].as_str().unwrap().starts_with("mode:"),
+        "{resp}"
     );
 }
 
