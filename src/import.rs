@@ -149,7 +149,7 @@ pub fn parse(
                     Ok(turns) => {
                         for t in turns {
                             let (sid, ti) = (t.session_id.clone(), t.turn_index.to_string());
-                            add(index, Ok(t.into_request()), &|s, _| {
+                            add(index, Ok(t.to_request()), &|s, _| {
                                 derived_id(&[s, "longmemeval", &sid, &ti])
                             });
                         }
@@ -211,7 +211,8 @@ pub struct Turn {
 }
 
 impl Turn {
-    fn into_request(self) -> StoreRequest {
+    /// The `/v1/store` request this turn becomes.
+    pub fn to_request(&self) -> StoreRequest {
         let at = self
             .date
             .as_deref()

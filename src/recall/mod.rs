@@ -4,6 +4,7 @@
 //! searches it.
 
 pub mod metrics;
+pub mod run;
 
 use std::collections::BTreeSet;
 

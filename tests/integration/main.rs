@@ -11,5 +11,6 @@ mod fixture;
 mod ingest;
 mod jetstream;
 mod nats;
+mod recall;
 mod restart;
 mod sql;

@@ -1,0 +1,237 @@
+//! The bench-recall run: for each question, a fresh stream; its haystack goes
+//! through the real `import` pipeline (session id, turn index and the session
+//! date as the memory's time); the question is searched as of its date in each
+//! mode; the ranking maps back to turns and sessions and is scored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::metrics::{evaluate, sessions_of, Scores, Summary, KS};
+use super::Question;
+use crate::auth::Caller;
+use crate::bus::Outcome;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::search::SearchRequest;
+
+/// Which turns are indexed: the user's (as in the official setup) or all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Roles {
+    User,
+    All,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Search modes to compare (`bm25`, `vector`, `hybrid`).
+    pub modes: Vec<String>,
+    pub roles: Roles,
+    /// Results asked of each search (the largest k scored).
+    pub top_k: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QuestionResult {
+    pub question_id: String,
+    pub question_type: String,
+    pub abstention: bool,
+    pub mode: String,
+    pub latency_us: u64,
+    /// Scores per k; empty for abstention questions.
+    pub session: BTreeMap<usize, Scores>,
+    pub turn: BTreeMap<usize, Scores>,
+    /// The first sessions retrieved, best first.
+    pub top_sessions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModeSummary {
+    pub session: Summary,
+    pub turn: Summary,
+    pub by_type: BTreeMap<String, (Summary, Summary)>,
+    pub latency_us_p50: u64,
+    pub latency_us_p95: u64,
+    pub latency_us_p99: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunReport {
+    pub questions: usize,
+    pub turns_ingested: usize,
+    pub ingest_secs: f64,
+    pub ingest_turns_per_sec: f64,
+    pub modes: BTreeMap<String, ModeSummary>,
+    pub results: Vec<QuestionResult>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Store one question's haystack in `stream`; returns each stored memory's
+/// turn ids (a duplicate turn counts for the memory that was kept).
+async fn ingest(
+    engine: &Engine,
+    caller: &Caller,
+    q: &Question,
+    stream: &str,
+    roles: Roles,
+) -> Result<HashMap<String, Vec<String>>> {
+    let mut chunks = Vec::new();
+    let mut turn_of = HashMap::new();
+    for t in &q.turns {
+        if roles == Roles::User && t.role != "user" {
+            continue;
+        }
+        let mut req = t.to_request();
+        req.stream = Some(stream.to_string());
+        req.id = Some(crate::import::derived_id(&[
+            stream,
+            &t.session_id,
+            &t.turn_index.to_string(),
+        ]));
+        let chunk = crate::memory::chunk_from_request(engine, caller, req)?;
+        turn_of.insert(chunk.id.clone(), Question::turn_id(t));
+        chunks.push(chunk);
+    }
+    let mut sources: HashMap<String, Vec<String>> = HashMap::new();
+    for batch in chunks.chunks(engine.cfg.bus.batch_size.max(1)) {
+        let ids: Vec<String> = batch.iter().map(|c| c.id.clone()).collect();
+        let outcomes = crate::conversation::publish_and_wait(
+            engine,
+            crate::ingest::envelopes("import", batch.to_vec(), true),
+        )
+        .await?;
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
+            let turn = turn_of[&id].clone();
+            let kept = match outcome {
+                Outcome::Stored { .. } => id,
+                Outcome::Duplicate { existing_id } => existing_id,
+                Outcome::Dropped { .. } => continue,
+                Outcome::Failed { error } => {
+                    return Err(Error::Internal(format!("turn {turn} not stored: {error}")))
+                }
+            };
+            sources.entry(kept).or_default().push(turn);
+        }
+    }
+    Ok(sources)
+}
+
+/// Run every question in every mode.
+pub async fn run(
+    engine: &Engine,
+    questions: &[Question],
+    opts: &RunOptions,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<RunReport> {
+    let caller = Caller::admin("bench-recall");
+    let mut report = RunReport::default();
+    let mut latencies: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut ingest_time = 0.0;
+    for (n, q) in questions.iter().enumerate() {
+        let stream = format!(
+            "bench-{}",
+            q.id.chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                })
+                .collect::<String>()
+        );
+        let started = Instant::now();
+        let sources = ingest(engine, &caller, q, &stream, opts.roles).await?;
+        ingest_time += started.elapsed().as_secs_f64();
+        report.turns_ingested += sources.values().map(Vec::len).sum::<usize>();
+        let corpus_turns: Vec<String> = sources.values().flatten().cloned().collect();
+        let corpus_sessions = q.sessions();
+        let answer_turns = q.answer_turns();
+        let session_of: HashMap<String, &str> = q
+            .turns
+            .iter()
+            .map(|t| (Question::turn_id(t), t.session_id.as_str()))
+            .collect();
+        for mode in &opts.modes {
+            let started = Instant::now();
+            let found = crate::search::search(
+                engine,
+                &caller,
+                SearchRequest {
+                    query: q.question.clone(),
+                    top_k: Some(opts.top_k),
+                    stream: Some(stream.clone()),
+                    mode: Some(mode.clone()),
+                    now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let latency_us = started.elapsed().as_micros() as u64;
+            latencies.entry(mode.clone()).or_default().push(latency_us);
+            let ranked_turns: Vec<String> = found
+                .results
+                .iter()
+                .flat_map(|r| sources.get(&r.chunk_id).cloned().unwrap_or_default())
+                .collect();
+            let ranked_sessions = sessions_of(&ranked_turns, |t| {
+                session_of.get(t).map(|s| s.to_string()).unwrap_or_default()
+            });
+            let mut result = QuestionResult {
+                question_id: q.id.clone(),
+                question_type: q.question_type.clone(),
+                abstention: q.abstention,
+                mode: mode.clone(),
+                latency_us,
+                session: BTreeMap::new(),
+                turn: BTreeMap::new(),
+                top_sessions: ranked_sessions.iter().take(10).cloned().collect(),
+            };
+            if !q.abstention {
+                for &k in KS {
+                    result.session.insert(
+                        k,
+                        evaluate(&ranked_sessions, &q.answer_sessions, &corpus_sessions, k),
+                    );
+                    result
+                        .turn
+                        .insert(k, evaluate(&ranked_turns, &answer_turns, &corpus_turns, k));
+                }
+                let summary = report.modes.entry(mode.clone()).or_default();
+                summary.session.add(&result.session);
+                summary.turn.add(&result.turn);
+                let (s, t) = summary.by_type.entry(q.question_type.clone()).or_default();
+                s.add(&result.session);
+                t.add(&result.turn);
+            }
+            report.results.push(result);
+        }
+        engine
+            .store
+            .delete_where(format!("stream = {}", crate::store::sql_str(&stream)))
+            .await?;
+        report.questions += 1;
+        progress(n + 1, questions.len());
+    }
+    for (mode, mut l) in latencies {
+        l.sort_unstable();
+        let s = report.modes.entry(mode).or_default();
+        s.latency_us_p50 = percentile(&l, 0.50);
+        s.latency_us_p95 = percentile(&l, 0.95);
+        s.latency_us_p99 = percentile(&l, 0.99);
+    }
+    report.ingest_secs = ingest_time;
+    report.ingest_turns_per_sec = if ingest_time > 0.0 {
+        report.turns_ingested as f64 / ingest_time
+    } else {
+        0.0
+    };
+    Ok(report)
+}

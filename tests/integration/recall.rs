@@ -1,0 +1,114 @@
+//! The bench-recall runner on a small LongMemEval-format set: haystacks go
+//! through the real import pipeline into fresh streams, questions are searched
+//! in each mode, rankings are scored with the official metrics.
+
+use loomem::config::Config;
+use loomem::engine::Engine;
+use loomem::recall::run::{run, Roles, RunOptions};
+use serde_json::json;
+
+use crate::fixture::{daemon_env, Options};
+
+fn dataset() -> String {
+    let turn = |role: &str, content: &str| json!({"role": role, "content": content});
+    let evidence = json!({"role": "user", "content": "I adopted a greyhound named Pixel from the shelter last month", "has_answer": true});
+    json!([
+        {
+            "question_id": "q-pet", "question_type": "single-session-user",
+            "question": "What is the name of the greyhound I adopted?", "answer": "Pixel",
+            "question_date": "2023/06/10 (Sat) 09:00",
+            "haystack_session_ids": ["s-bread", "s-pet", "s-paris", "s-dup"],
+            "haystack_dates": ["2023/05/01 (Mon) 10:00", "2023/05/02 (Tue) 10:00", "2023/05/03 (Wed) 10:00", "2023/05/04 (Thu) 10:00"],
+            "haystack_sessions": [
+                [turn("user", "Can you give me a recipe for banana bread?"), turn("assistant", "Sure: mash three ripe bananas and mix them with flour, sugar and butter.")],
+                [evidence.clone(), turn("assistant", "Congratulations on adopting your new dog!")],
+                [turn("user", "What is the weather like in Paris in spring?"), turn("assistant", "Mild, with some rain.")],
+                [evidence]
+            ],
+            "answer_session_ids": ["s-pet", "s-dup"]
+        },
+        {
+            "question_id": "q-car_abs", "question_type": "single-session-user",
+            "question": "What colour is my car?", "answer": "unknown",
+            "question_date": "2023/06/10 (Sat) 09:00",
+            "haystack_session_ids": ["s-tea"],
+            "haystack_dates": ["2023/05/05 (Fri) 10:00"],
+            "haystack_sessions": [[turn("user", "I drink green tea every morning")]],
+            "answer_session_ids": []
+        },
+        {"question_id": "broken"}
+    ])
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_ingests_searches_and_scores_each_question() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, env) = daemon_env(&dir.path().join("data"), None, &Options::embedded());
+    let engine = Engine::start(Config::load(&path, &env).unwrap(), &env)
+        .await
+        .unwrap();
+    let (questions, skipped) = loomem::recall::load(&dataset()).unwrap();
+    assert_eq!(questions.len(), 2);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].0, 2);
+
+    let mut seen = Vec::new();
+    let opts = RunOptions {
+        modes: vec!["bm25".into(), "vector".into(), "hybrid".into()],
+        roles: Roles::User,
+        top_k: 50,
+    };
+    let report = run(&engine, &questions, &opts, |done, total| {
+        seen.push((done, total))
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen, vec![(1, 2), (2, 2)]);
+    assert_eq!(report.questions, 2);
+    assert_eq!(report.results.len(), 6);
+    // User turns only: four in the first haystack, one in the second.
+    assert_eq!(report.turns_ingested, 5);
+
+    for mode in ["bm25", "vector", "hybrid"] {
+        let r = report
+            .results
+            .iter()
+            .find(|r| r.question_id == "q-pet" && r.mode == mode)
+            .unwrap();
+        // The evidence turn is told twice; the duplicate is stored once and
+        // stands for both sessions, so all evidence is found at k = 3.
+        assert_eq!(r.turn[&1].recall_any, 1.0, "{mode}: {r:?}");
+        assert_eq!(r.session[&1].recall_any, 1.0, "{mode}: {r:?}");
+        assert_eq!(r.session[&3].recall_all, 1.0, "{mode}: {r:?}");
+        assert!(r.session[&3].ndcg_any > 0.99, "{mode}: {r:?}");
+        assert!(r.latency_us > 0);
+        let summary = &report.modes[mode];
+        assert_eq!(summary.session.questions, 1, "abstention is left out");
+        assert!(summary.latency_us_p50 > 0);
+        let abs = report
+            .results
+            .iter()
+            .find(|r| r.question_id == "q-car_abs" && r.mode == mode)
+            .unwrap();
+        assert!(abs.abstention && abs.session.is_empty());
+    }
+    // Each question's stream is removed after it is scored.
+    assert_eq!(engine.store.count(None).await.unwrap(), 0);
+
+    // Indexing every role stores the assistant turns too.
+    let all = run(
+        &engine,
+        &questions,
+        &RunOptions {
+            roles: Roles::All,
+            modes: vec!["bm25".into()],
+            ..opts
+        },
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(all.turns_ingested, 8);
+    engine.shutdown().await;
+}
