@@ -26,3 +26,9 @@ test:
 # RAYON_NUM_THREADS: candle's matmul threads (it counts physical cores otherwise).
 bench *ARGS:
     RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo bench --locked {{ARGS}}
+
+# Retrieval quality on a LongMemEval-format file (release build): each haystack
+# through the import pipeline, every question searched in each mode; results in
+# bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
+bench-recall DATA *ARGS:
+    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --release --locked --bin loomem -- bench-recall {{DATA}} {{ARGS}}

@@ -1,4 +1,5 @@
-//! The command-line side of `loomem import`: thin wrappers over the importer.
+//! The command-line side of `loomem import`, `sql` and `bench-recall`: thin
+//! wrappers over the library.
 
 use std::io::Write;
 
@@ -145,4 +146,83 @@ pub async fn sql_via_daemon(
         },
         "table",
     )
+}
+
+/// `loomem bench-recall`: run the questions of `data` on a fresh engine (a
+/// temporary data directory, the in-process bus, the configured embedder) and
+/// write `recall-<time>.json` and `.md` under `out`.
+pub async fn bench_recall(
+    mut cfg: Config,
+    env: &std::collections::HashMap<String, String>,
+    data: &std::path::Path,
+    modes: Vec<String>,
+    roles: &str,
+    limit: Option<usize>,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
+    use loomem::recall::run::{markdown, run, Roles, RunOptions};
+    let roles = match roles {
+        "user" => Roles::User,
+        "all" => Roles::All,
+        other => bail!("--roles {other}: must be user or all"),
+    };
+    for m in &modes {
+        if !["bm25", "vector", "hybrid"].contains(&m.as_str()) {
+            bail!("--modes: `{m}` is not bm25, vector or hybrid");
+        }
+    }
+    let text =
+        std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
+    let (mut questions, skipped) = loomem::recall::load(&text).map_err(anyhow::Error::msg)?;
+    for (i, why) in &skipped {
+        eprintln!("{}: entry {i} skipped: {why}", data.display());
+    }
+    if let Some(n) = limit {
+        questions.truncate(n);
+    }
+    // A fresh data directory beside the results, removed afterwards.
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let scratch = out.join(format!(".data-{stamp}"));
+    cfg.storage.data_dir = scratch.clone();
+    cfg.bus.kind = BusKind::Embedded;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let engine = loomem::engine::Engine::start(cfg, env).await?;
+    let opts = RunOptions {
+        modes,
+        roles,
+        top_k: 50,
+    };
+    let report = run(&engine, &questions, &opts, |done, total| {
+        let width = 30;
+        let filled = if total == 0 {
+            width
+        } else {
+            done * width / total
+        };
+        eprint!(
+            "\rbench-recall [{}{}] {done}/{total}",
+            "#".repeat(filled),
+            "-".repeat(width - filled)
+        );
+        let _ = std::io::stderr().flush();
+    })
+    .await?;
+    eprintln!();
+    engine.shutdown().await;
+    std::fs::remove_dir_all(&scratch).ok();
+    let json_path = out.join(format!("recall-{stamp}.json"));
+    let md_path = out.join(format!("recall-{stamp}.md"));
+    let md = markdown(&report);
+    let doc = serde_json::json!({
+        "dataset": data.display().to_string(),
+        "questions_skipped": skipped.iter().map(|(i, why)| serde_json::json!({"index": i, "error": why})).collect::<Vec<_>>(),
+        "embedder": engine.embedder.model(),
+        "roles": roles,
+        "report": report,
+    });
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&doc)?)?;
+    std::fs::write(&md_path, &md)?;
+    println!("{md}");
+    eprintln!("wrote {} and {}", json_path.display(), md_path.display());
+    Ok(())
 }

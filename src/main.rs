@@ -71,6 +71,26 @@ enum Command {
         #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Measure retrieval on a LongMemEval-format file: each haystack goes
+    /// through the import pipeline into a fresh stream (a temporary data
+    /// directory, the in-process bus), each question is searched as of its
+    /// date, and the official retrieval metrics are reported.
+    BenchRecall {
+        /// The LongMemEval-format JSON file.
+        data: PathBuf,
+        /// Search modes to compare.
+        #[arg(long, default_value = "bm25,vector,hybrid", value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Which turns are indexed: user (the official setup) or all.
+        #[arg(long, default_value = "user")]
+        roles: String,
+        /// Only the first N questions.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Where the JSON and markdown results go.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
 }
 
 fn main() {
@@ -144,6 +164,15 @@ fn run() -> anyhow::Result<()> {
                 };
                 use std::io::Write;
                 std::io::stdout().write_all(&out)?;
+            }
+            Command::BenchRecall {
+                data,
+                modes,
+                roles,
+                limit,
+                out,
+            } => {
+                cli::bench_recall(cfg, &env, &data, modes, &roles, limit, &out).await?;
             }
             Command::Import {
                 path,

@@ -235,3 +235,60 @@ pub async fn run(
     };
     Ok(report)
 }
+
+/// The report as markdown: per mode, session- and turn-level recall_any@k,
+/// recall_all@k and ndcg_any@k, then recall_any@k per question type, ingest
+/// throughput and search latency.
+pub fn markdown(report: &RunReport) -> String {
+    let mut md = String::new();
+    let ks = |f: &dyn Fn(usize) -> String| KS.iter().map(|&k| f(k)).collect::<Vec<_>>().join(" | ");
+    md.push_str(&format!(
+        "{} questions ({} scored turns ingested at {:.0} turns/s)\n\n",
+        report.questions, report.turns_ingested, report.ingest_turns_per_sec
+    ));
+    md.push_str(&format!(
+        "| mode | level | metric | {} | p50 / p95 search |\n|---|---|---|{}---|\n",
+        ks(&|k| format!("@{k}")),
+        "---|".repeat(KS.len())
+    ));
+    for (mode, s) in &report.modes {
+        for (level, summary) in [("session", &s.session), ("turn", &s.turn)] {
+            for (metric, get) in [
+                (
+                    "recall_any",
+                    (|x: &Scores| x.recall_any) as fn(&Scores) -> f64,
+                ),
+                ("recall_all", |x: &Scores| x.recall_all),
+                ("ndcg_any", |x: &Scores| x.ndcg_any),
+            ] {
+                md.push_str(&format!(
+                    "| {mode} | {level} | {metric} | {} | {:.1} / {:.1} ms |\n",
+                    ks(&|k| summary
+                        .at
+                        .get(&k)
+                        .map_or("-".into(), |x| format!("{:.3}", get(x)))),
+                    s.latency_us_p50 as f64 / 1e3,
+                    s.latency_us_p95 as f64 / 1e3
+                ));
+            }
+        }
+    }
+    md.push_str(&format!(
+        "\nsession recall_any@k by question type\n\n| mode | type | n | {} |\n|---|---|---|{}\n",
+        ks(&|k| format!("@{k}")),
+        "---|".repeat(KS.len())
+    ));
+    for (mode, s) in &report.modes {
+        for (t, (session, _)) in &s.by_type {
+            md.push_str(&format!(
+                "| {mode} | {t} | {} | {} |\n",
+                session.questions,
+                ks(&|k| session
+                    .at
+                    .get(&k)
+                    .map_or("-".into(), |x| format!("{:.3}", x.recall_any)))
+            ));
+        }
+    }
+    md
+}

@@ -93,6 +93,13 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
             .unwrap();
         assert!(abs.abstention && abs.session.is_empty());
     }
+    let md = loomem::recall::run::markdown(&report);
+    assert!(
+        md.contains("| bm25 | session | recall_any | 1.000 |"),
+        "{md}"
+    );
+    assert!(md.contains("| hybrid | single-session-user | 1 |"), "{md}");
+
     // Each question's stream is removed after it is scored.
     assert_eq!(engine.store.count(None).await.unwrap(), 0);
 
