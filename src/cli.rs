@@ -150,7 +150,7 @@ pub async fn sql_via_daemon(
 
 /// `loomem bench-recall`: run the questions of `data` on a fresh engine (a
 /// temporary data directory, the in-process bus, the configured embedder) and
-/// write `recall-<time>.json` and `.md` under `out`.
+/// write `recall-<time>.json`, `.md` and `.png` under `out`.
 pub async fn bench_recall(
     mut cfg: Config,
     env: &std::collections::HashMap<String, String>,
@@ -212,6 +212,8 @@ pub async fn bench_recall(
     std::fs::remove_dir_all(&scratch).ok();
     let json_path = out.join(format!("recall-{stamp}.json"));
     let md_path = out.join(format!("recall-{stamp}.md"));
+    let png_path = out.join(format!("recall-{stamp}.png"));
+    std::fs::write(&png_path, loomem::recall::chart::png(&report))?;
     let md = markdown(&report);
     let doc = serde_json::json!({
         "dataset": data.display().to_string(),
@@ -223,6 +225,11 @@ pub async fn bench_recall(
     std::fs::write(&json_path, serde_json::to_vec_pretty(&doc)?)?;
     std::fs::write(&md_path, &md)?;
     println!("{md}");
-    eprintln!("wrote {} and {}", json_path.display(), md_path.display());
+    eprintln!(
+        "wrote {}, {} and {}",
+        json_path.display(),
+        md_path.display(),
+        png_path.display()
+    );
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! metrics; the runner ingests each haystack through the real pipeline and
 //! searches it.
 
+pub mod chart;
 pub mod metrics;
 pub mod run;
 
