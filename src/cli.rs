@@ -186,7 +186,18 @@ pub async fn bench_recall(
     cfg.storage.data_dir = scratch.clone();
     cfg.bus.kind = BusKind::Embedded;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let engine = loomem::engine::Engine::start(cfg, env).await?;
+    // Vectors by content hash, kept across runs: haystacks repeat their filler.
+    let inner = loomem::embed::from_config(&cfg.embed, env)?;
+    let cache_file = out.join(".embed-cache").join(format!(
+        "{}-{}.bin",
+        inner.model().replace(['/', ' '], "_"),
+        inner.dim()
+    ));
+    let cache = std::sync::Arc::new(loomem::embed::CachedEmbedder::open(
+        inner,
+        Some(&cache_file),
+    )?);
+    let engine = loomem::engine::Engine::start_with(cfg, env, cache.clone()).await?;
     let opts = RunOptions {
         modes,
         roles,
@@ -209,6 +220,8 @@ pub async fn bench_recall(
     .await?;
     eprintln!();
     engine.shutdown().await;
+    cache.save()?;
+    let (hits, misses) = cache.stats();
     std::fs::remove_dir_all(&scratch).ok();
     let json_path = out.join(format!("recall-{stamp}.json"));
     let md_path = out.join(format!("recall-{stamp}.md"));
@@ -219,6 +232,7 @@ pub async fn bench_recall(
         "dataset": data.display().to_string(),
         "questions_skipped": skipped.iter().map(|(i, why)| serde_json::json!({"index": i, "error": why})).collect::<Vec<_>>(),
         "embedder": engine.embedder.model(),
+        "embedding_cache": {"file": cache_file.display().to_string(), "hits": hits, "embedded": misses},
         "roles": roles,
         "report": report,
     });

@@ -62,6 +62,16 @@ impl Engine {
         env: &HashMap<String, String>,
     ) -> Result<Arc<Engine>, StartError> {
         let embedder = embed::from_config(&cfg.embed, env)?;
+        Engine::start_with(cfg, env, embedder).await
+    }
+
+    /// [`Engine::start`] with a given embedder (bench-recall wraps the
+    /// configured one in a cache).
+    pub async fn start_with(
+        cfg: Config,
+        env: &HashMap<String, String>,
+        embedder: Arc<dyn Embedder>,
+    ) -> Result<Arc<Engine>, StartError> {
         let store = Arc::new(
             Store::open_shared(
                 &cfg.data_dir(),

@@ -1,5 +1,6 @@
 //! Embedding providers behind one trait. Every provider embeds a whole batch in one call.
 
+mod cache;
 mod hash;
 pub mod minilm;
 mod openai;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
+pub use cache::CachedEmbedder;
 pub use hash::HashEmbedder;
 pub use minilm::MiniLmEmbedder;
 pub use openai::OpenAiEmbedder;
