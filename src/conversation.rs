@@ -6,13 +6,11 @@
 //! daily budget), validating its answer; the rule extractor is the default and
 //! the fallback, so ingestion never depends on the LLM.
 
-use std::time::Duration;
-
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
-use crate::bus::{Envelope, Outcome};
+use crate::bus::Outcome;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::extract::{self, parse_transcript, Fact, ResolvedDate, Role, Turn};
@@ -344,7 +342,7 @@ pub async fn ingest(
             .await?;
         vec![None; ids.len()]
     } else {
-        publish_and_wait(engine, crate::ingest::envelopes("ingest", chunks, true))
+        crate::memory::publish_and_wait(engine, crate::ingest::envelopes("ingest", chunks, true))
             .await?
             .into_iter()
             .map(Some)
@@ -397,47 +395,4 @@ pub async fn ingest(
         });
     }
     Ok(out)
-}
-
-/// Publish `envelopes` (each with `notify`) and wait until every one has an
-/// outcome or the store timeout passes (then the write is reported as not yet
-/// committed; it will still be stored).
-pub async fn publish_and_wait(engine: &Engine, envelopes: Vec<Envelope>) -> Result<Vec<Outcome>> {
-    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
-    let ids: Vec<String> = envelopes.iter().map(|e| e.chunk.id.clone()).collect();
-    let mut watches = Vec::with_capacity(ids.len());
-    for id in &ids {
-        watches.push(engine.notifier.watch(id).await?);
-    }
-    let forget = || ids.iter().for_each(|id| engine.notifier.forget(id));
-    let already = match engine.bus.publish(envelopes).await {
-        Ok(n) => n,
-        Err(e) => {
-            forget();
-            return Err(e.into());
-        }
-    };
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut outcomes = Vec::with_capacity(ids.len());
-    for (id, watch) in ids.iter().zip(watches) {
-        // Messages the bus had already accepted (a retried request) are not
-        // processed again: they are stored, or about to be.
-        if already > 0 && engine.store.get(id).await?.is_some() {
-            outcomes.push(Outcome::Stored {
-                superseded: Vec::new(),
-            });
-            continue;
-        }
-        match tokio::time::timeout_at(deadline, watch.outcome()).await {
-            Ok(Some(o)) => outcomes.push(o),
-            _ if engine.store.get(id).await?.is_some() => outcomes.push(Outcome::Stored {
-                superseded: Vec::new(),
-            }),
-            _ => {
-                forget();
-                return Err(crate::memory::not_committed(id, timeout));
-            }
-        }
-    }
-    Ok(outcomes)
 }

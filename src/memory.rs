@@ -204,69 +204,107 @@ pub async fn store(engine: &Engine, caller: &Caller, req: StoreRequest) -> Resul
             status: "accepted",
         });
     }
-    let watch = engine.notifier.watch(&id).await?;
-    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
-    match engine.bus.publish(vec![envelope]).await {
-        Err(e) => {
-            engine.notifier.forget(&id);
-            return Err(e.into());
-        }
-        Ok(0) => {}
-        Ok(_) => {
-            // The very same write was accepted moments ago (a client retry): it is
-            // stored, or about to be, under its id.
-            engine.notifier.forget(&id);
-            return await_stored(engine, id, timeout).await;
-        }
-    }
-    match tokio::time::timeout(timeout, watch.outcome()).await {
-        Ok(Some(Outcome::Stored { .. })) => Ok(StoreResponse {
+    let outcome = publish_and_wait(engine, vec![envelope]).await?.remove(0);
+    match outcome {
+        Outcome::Stored { .. } => Ok(StoreResponse {
             id,
             status: "stored",
         }),
-        Ok(Some(Outcome::Duplicate { existing_id })) => Ok(StoreResponse {
+        Outcome::Duplicate { existing_id } => Ok(StoreResponse {
             id: existing_id,
             status: "stored",
         }),
-        Ok(Some(Outcome::Dropped { reason })) => Err(Error::invalid(
+        Outcome::Dropped { reason } => Err(Error::invalid(
             "content",
             format!("nothing to store ({reason})"),
         )),
-        Ok(Some(Outcome::Failed { error })) => Err(Error::Internal(format!(
+        Outcome::Failed { error } => Err(Error::Internal(format!(
             "the memory was not stored and is kept in dead_letters: {error}"
         ))),
-        Ok(None) => Err(Error::Internal(
-            "the pipeline worker stopped before storing the memory".into(),
-        )),
-        Err(_) => {
-            engine.notifier.forget(&id);
-            Err(not_committed(&id, timeout))
-        }
     }
 }
 
-pub(crate) fn not_committed(id: &str, timeout: Duration) -> Error {
+fn not_committed(id: &str, timeout: Duration) -> Error {
     Error::Timeout(format!(
         "memory {id} was accepted but not committed within {} ms; it will still be stored",
         timeout.as_millis()
     ))
 }
 
-/// Wait (polling the table) until `id` is committed.
-async fn await_stored(engine: &Engine, id: String, timeout: Duration) -> Result<StoreResponse> {
-    let deadline = tokio::time::Instant::now() + timeout;
+/// How waiting for one write ended.
+enum Waited {
+    Told(Outcome),
+    /// The notifier went away (the worker stopped).
+    Gone,
+    TimedOut,
+}
+
+/// Wait for the outcome of `id`. A write the bus had already accepted (a
+/// client retry) is not processed again, so nobody will tell its outcome:
+/// then the table is watched too.
+async fn wait_for(
+    engine: &Engine,
+    id: &str,
+    watch: crate::bus::Watch,
+    deadline: tokio::time::Instant,
+    republished: bool,
+) -> Result<Waited> {
+    let told = watch.outcome();
+    tokio::pin!(told);
     loop {
-        if engine.store.get(&id).await?.is_some() {
-            return Ok(StoreResponse {
-                id,
-                status: "stored",
-            });
+        let poll = tokio::time::sleep(Duration::from_millis(20));
+        tokio::select! {
+            o = &mut told => return Ok(o.map_or(Waited::Gone, Waited::Told)),
+            _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
+            _ = poll, if republished => {
+                if engine.store.get(id).await?.is_some() {
+                    return Ok(Waited::Told(Outcome::Stored { superseded: Vec::new() }));
+                }
+            }
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(not_committed(&id, timeout));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Publish `envelopes` (each with `notify`) and wait until every one has an
+/// outcome, or the store timeout passes (then the write is reported as not
+/// yet committed; it will still be stored).
+pub async fn publish_and_wait(engine: &Engine, envelopes: Vec<Envelope>) -> Result<Vec<Outcome>> {
+    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
+    let ids: Vec<String> = envelopes.iter().map(|e| e.chunk.id.clone()).collect();
+    let mut watches = Vec::with_capacity(ids.len());
+    for id in &ids {
+        watches.push(engine.notifier.watch(id).await?);
+    }
+    let forget = || ids.iter().for_each(|id| engine.notifier.forget(id));
+    let republished = match engine.bus.publish(envelopes).await {
+        Ok(already) => already > 0,
+        Err(e) => {
+            forget();
+            return Err(e.into());
+        }
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut outcomes = Vec::with_capacity(ids.len());
+    for (id, watch) in ids.iter().zip(watches) {
+        match wait_for(engine, id, watch, deadline, republished).await? {
+            Waited::Told(o) => outcomes.push(o),
+            // Stored by a process whose answer was missed.
+            _ if engine.store.get(id).await?.is_some() => outcomes.push(Outcome::Stored {
+                superseded: Vec::new(),
+            }),
+            Waited::Gone => {
+                forget();
+                return Err(Error::Internal(format!(
+                    "the pipeline worker stopped before storing memory {id}"
+                )));
+            }
+            Waited::TimedOut => {
+                forget();
+                return Err(not_committed(id, timeout));
+            }
+        }
+    }
+    Ok(outcomes)
 }
 
 /// Delete one memory the caller can see; NotFound otherwise (also when it lives

@@ -104,7 +104,7 @@ async fn ingest(
     let mut sources: HashMap<String, Vec<String>> = HashMap::new();
     for batch in chunks.chunks(engine.cfg.bus.batch_size.max(1)) {
         let ids: Vec<String> = batch.iter().map(|c| c.id.clone()).collect();
-        let outcomes = crate::conversation::publish_and_wait(
+        let outcomes = crate::memory::publish_and_wait(
             engine,
             crate::ingest::envelopes("import", batch.to_vec(), true),
         )
