@@ -31,4 +31,4 @@ bench *ARGS:
 # through the import pipeline, every question searched in each mode; results in
 # bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
 bench-recall DATA *ARGS:
-    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --release --locked --bin loomem -- bench-recall {{DATA}} {{ARGS}}
+    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --release --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}

@@ -71,11 +71,20 @@ enum Command {
         #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
-    /// Measure retrieval on a LongMemEval-format file: each haystack goes
-    /// through the import pipeline into a fresh stream (a temporary data
-    /// directory, the in-process bus), each question is searched as of its
-    /// date, and the official retrieval metrics are reported.
+    /// Retrieval quality on LongMemEval-format data: `run` it, or `gen`erate
+    /// a dataset from ingredients.
     BenchRecall {
+        #[command(subcommand)]
+        action: RecallAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum RecallAction {
+    /// Each haystack goes through the import pipeline into a fresh stream (a
+    /// temporary data directory, the in-process bus), each question is searched
+    /// as of its date, and the official retrieval metrics are reported.
+    Run {
         /// The LongMemEval-format JSON file.
         data: PathBuf,
         /// Search modes to compare.
@@ -87,8 +96,20 @@ enum Command {
         /// Only the first N questions.
         #[arg(long)]
         limit: Option<usize>,
-        /// Where the JSON and markdown results go.
+        /// Where the JSON, markdown and PNG results go.
         #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// Write a LongMemEval-format file from ingredients (filler pool +
+    /// evidence per question), with haystacks of --sessions sessions.
+    Gen {
+        #[arg(long)]
+        ingredients: PathBuf,
+        #[arg(long, default_value_t = 30)]
+        sessions: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        #[arg(long)]
         out: PathBuf,
     },
 }
@@ -166,13 +187,39 @@ fn run() -> anyhow::Result<()> {
                 std::io::stdout().write_all(&out)?;
             }
             Command::BenchRecall {
-                data,
-                modes,
-                roles,
-                limit,
-                out,
+                action:
+                    RecallAction::Run {
+                        data,
+                        modes,
+                        roles,
+                        limit,
+                        out,
+                    },
             } => {
                 cli::bench_recall(cfg, &env, &data, modes, &roles, limit, &out).await?;
+            }
+            Command::BenchRecall {
+                action:
+                    RecallAction::Gen {
+                        ingredients,
+                        sessions,
+                        seed,
+                        out,
+                    },
+            } => {
+                let text = std::fs::read_to_string(&ingredients)
+                    .with_context(|| format!("reading {}", ingredients.display()))?;
+                let ing: loomem::recall::gen::Ingredients = serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not valid ingredients", ingredients.display()))?;
+                let entries = loomem::recall::gen::generate(&ing, sessions, seed)
+                    .map_err(anyhow::Error::msg)?;
+                std::fs::write(&out, serde_json::to_vec(&entries)?)
+                    .with_context(|| format!("writing {}", out.display()))?;
+                eprintln!(
+                    "wrote {} questions with {sessions}-session haystacks to {}",
+                    entries.len(),
+                    out.display()
+                );
             }
             Command::Import {
                 path,

@@ -4,6 +4,7 @@
 //! searches it.
 
 pub mod chart;
+pub mod gen;
 pub mod metrics;
 pub mod run;
 
