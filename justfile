@@ -27,8 +27,9 @@ test:
 bench *ARGS:
     RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo bench --locked {{ARGS}}
 
-# Retrieval quality on a LongMemEval-format file (release build): each haystack
+# Retrieval quality on a LongMemEval-format file (release build; default: the
+# shipped 62-question set): each haystack
 # through the import pipeline, every question searched in each mode; results in
 # bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
-bench-recall DATA *ARGS:
+bench-recall DATA="datasets/recall/loomem_recall_s30.json" *ARGS:
     RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --release --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
