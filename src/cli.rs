@@ -148,34 +148,63 @@ pub async fn sql_via_daemon(
     )
 }
 
-/// `loomem bench-recall`: run the questions of `data` on a fresh engine (a
+/// What `bench-recall run` was asked to measure.
+pub struct RecallSelection {
+    pub modes: Vec<String>,
+    pub roles: String,
+    pub limit: Option<usize>,
+    pub types: Vec<String>,
+    pub ks: Vec<usize>,
+    pub granularity: String,
+}
+
+/// `loomem bench-recall run`: run the questions of `data` on a fresh engine (a
 /// temporary data directory, the in-process bus, the configured embedder) and
 /// write `recall-<time>.json`, `.md` and `.png` under `out`.
 pub async fn bench_recall(
     mut cfg: Config,
     env: &std::collections::HashMap<String, String>,
     data: &std::path::Path,
-    modes: Vec<String>,
-    roles: &str,
-    limit: Option<usize>,
+    sel: RecallSelection,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use loomem::recall::run::{markdown, run, Roles, RunOptions};
-    let roles = match roles {
+    use loomem::recall::run::{markdown, run, Granularity, Roles, RunOptions};
+    let roles = match sel.roles.as_str() {
         "user" => Roles::User,
         "all" => Roles::All,
         other => bail!("--roles {other}: must be user or all"),
     };
-    for m in &modes {
+    let granularity = match sel.granularity.as_str() {
+        "session" => Granularity::Session,
+        "turn" => Granularity::Turn,
+        "both" => Granularity::Both,
+        other => bail!("--granularity {other}: must be session, turn or both"),
+    };
+    for m in &sel.modes {
         if !["bm25", "vector", "hybrid"].contains(&m.as_str()) {
             bail!("--modes: `{m}` is not bm25, vector or hybrid");
         }
     }
+    for t in &sel.types {
+        if !loomem::recall::QUESTION_TYPES.contains(&t.as_str()) {
+            bail!(
+                "--types: `{t}` is not one of {}",
+                loomem::recall::QUESTION_TYPES.join(", ")
+            );
+        }
+    }
+    if sel.ks.is_empty() || sel.ks.iter().any(|&k| k == 0 || k > 1000) {
+        bail!("--k: cut-offs must be between 1 and 1000");
+    }
+    let (modes, ks, limit) = (sel.modes, sel.ks, sel.limit);
     let text =
         std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
     let (mut questions, skipped) = loomem::recall::load(&text).map_err(anyhow::Error::msg)?;
     for (i, why) in &skipped {
         eprintln!("{}: entry {i} skipped: {why}", data.display());
+    }
+    if !sel.types.is_empty() {
+        questions.retain(|q| sel.types.contains(&q.question_type));
     }
     if let Some(n) = limit {
         questions.truncate(n);
@@ -201,7 +230,8 @@ pub async fn bench_recall(
     let opts = RunOptions {
         modes,
         roles,
-        top_k: 50,
+        ks,
+        granularity,
     };
     let report = run(&engine, &questions, &opts, |done, total| {
         let width = 30;

@@ -87,15 +87,29 @@ enum RecallAction {
     Run {
         /// The LongMemEval-format JSON file.
         data: PathBuf,
-        /// Search modes to compare.
-        #[arg(long, default_value = "bm25,vector,hybrid", value_delimiter = ',')]
+        /// Search modes to compare (bm25, vector, hybrid).
+        #[arg(
+            long,
+            alias = "mode",
+            default_value = "bm25,vector,hybrid",
+            value_delimiter = ','
+        )]
         modes: Vec<String>,
         /// Which turns are indexed: user (the official setup) or all.
         #[arg(long, default_value = "user")]
         roles: String,
-        /// Only the first N questions.
+        /// Only the first N questions (after --types).
         #[arg(long)]
         limit: Option<usize>,
+        /// Only these question types (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
+        /// The cut-offs scored.
+        #[arg(long, default_value = "1,3,5,10,30,50", value_delimiter = ',')]
+        k: Vec<usize>,
+        /// Levels reported: session, turn or both.
+        #[arg(long, default_value = "both")]
+        granularity: String,
         /// Where the JSON, markdown and PNG results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -193,10 +207,21 @@ fn run() -> anyhow::Result<()> {
                         modes,
                         roles,
                         limit,
+                        types,
+                        k,
+                        granularity,
                         out,
                     },
             } => {
-                cli::bench_recall(cfg, &env, &data, modes, &roles, limit, &out).await?;
+                let selection = cli::RecallSelection {
+                    modes,
+                    roles,
+                    limit,
+                    types,
+                    ks: k,
+                    granularity,
+                };
+                cli::bench_recall(cfg, &env, &data, selection, &out).await?;
             }
             Command::BenchRecall {
                 action:

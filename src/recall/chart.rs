@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::metrics::{Summary, KS};
+use super::metrics::Summary;
 use super::run::RunReport;
 
 const WIDTH: usize = 960;
@@ -203,39 +203,40 @@ impl Canvas {
     }
 }
 
-/// Where the point (i-th k, value) of a panel lands.
-fn point(panel: usize, i: usize, value: f64) -> (i64, i64) {
+/// Where the point (i-th of `n` ks, value) of a panel lands.
+fn point(panel: usize, i: usize, n: usize, value: f64) -> (i64, i64) {
     let (left, right, top, bottom) = (60, 20, 50, 50);
     let x0 = (panel * PANEL + left) as f64;
     let w = (PANEL - left - right) as f64;
-    let x = x0 + w * i as f64 / (KS.len() - 1) as f64;
+    let x = x0 + w * i as f64 / n.saturating_sub(1).max(1) as f64;
     let y = top as f64 + (HEIGHT - top - bottom) as f64 * (1.0 - value.clamp(0.0, 1.0));
     (x.round() as i64, y.round() as i64)
 }
 
-fn panel(c: &mut Canvas, p: usize, title: &str, curves: &[(&str, &Summary)]) {
+fn panel(c: &mut Canvas, p: usize, title: &str, ks: &[usize], curves: &[(&str, &Summary)]) {
+    let n = ks.len();
     c.text((p * PANEL + 60) as i64, 14, title, 2, BLACK);
     for tenth in (0..=10).step_by(2) {
         let v = tenth as f64 / 10.0;
-        let (x0, y) = point(p, 0, v);
-        let (x1, _) = point(p, KS.len() - 1, v);
+        let (x0, y) = point(p, 0, n, v);
+        let (x1, _) = point(p, n.saturating_sub(1), n, v);
         c.line((x0, y), (x1, y), 1, GRID);
         c.text(x0 - 40, y - 3, &format!("{v:.1}"), 1, BLACK);
     }
-    for (i, k) in KS.iter().enumerate() {
-        let (x, y) = point(p, i, 0.0);
+    for (i, k) in ks.iter().enumerate() {
+        let (x, y) = point(p, i, n, 0.0);
         c.line((x, y), (x, y + 5), 1, BLACK);
         let label = format!("{k}");
         c.text(x - 3 * label.len() as i64, y + 10, &label, 1, BLACK);
     }
-    let (x, y) = point(p, KS.len() - 1, 0.0);
+    let (x, y) = point(p, n.saturating_sub(1), n, 0.0);
     c.text(x - 6, y + 24, "k", 1, BLACK);
     for (n, (_, s)) in curves.iter().enumerate() {
         let colour = LINES[n % LINES.len()];
-        let pts: Vec<(i64, i64)> = KS
+        let pts: Vec<(i64, i64)> = ks
             .iter()
             .enumerate()
-            .filter_map(|(i, k)| s.at.get(k).map(|x| point(p, i, x.recall_any)))
+            .filter_map(|(i, k)| s.at.get(k).map(|x| point(p, i, n, x.recall_any)))
             .collect();
         for w in pts.windows(2) {
             c.line(w[0], w[1], 3, colour);
@@ -246,18 +247,33 @@ fn panel(c: &mut Canvas, p: usize, title: &str, curves: &[(&str, &Summary)]) {
     }
 }
 
-/// The PNG of a report: two panels (session and turn recall_any@k), one curve
-/// per mode, and a legend.
+/// The PNG of a report: a panel per level shown (session, turn
+/// recall_any@k), one curve per mode, and a legend.
 pub fn png(report: &RunReport) -> Vec<u8> {
     let mut c = Canvas::new();
     let modes: Vec<(&String, _)> = report.modes.iter().collect();
-    let session: Vec<(&str, &Summary)> = modes
-        .iter()
-        .map(|(m, s)| (m.as_str(), &s.session))
-        .collect();
-    let turn: Vec<(&str, &Summary)> = modes.iter().map(|(m, s)| (m.as_str(), &s.turn)).collect();
-    panel(&mut c, 0, "session recall_any@k", &session);
-    panel(&mut c, 1, "turn recall_any@k", &turn);
+    for (p, level) in report.levels.iter().enumerate() {
+        let curves: Vec<(&str, &Summary)> = modes
+            .iter()
+            .map(|(m, s)| {
+                (
+                    m.as_str(),
+                    if *level == "turn" {
+                        &s.turn
+                    } else {
+                        &s.session
+                    },
+                )
+            })
+            .collect();
+        panel(
+            &mut c,
+            p,
+            &format!("{level} recall_any@k"),
+            &report.ks,
+            &curves,
+        );
+    }
     for (n, (mode, _)) in modes.iter().enumerate() {
         let x = 60 + n as i64 * 140;
         c.rect(x, HEIGHT as i64 - 18, 24, 6, LINES[n % LINES.len()]);
@@ -362,7 +378,7 @@ pub fn chunks(png: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::metrics::Scores;
+    use super::super::metrics::{Scores, KS};
     use super::super::run::ModeSummary;
     use super::*;
 
@@ -387,7 +403,11 @@ mod tests {
 
     #[test]
     fn curves_are_drawn_where_their_values_are() {
-        let mut report = RunReport::default();
+        let mut report = RunReport {
+            ks: KS.to_vec(),
+            levels: vec!["session", "turn"],
+            ..Default::default()
+        };
         for (mode, v) in [("bm25", 0.5), ("vector", 1.0)] {
             let mut s = ModeSummary::default();
             let per_k = KS
@@ -413,9 +433,9 @@ mod tests {
         assert!(c.contains_key("IEND"));
         // bm25 (first colour) at 0.5, vector (second) at 1.0, in both panels.
         for p in 0..2 {
-            let (x, y) = point(p, 2, 0.5);
+            let (x, y) = point(p, 2, KS.len(), 0.5);
             assert_eq!(pixel(&png, x as usize, y as usize), LINES[0]);
-            let (x, y) = point(p, 2, 1.0);
+            let (x, y) = point(p, 2, KS.len(), 1.0);
             assert_eq!(pixel(&png, x as usize, y as usize), LINES[1]);
         }
         assert_eq!(pixel(&png, 2, 2), WHITE);

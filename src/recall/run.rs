@@ -24,13 +24,44 @@ pub enum Roles {
     All,
 }
 
+/// Which levels a report shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Session,
+    Turn,
+    Both,
+}
+
+impl Granularity {
+    pub fn levels(self) -> &'static [&'static str] {
+        match self {
+            Granularity::Session => &["session"],
+            Granularity::Turn => &["turn"],
+            Granularity::Both => &["session", "turn"],
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Search modes to compare (`bm25`, `vector`, `hybrid`).
     pub modes: Vec<String>,
     pub roles: Roles,
-    /// Results asked of each search (the largest k scored).
-    pub top_k: usize,
+    /// The cut-offs scored (the official ones by default).
+    pub ks: Vec<usize>,
+    pub granularity: Granularity,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            modes: vec!["bm25".into(), "vector".into(), "hybrid".into()],
+            roles: Roles::User,
+            ks: KS.to_vec(),
+            granularity: Granularity::Both,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -59,6 +90,10 @@ pub struct ModeSummary {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RunReport {
+    /// The cut-offs scored.
+    pub ks: Vec<usize>,
+    /// The levels shown: `session`, `turn`.
+    pub levels: Vec<&'static str>,
     pub questions: usize,
     pub turns_ingested: usize,
     pub ingest_secs: f64,
@@ -133,7 +168,15 @@ pub async fn run(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<RunReport> {
     let caller = Caller::admin("bench-recall");
-    let mut report = RunReport::default();
+    let mut ks = opts.ks.clone();
+    ks.sort_unstable();
+    ks.dedup();
+    let top_k = ks.last().copied().unwrap_or(10).max(1);
+    let mut report = RunReport {
+        ks: ks.clone(),
+        levels: opts.granularity.levels().to_vec(),
+        ..Default::default()
+    };
     let mut latencies: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut ingest_time = 0.0;
     for (n, q) in questions.iter().enumerate() {
@@ -166,7 +209,7 @@ pub async fn run(
                 &caller,
                 SearchRequest {
                     query: q.question.clone(),
-                    top_k: Some(opts.top_k),
+                    top_k: Some(top_k),
                     stream: Some(stream.clone()),
                     mode: Some(mode.clone()),
                     now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
@@ -195,7 +238,7 @@ pub async fn run(
                 top_sessions: ranked_sessions.iter().take(10).cloned().collect(),
             };
             if !q.abstention {
-                for &k in KS {
+                for &k in &ks {
                     result.session.insert(
                         k,
                         evaluate(&ranked_sessions, &q.answer_sessions, &corpus_sessions, k),
@@ -241,7 +284,14 @@ pub async fn run(
 /// throughput and search latency.
 pub fn markdown(report: &RunReport) -> String {
     let mut md = String::new();
-    let ks = |f: &dyn Fn(usize) -> String| KS.iter().map(|&k| f(k)).collect::<Vec<_>>().join(" | ");
+    let ks = |f: &dyn Fn(usize) -> String| {
+        report
+            .ks
+            .iter()
+            .map(|&k| f(k))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
     md.push_str(&format!(
         "{} questions ({} scored turns ingested at {:.0} turns/s)\n\n",
         report.questions, report.turns_ingested, report.ingest_turns_per_sec
@@ -249,10 +299,13 @@ pub fn markdown(report: &RunReport) -> String {
     md.push_str(&format!(
         "| mode | level | metric | {} | p50 / p95 search |\n|---|---|---|{}---|\n",
         ks(&|k| format!("@{k}")),
-        "---|".repeat(KS.len())
+        "---|".repeat(report.ks.len())
     ));
     for (mode, s) in &report.modes {
         for (level, summary) in [("session", &s.session), ("turn", &s.turn)] {
+            if !report.levels.contains(&level) {
+                continue;
+            }
             for (metric, get) in [
                 (
                     "recall_any",
@@ -276,7 +329,7 @@ pub fn markdown(report: &RunReport) -> String {
     md.push_str(&format!(
         "\nsession recall_any@k by question type\n\n| mode | type | n | {} |\n|---|---|---|{}\n",
         ks(&|k| format!("@{k}")),
-        "---|".repeat(KS.len())
+        "---|".repeat(report.ks.len())
     ));
     for (mode, s) in &report.modes {
         for (t, (session, _)) in &s.by_type {

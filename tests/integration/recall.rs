@@ -54,11 +54,7 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
     assert_eq!(skipped[0].0, 2);
 
     let mut seen = Vec::new();
-    let opts = RunOptions {
-        modes: vec!["bm25".into(), "vector".into(), "hybrid".into()],
-        roles: Roles::User,
-        top_k: 50,
-    };
+    let opts = RunOptions::default();
     let report = run(&engine, &questions, &opts, |done, total| {
         seen.push((done, total))
     })
