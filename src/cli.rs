@@ -156,6 +156,7 @@ pub struct RecallSelection {
     pub types: Vec<String>,
     pub ks: Vec<usize>,
     pub granularity: String,
+    pub qa: bool,
 }
 
 /// `loomem bench-recall run`: run the questions of `data` on a fresh engine (a
@@ -232,6 +233,7 @@ pub async fn bench_recall(
         roles,
         ks,
         granularity,
+        qa: sel.qa,
     };
     let report = run(&engine, &questions, &opts, |done, total| {
         let width = 30;

@@ -110,6 +110,10 @@ enum RecallAction {
         /// Levels reported: session, turn or both.
         #[arg(long, default_value = "both")]
         granularity: String,
+        /// Also answer each question with the LLM ([llm] config) from the
+        /// retrieved memories and judge it: QA accuracy per type.
+        #[arg(long)]
+        qa: bool,
         /// Where the JSON, markdown and PNG results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -210,6 +214,7 @@ fn run() -> anyhow::Result<()> {
                         types,
                         k,
                         granularity,
+                        qa,
                         out,
                     },
             } => {
@@ -220,6 +225,7 @@ fn run() -> anyhow::Result<()> {
                     types,
                     ks: k,
                     granularity,
+                    qa,
                 };
                 cli::bench_recall(cfg, &env, &data, selection, &out).await?;
             }

@@ -6,6 +6,7 @@
 pub mod chart;
 pub mod gen;
 pub mod metrics;
+pub mod qa;
 pub mod run;
 
 use std::collections::BTreeSet;

@@ -51,6 +51,9 @@ pub struct RunOptions {
     /// The cut-offs scored (the official ones by default).
     pub ks: Vec<usize>,
     pub granularity: Granularity,
+    /// Also answer each question with the LLM from the memories the `hybrid`
+    /// search (else the first mode) retrieved, and judge the answer.
+    pub qa: bool,
 }
 
 impl Default for RunOptions {
@@ -60,6 +63,7 @@ impl Default for RunOptions {
             roles: Roles::User,
             ks: KS.to_vec(),
             granularity: Granularity::Both,
+            qa: false,
         }
     }
 }
@@ -76,6 +80,26 @@ pub struct QuestionResult {
     pub turn: BTreeMap<usize, Scores>,
     /// The first sessions retrieved, best first.
     pub top_sessions: Vec<String>,
+    /// The QA mode's answer and verdict (for the mode it ran on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qa: Option<super::qa::QaResult>,
+}
+
+/// QA answers judged correct, of those judged.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QaTally {
+    pub correct: usize,
+    pub judged: usize,
+}
+
+impl QaTally {
+    pub fn accuracy(&self) -> f64 {
+        if self.judged == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.judged as f64
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -99,6 +123,11 @@ pub struct RunReport {
     pub ingest_secs: f64,
     pub ingest_turns_per_sec: f64,
     pub modes: BTreeMap<String, ModeSummary>,
+    /// QA accuracy by question type (abstention counted as `abstention`), and
+    /// `overall`; empty without `--qa`.
+    pub qa: BTreeMap<String, QaTally>,
+    /// QA calls that failed (not judged).
+    pub qa_errors: usize,
     pub results: Vec<QuestionResult>,
 }
 
@@ -168,6 +197,22 @@ pub async fn run(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<RunReport> {
     let caller = Caller::admin("bench-recall");
+    let qa_llm = match (opts.qa, &engine.llm) {
+        (false, _) => None,
+        (true, Some(llm)) => Some(llm.clone()),
+        (true, None) => {
+            return Err(Error::invalid(
+                "qa",
+                "the QA mode needs an [llm] endpoint in the configuration",
+            ))
+        }
+    };
+    let qa_mode = opts
+        .modes
+        .iter()
+        .find(|m| *m == "hybrid")
+        .or(opts.modes.first())
+        .cloned();
     let mut ks = opts.ks.clone();
     ks.sort_unstable();
     ks.dedup();
@@ -213,6 +258,8 @@ pub async fn run(
                     stream: Some(stream.clone()),
                     mode: Some(mode.clone()),
                     now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
+                    trace: true,
+                    dry_run: true,
                     ..Default::default()
                 },
             )
@@ -236,7 +283,37 @@ pub async fn run(
                 session: BTreeMap::new(),
                 turn: BTreeMap::new(),
                 top_sessions: ranked_sessions.iter().take(10).cloned().collect(),
+                qa: None,
             };
+            if let (Some(llm), true) = (&qa_llm, qa_mode.as_ref() == Some(mode)) {
+                let memories: Vec<(String, String)> = found
+                    .results
+                    .iter()
+                    .map(|r| {
+                        let at = r.trace_info.as_ref().map_or(0, |t| t.created_at);
+                        (r.content.clone(), crate::time::to_rfc3339(at * 1_000_000))
+                    })
+                    .collect();
+                let kind = if q.abstention {
+                    "abstention"
+                } else {
+                    q.question_type.as_str()
+                };
+                match super::qa::answer_and_judge(llm, &stream, q, &memories).await {
+                    Ok(qa) => {
+                        for key in [kind, "overall"] {
+                            let t = report.qa.entry(key.to_string()).or_default();
+                            t.judged += 1;
+                            t.correct += usize::from(qa.correct);
+                        }
+                        result.qa = Some(qa);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, question = %q.id, "QA mode: no verdict");
+                        report.qa_errors += 1;
+                    }
+                }
+            }
             if !q.abstention {
                 for &k in &ks {
                     result.session.insert(
@@ -325,6 +402,22 @@ pub fn markdown(report: &RunReport) -> String {
                 ));
             }
         }
+    }
+    if !report.qa.is_empty() {
+        md.push_str(&format!(
+            "QA accuracy (LLM answer from the top {} memories, LLM judge; {} without a verdict)\n\n| type | correct | judged | accuracy |\n|---|---|---|---|\n",
+            super::qa::CONTEXT_MEMORIES,
+            report.qa_errors
+        ));
+        for (t, tally) in &report.qa {
+            md.push_str(&format!(
+                "| {t} | {} | {} | {:.3} |\n",
+                tally.correct,
+                tally.judged,
+                tally.accuracy()
+            ));
+        }
+        md.push('\n');
     }
     md.push_str(&format!(
         "\nsession recall_any@k by question type\n\n| mode | type | n | {} |\n|---|---|---|{}\n",

@@ -10,6 +10,7 @@ mod extract_eval;
 mod fixture;
 mod ingest;
 mod jetstream;
+mod llm_stub;
 mod nats;
 mod recall;
 mod restart;

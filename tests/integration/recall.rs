@@ -8,6 +8,7 @@ use loomem::recall::run::{run, Roles, RunOptions};
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Options};
+use crate::llm_stub::stub_llm;
 
 fn dataset() -> String {
     let turn = |role: &str, content: &str| json!({"role": role, "content": content});
@@ -166,4 +167,79 @@ fn the_shipped_dataset_is_its_ingredients_generated_and_complete() {
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_qa_mode_answers_from_the_retrieved_memories_and_judges_by_type() {
+    let llm = stub_llm().await;
+    llm.answer(
+        "bench_answer",
+        &json!({"answer": "Your greyhound is called Pixel."}).to_string(),
+    );
+    llm.answer("bench_judgement", &json!({"correct": true}).to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::embedded()
+        .env("LOOMEM_LLM__BASE_URL", &llm.url)
+        .env("LOOMEM_LLM__MODEL", "stub-chat-1")
+        .env("LOOMEM_LLM__NER", "false")
+        .env("LOOMEM_LLM__JUDGE_CONTRADICTIONS", "false");
+    let (path, env) = daemon_env(&dir.path().join("data"), None, &opts);
+    let engine = Engine::start(Config::load(&path, &env).unwrap(), &env)
+        .await
+        .unwrap();
+    let (questions, _) = loomem::recall::load(&dataset()).unwrap();
+    let report = run(
+        &engine,
+        &questions,
+        &RunOptions {
+            modes: vec!["bm25".into(), "hybrid".into()],
+            qa: true,
+            ..RunOptions::default()
+        },
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    // One answer and one verdict per question, on the hybrid search only.
+    assert_eq!(report.qa["overall"].judged, 2, "{:?}", report.qa);
+    assert_eq!(report.qa["overall"].correct, 2);
+    assert_eq!(report.qa["single-session-user"].judged, 1);
+    assert_eq!(report.qa["abstention"].judged, 1);
+    let answers = llm.requests_for("bench_answer");
+    assert_eq!(answers.len(), 2);
+    let prompt = answers[0]["messages"][1]["content"].as_str().unwrap();
+    assert!(
+        prompt.contains("greyhound named Pixel")
+            && prompt.contains("Question: What is the name of the greyhound"),
+        "{prompt}"
+    );
+    let judged = llm.requests_for("bench_judgement");
+    let abstention = judged[1]["messages"][1]["content"].as_str().unwrap();
+    assert!(abstention.contains("cannot be answered"), "{abstention}");
+    assert!(abstention.contains("Model response: Your greyhound is called Pixel."));
+    let with_qa: Vec<_> = report.results.iter().filter(|r| r.qa.is_some()).collect();
+    assert!(with_qa.iter().all(|r| r.mode == "hybrid"));
+    assert!(loomem::recall::run::markdown(&report).contains("| overall | 2 | 2 | 1.000 |"));
+    engine.shutdown().await;
+
+    // Without an LLM the QA mode is refused up front.
+    let dir = tempfile::tempdir().unwrap();
+    let (path, env) = daemon_env(&dir.path().join("data"), None, &Options::embedded());
+    let plain = Engine::start(Config::load(&path, &env).unwrap(), &env)
+        .await
+        .unwrap();
+    let err = run(
+        &plain,
+        &questions,
+        &RunOptions {
+            qa: true,
+            ..RunOptions::default()
+        },
+        |_, _| {},
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("[llm]"), "{err}");
+    plain.shutdown().await;
 }
