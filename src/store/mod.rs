@@ -273,6 +273,12 @@ impl Store {
         self.writer.upsert(chunks).await
     }
 
+    /// Upsert `rows` and the pipeline's side effects on other memories in one
+    /// commit (see [`ChunkWriter::commit_with_side_effects`]).
+    pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
+        self.writer.commit_with_side_effects(rows, side).await
+    }
+
     /// Delete the chunks matching a Lance SQL predicate; returns how many went.
     pub async fn delete_where(&self, predicate: String) -> Result<u64> {
         self.writer.delete(predicate).await

@@ -16,6 +16,9 @@ pub type Modifier = Box<dyn FnMut(&mut Chunk) -> bool + Send>;
 
 enum WriteOp {
     Upsert(Vec<Chunk>, oneshot::Sender<Result<()>>),
+    /// Upsert `rows` and, in the same commit, the side effects (see
+    /// [`ChunkWriter::commit_with_side_effects`]).
+    Commit(Vec<Chunk>, Vec<Chunk>, oneshot::Sender<Result<()>>),
     /// Read the chunks with these ids, apply the modifier, write back the changed ones.
     Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
     Delete(String, oneshot::Sender<Result<u64>>),
@@ -41,6 +44,25 @@ impl ChunkWriter {
         let (done, rx) = oneshot::channel();
         self.tx
             .send(WriteOp::Upsert(chunks, done))
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Upsert `rows` and apply `side` — changes a pipeline stage made to other,
+    /// already stored memories (a supersession, a duplicate's merged sources) —
+    /// in one commit. A side effect is rebased on the memory as it is when the
+    /// writer reaches it: only its lifecycle fields (`superseded_by`,
+    /// `valid_until`, `updated_at`) and its `extraction_meta` keys are taken, so a
+    /// concurrent change to anything else (LLM entities, a new vector) is kept.
+    /// A side effect on a memory not stored yet is written as it is.
+    pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
+        if rows.is_empty() && side.is_empty() {
+            return Ok(());
+        }
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(WriteOp::Commit(rows, side, done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -107,6 +129,39 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                     .map_err(StoreError::from);
                 let _ = done.send(result);
             }
+            WriteOp::Commit(rows, side, done) => {
+                let result = async {
+                    let own: std::collections::HashSet<&str> =
+                        rows.iter().map(|c| c.id.as_str()).collect();
+                    let side: Vec<Chunk> = side
+                        .into_iter()
+                        .filter(|c| !own.contains(c.id.as_str()))
+                        .collect();
+                    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
+                    let mut current: HashMap<String, Chunk> = if ids.is_empty() {
+                        HashMap::new()
+                    } else {
+                        super::read_chunks(&table, super::id_in(&ids), None)
+                            .await?
+                            .into_iter()
+                            .map(|c| (c.id.clone(), c))
+                            .collect()
+                    };
+                    let rebased: Vec<Chunk> = side
+                        .into_iter()
+                        .map(|s| match current.remove(&s.id) {
+                            Some(now) => rebase(now, s),
+                            None => s,
+                        })
+                        .collect();
+                    // Side effects first: a record's own row wins the fold by id.
+                    commit(&table, dim, rebased.iter().chain(rows.iter())).await?;
+                    Ok::<usize, StoreError>(rows.len() + rebased.len())
+                }
+                .await;
+                since_refresh += result.as_ref().copied().unwrap_or(0);
+                let _ = done.send(result.map(|_| ()));
+            }
             WriteOp::Modify(ids, mut modify, done) => {
                 let result = async {
                     let filter = super::id_in(&ids);
@@ -164,6 +219,29 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
     }
 }
 
+/// `side`'s lifecycle fields and `extraction_meta` keys on top of `now`.
+fn rebase(mut now: Chunk, side: Chunk) -> Chunk {
+    now.superseded_by = side.superseded_by;
+    now.valid_until = side.valid_until;
+    now.updated_at = now.updated_at.max(side.updated_at);
+    let parse = |m: &Option<String>| {
+        m.as_deref()
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+            .filter(serde_json::Value::is_object)
+    };
+    match (parse(&now.extraction_meta), parse(&side.extraction_meta)) {
+        (Some(mut merged), Some(serde_json::Value::Object(theirs))) => {
+            for (k, v) in theirs {
+                merged[k] = v;
+            }
+            now.extraction_meta = Some(merged.to_string());
+        }
+        (None, Some(_)) => now.extraction_meta = side.extraction_meta,
+        _ => {}
+    }
+    now
+}
+
 /// One `merge_insert` on `id`; when an id repeats, its last version wins.
 async fn commit<'a>(
     table: &Table,
@@ -185,4 +263,74 @@ async fn commit<'a>(
         .when_not_matched_insert_all();
     merge.execute(reader).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::Chunk;
+    use crate::store::Store;
+
+    #[tokio::test]
+    async fn side_effects_are_rebased_on_the_stored_memory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        let mut old = Chunk::new("old".into(), "s".into(), "I live in Boston".into(), 1);
+        old.annotate("surprise", serde_json::json!(0.5));
+        store.upsert(vec![old.clone()]).await.unwrap();
+        // A pipeline stage takes its copy (to supersede it) …
+        let mut stale = old.clone();
+        // … while the LLM entity queue enriches the stored memory.
+        store
+            .modify(
+                vec!["old".into()],
+                Box::new(|c| {
+                    c.entities = vec!["beaconhill".into()];
+                    c.annotate("llm_ner", serde_json::json!({"model": "m"}));
+                    true
+                }),
+            )
+            .await
+            .unwrap();
+        stale.superseded_by = Some("new".into());
+        stale.valid_until = Some(5);
+        stale.updated_at = 9;
+        stale.annotate("merged_sources", serde_json::json!(["x"]));
+        let new = Chunk::new("new".into(), "s".into(), "I live in Chicago".into(), 5);
+        store
+            .commit_with_side_effects(vec![new], vec![stale])
+            .await
+            .unwrap();
+        let got = store.get("old").await.unwrap().unwrap();
+        assert_eq!(got.superseded_by.as_deref(), Some("new"));
+        assert_eq!(got.valid_until, Some(5));
+        assert_eq!(got.updated_at, 9);
+        assert_eq!(
+            got.entities,
+            vec!["beaconhill".to_string()],
+            "the concurrent change is kept"
+        );
+        let meta: serde_json::Value =
+            serde_json::from_str(got.extraction_meta.as_deref().unwrap()).unwrap();
+        assert_eq!(meta["llm_ner"]["model"], "m");
+        assert_eq!(meta["merged_sources"][0], "x");
+        assert_eq!(meta["surprise"], 0.5);
+        assert!(store.get("new").await.unwrap().is_some());
+        // A side effect on a memory not stored yet is written as it is.
+        let mut fresh = Chunk::new("fresh".into(), "s".into(), "tea".into(), 1);
+        fresh.superseded_by = Some("new".into());
+        store
+            .commit_with_side_effects(vec![], vec![fresh])
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .get("fresh")
+                .await
+                .unwrap()
+                .unwrap()
+                .superseded_by
+                .as_deref(),
+            Some("new")
+        );
+    }
 }

@@ -43,24 +43,25 @@ impl Stage for Write {
             let settled = batch
                 .iter()
                 .filter(|r| !matches!(r.disposition, Disposition::Fail(_)));
-            let mut rows: Vec<_> = settled
+            let side: Vec<_> = settled
                 .clone()
                 .flat_map(|r| r.also_write.iter().cloned())
                 .collect();
-            // The batch's own records last: when a record is also another's
-            // side effect, its own final form wins the fold by id.
-            rows.extend(
-                batch
-                    .iter()
-                    .filter(|r| r.is_kept())
-                    .map(|r| r.chunk.clone()),
-            );
+            // When a record is also another's side effect, its own final form wins.
+            let rows: Vec<_> = batch
+                .iter()
+                .filter(|r| r.is_kept())
+                .map(|r| r.chunk.clone())
+                .collect();
             let history: Vec<_> = settled.flat_map(|r| r.history.iter().cloned()).collect();
             let fail = |e: crate::store::StoreError| PipelineError::Batch {
                 stage: "write",
                 message: e.to_string(),
             };
-            self.store.upsert(rows).await.map_err(fail)?;
+            self.store
+                .commit_with_side_effects(rows, side)
+                .await
+                .map_err(fail)?;
             self.store.add_history(history).await.map_err(fail)?;
             crate::pipeline::settle(batch, "write").await
         })
