@@ -65,13 +65,11 @@ fn seed_for(seed: u64, id: &str) -> u64 {
 
 const DATE_FORMAT: &str = "%Y/%m/%d (%a) %H:%M";
 
+/// A LongMemEval date (`2023/05/30 (Tue) 23:40`), read as the loader reads it.
 fn parse_date(s: &str) -> Option<NaiveDateTime> {
-    let cleaned: String = match (s.find('('), s.find(')')) {
-        (Some(a), Some(b)) if b > a => format!("{}{}", &s[..a], &s[b + 1..]),
-        _ => s.to_string(),
-    };
-    let cleaned = cleaned.split_whitespace().collect::<Vec<_>>().join(" ");
-    NaiveDateTime::parse_from_str(&cleaned, "%Y/%m/%d %H:%M").ok()
+    crate::import::parse_longmemeval_date(s)
+        .and_then(chrono::DateTime::from_timestamp_micros)
+        .map(|t| t.naive_utc())
 }
 
 /// The LongMemEval-format entries: every question with a haystack of

@@ -103,9 +103,12 @@ pub fn question(entry: &serde_json::Value) -> Result<Question, String> {
     })
 }
 
+/// Entries left out of a load, as `(index, reason)`.
+pub type Skipped = Vec<(usize, String)>;
+
 /// The questions of a LongMemEval-format file, and the entries skipped as
-/// malformed (`(index, reason)`).
-pub fn load(text: &str) -> Result<(Vec<Question>, Vec<(usize, String)>), String> {
+/// malformed.
+pub fn load(text: &str) -> Result<(Vec<Question>, Skipped), String> {
     let entries: Vec<serde_json::Value> =
         serde_json::from_str(text).map_err(|e| format!("not a JSON array of questions: {e}"))?;
     let mut questions = Vec::new();

@@ -258,7 +258,8 @@ pub async fn run(
                     stream: Some(stream.clone()),
                     mode: Some(mode.clone()),
                     now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
-                    trace: true,
+                    // Dates of the memories, for the QA mode's context.
+                    trace: qa_llm.is_some() && qa_mode.as_ref() == Some(mode),
                     dry_run: true,
                     ..Default::default()
                 },

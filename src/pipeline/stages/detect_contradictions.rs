@@ -225,7 +225,7 @@ impl DetectContradictions {
 
     /// May `new` supersede `old` at all: another live, mutable, not newer
     /// memory of the same stream and subject.
-    fn may_replace(&self, _update: &Update, new: &Chunk, old: &Chunk) -> bool {
+    fn may_replace(&self, new: &Chunk, old: &Chunk) -> bool {
         old.id != new.id
             && old.stream == new.stream
             && old.superseded_by.is_none()
@@ -237,7 +237,7 @@ impl DetectContradictions {
 
     /// Does `old` hold what `update` (from `new`) replaces?
     fn replaces(&self, update: &Update, new: &Chunk, old: &Chunk) -> bool {
-        self.may_replace(update, new, old)
+        self.may_replace(new, old)
             && (old.entities.iter().any(|e| update.keys.contains(e))
                 || update
                     .slot
@@ -371,11 +371,6 @@ impl DetectContradictions {
             .into_iter()
             .map(|c| (c.id.clone(), c))
             .collect();
-        let same_subject = Update {
-            cue: String::new(),
-            keys: BTreeSet::new(),
-            slot: None,
-        };
         let asks: Vec<(usize, Chunk, Vec<Chunk>)> = close
             .into_iter()
             .filter_map(|(i, ids)| {
@@ -383,7 +378,7 @@ impl DetectContradictions {
                 let olds: Vec<Chunk> = ids
                     .iter()
                     .filter_map(|id| stored.get(id))
-                    .filter(|old| self.may_replace(&same_subject, new, old))
+                    .filter(|old| self.may_replace(new, old))
                     .cloned()
                     .collect();
                 (!olds.is_empty()).then(|| (i, new.clone(), olds))
