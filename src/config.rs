@@ -321,6 +321,87 @@ pub struct SearchConfig {
     pub candidates: usize,
     /// Vector hits less similar than this (cosine) are not candidates.
     pub min_similarity: f32,
+    /// Fusion weight of the entity-graph leg (entities named in the query).
+    #[serde(default = "default_graph_weight")]
+    pub graph_weight: f32,
+    /// How much age counts: a result's score is multiplied by
+    /// `(1 - decay_weight) + decay_weight * 0.5^(age / half_life)`; pinned
+    /// memories are exempt. 0 turns decay off.
+    #[serde(default = "default_decay_weight")]
+    pub decay_weight: f32,
+    /// Half-life in days per memory type; `default` covers the unlisted ones.
+    #[serde(default = "default_half_lives")]
+    pub half_life_days: BTreeMap<String, f64>,
+    /// Score multiplied by `importance ^ importance_weight`.
+    #[serde(default = "default_importance_weight")]
+    pub importance_weight: f32,
+    /// Each feedback signal moves the score by this fraction (usefulness 4:
+    /// `+w`, 0: `-w`, harmful: `-2w`), within [0.1, 3].
+    #[serde(default = "default_feedback_weight")]
+    pub feedback_weight: f32,
+    /// Implicit boost of recalled memories: `1 + access_boost * ln(1 + access_count)`.
+    #[serde(default = "default_access_boost")]
+    pub access_boost: f32,
+    /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
+    #[serde(default = "default_near_duplicate")]
+    pub near_duplicate: f32,
+    /// Access counters are buffered and written in one commit this often.
+    #[serde(default = "default_access_flush_ms")]
+    pub access_flush_ms: u64,
+    /// Above this many embedded rows the vector leg uses an ANN index (IVF-HNSW-SQ),
+    /// built in the background; below it the search is exact.
+    #[serde(default = "default_vector_index_min_rows")]
+    pub vector_index_min_rows: usize,
+}
+
+fn default_graph_weight() -> f32 {
+    0.5
+}
+fn default_decay_weight() -> f32 {
+    0.3
+}
+fn default_importance_weight() -> f32 {
+    0.2
+}
+fn default_feedback_weight() -> f32 {
+    0.1
+}
+fn default_access_boost() -> f32 {
+    0.05
+}
+fn default_near_duplicate() -> f32 {
+    0.9
+}
+fn default_access_flush_ms() -> u64 {
+    2000
+}
+fn default_vector_index_min_rows() -> usize {
+    100_000
+}
+fn default_half_lives() -> BTreeMap<String, f64> {
+    [
+        ("correction", 180.0),
+        ("preference", 180.0),
+        ("decision", 90.0),
+        ("general", 60.0),
+        ("project", 30.0),
+        ("observation", 14.0),
+        ("default", 60.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+impl SearchConfig {
+    /// The half-life of a memory type, in days.
+    pub fn half_life(&self, memory_type: &str) -> f64 {
+        self.half_life_days
+            .get(memory_type)
+            .or_else(|| self.half_life_days.get("default"))
+            .copied()
+            .unwrap_or(60.0)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -519,6 +600,10 @@ impl Config {
         for (key, w) in [
             ("search.bm25_weight", self.search.bm25_weight),
             ("search.vector_weight", self.search.vector_weight),
+            ("search.graph_weight", self.search.graph_weight),
+            ("search.importance_weight", self.search.importance_weight),
+            ("search.feedback_weight", self.search.feedback_weight),
+            ("search.access_boost", self.search.access_boost),
         ] {
             if w < 0.0 || !w.is_finite() {
                 return Err(invalid(key, "must be >= 0"));
@@ -538,6 +623,26 @@ impl Config {
         }
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));
+        }
+        if !(0.0..=1.0).contains(&self.search.decay_weight) {
+            return Err(invalid("search.decay_weight", "must be between 0 and 1"));
+        }
+        if !(self.search.near_duplicate > 0.0 && self.search.near_duplicate <= 1.0) {
+            return Err(invalid(
+                "search.near_duplicate",
+                "must be in (0, 1] (1 = only identical word sets)",
+            ));
+        }
+        for (ty, days) in &self.search.half_life_days {
+            if !(*days > 0.0 && days.is_finite()) {
+                return Err(invalid(
+                    &format!("search.half_life_days.{ty}"),
+                    "must be a positive number of days",
+                ));
+            }
+        }
+        if self.search.access_flush_ms == 0 {
+            return Err(invalid("search.access_flush_ms", "must be > 0"));
         }
         Ok(())
     }

@@ -50,6 +50,10 @@ pub struct Engine {
     pub ner: Option<crate::ner::NerQueue>,
     /// Background jobs started through the API.
     pub jobs: crate::jobs::Jobs,
+    /// Buffered access counters of recalled memories.
+    pub access: crate::search::access::AccessTracker,
+    /// Cached profiles per stream (see [`crate::context`]).
+    pub profiles: crate::context::ProfileCache,
     started: Instant,
     stop_worker: watch::Sender<bool>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -138,6 +142,11 @@ impl Engine {
             },
         };
         let worker = tokio::spawn(worker.run(consumer));
+        let access = crate::search::access::AccessTracker::spawn(
+            store.clone(),
+            Duration::from_millis(cfg.search.access_flush_ms),
+        );
+        spawn_vector_indexer(store.clone(), cfg.search.vector_index_min_rows);
         let auth = Auth::from_config(&cfg.server, env);
         if auth.passthrough() {
             tracing::warn!(
@@ -157,6 +166,8 @@ impl Engine {
             facts,
             ner,
             jobs: Default::default(),
+            access,
+            profiles: Default::default(),
             started: Instant::now(),
             stop_worker,
             worker: Mutex::new(Some(worker)),
@@ -179,7 +190,29 @@ impl Engine {
         if let Some(worker) = worker {
             let _ = worker.await;
         }
+        if let Err(e) = self.access.flush().await {
+            tracing::warn!(error = %e, "access counters lost at shutdown");
+        }
         self.store.close().await;
         tracing::info!("engine stopped; all accepted writes are committed");
     }
+}
+
+/// Build the vector ANN index once the table is big enough: checked at start
+/// and then every minute, off the request path, until the index exists.
+fn spawn_vector_indexer(store: Arc<Store>, min_rows: usize) {
+    let weak = Arc::downgrade(&store);
+    drop(store);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            let Some(store) = weak.upgrade() else { break };
+            match store.ensure_vector_index(min_rows).await {
+                Ok(_) if store.has_vector_index().await => break,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "vector index not built; will retry"),
+            }
+        }
+    });
 }

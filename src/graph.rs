@@ -354,6 +354,18 @@ impl Graph {
             .find(|e| e.aliases.iter().any(|a| entity_key(a) == key)))
     }
 
+    /// The entities of these streams whose key is one of `keys` (one indexed read).
+    pub async fn by_keys(&self, streams: &[String], keys: &[String]) -> Result<Vec<EntityRow>> {
+        let ids: Vec<String> = streams
+            .iter()
+            .flat_map(|s| keys.iter().map(move |k| format!("{s}/{k}")))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        read_where(&self.entities, column_in("id", &ids), entity_rows).await
+    }
+
     /// Edges touching an entity key in a stream.
     pub async fn edges_of(&self, stream: &str, key: &str) -> Result<Vec<EdgeRow>> {
         read_where(

@@ -307,6 +307,22 @@ pub async fn publish_and_wait(engine: &Engine, envelopes: Vec<Envelope>) -> Resu
     Ok(outcomes)
 }
 
+fn not_found(id: &str) -> Error {
+    Error::NotFound(format!("no memory with id `{id}`"))
+}
+
+/// The memory with this id when the caller may see it; NotFound otherwise, so
+/// another stream's ids are indistinguishable from ids that do not exist.
+pub async fn visible(engine: &Engine, caller: &Caller, id: &str) -> Result<Chunk> {
+    if id.trim().is_empty() {
+        return Err(Error::invalid("chunk_id", "must not be empty"));
+    }
+    match engine.store.get(id).await? {
+        Some(chunk) if caller.can_see(&chunk.stream) => Ok(chunk),
+        _ => Err(not_found(id)),
+    }
+}
+
 /// Delete one memory the caller can see; NotFound otherwise (also when it lives
 /// in a stream the caller may not see, or outside `only_stream` when given).
 pub async fn delete(
@@ -315,20 +331,19 @@ pub async fn delete(
     id: &str,
     only_stream: Option<&str>,
 ) -> Result<()> {
-    let not_found = || Error::NotFound(format!("no memory with id `{id}`"));
     if id.trim().is_empty() {
         return Err(Error::invalid("id", "must not be empty"));
     }
-    let chunk = engine.store.get(id).await?.ok_or_else(not_found)?;
-    if !caller.can_see(&chunk.stream) || only_stream.is_some_and(|s| s != chunk.stream) {
-        return Err(not_found());
+    let chunk = visible(engine, caller, id).await?;
+    if only_stream.is_some_and(|s| s != chunk.stream) {
+        return Err(not_found(id));
     }
     let n = engine
         .store
         .delete_where(format!("id = {}", sql_str(id)))
         .await?;
     if n == 0 {
-        return Err(not_found());
+        return Err(not_found(id));
     }
     Ok(())
 }
@@ -411,11 +426,7 @@ pub async fn history(
     id: &str,
     limit: Option<usize>,
 ) -> Result<History> {
-    let not_found = || Error::NotFound(format!("no memory with id `{id}`"));
-    let start = engine.store.get(id).await?.ok_or_else(not_found)?;
-    if !caller.can_see(&start.stream) {
-        return Err(not_found());
-    }
+    let start = visible(engine, caller, id).await?;
     const MAX_CHAIN: usize = 1000;
     let mut chain = vec![start];
     // Back to the first version …

@@ -86,3 +86,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .ok_or(Error::Unauthorized)
     }
 }
+
+/// Query-string parameters; a malformed one is a 400 with a JSON `detail`.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| ApiQuery(q.0))
+            .map_err(|e| Error::BadRequest(format!("query string: {}", e.body_text())))
+    }
+}

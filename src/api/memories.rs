@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::Json;
 use serde::Deserialize;
 
-use super::ApiJson;
+use super::{ApiJson, ApiQuery};
 use crate::auth::Caller;
 use crate::conversation::{self, IngestRequest, IngestResponse};
 use crate::engine::Engine;
@@ -56,7 +56,7 @@ pub async fn delete_rest(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<NsQuery>,
+    ApiQuery(q): ApiQuery<NsQuery>,
 ) -> Result<Json<serde_json::Value>> {
     let stream = match q.ns.as_deref() {
         Some(ns) => Some(caller.resolve_stream(Some(ns), &engine.cfg.namespaces)?),
@@ -84,7 +84,7 @@ pub struct ImportQuery {
 pub async fn import(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    Query(q): Query<ImportQuery>,
+    ApiQuery(q): ApiQuery<ImportQuery>,
     body: axum::body::Bytes,
 ) -> Result<Json<ImportReport>> {
     let format: Format = q
@@ -109,7 +109,7 @@ pub async fn history(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<HistoryQuery>,
+    ApiQuery(q): ApiQuery<HistoryQuery>,
 ) -> Result<Json<memory::History>> {
     Ok(Json(memory::history(&engine, &caller, &id, q.limit).await?))
 }

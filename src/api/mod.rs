@@ -4,6 +4,7 @@
 mod error;
 mod extract;
 mod memories;
+mod recall;
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::reembed;
 use crate::search::{self, SearchRequest, SearchResponse};
 
-pub use extract::{parse_json, ApiJson};
+pub use extract::{parse_json, ApiJson, ApiQuery};
 
 pub fn router(engine: Arc<Engine>) -> Router {
     let protected = Router::new()
@@ -30,6 +31,13 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/import", post(memories::import))
         .route("/v1/memories/{id}/history", get(memories::history))
         .route("/v1/search", post(search_handler))
+        .route("/v1/feedback", post(recall::feedback))
+        .route("/v1/context-pack", post(recall::context_pack))
+        .route("/v1/ambient", post(recall::ambient))
+        .route("/v1/profile", get(recall::profile))
+        .route("/v1/generate-memory-md", get(recall::memory_md))
+        .route("/v1/graph/entity/{name}", get(recall::graph_entity))
+        .route("/v1/graph/stats", get(recall::graph_stats))
         .route("/v1/sql", post(sql_handler))
         .route("/v1/embed-missing", post(embed_missing))
         .route("/v1/re-embed-all", post(re_embed_all))

@@ -27,6 +27,7 @@ pub const ENTITIES: &str = "entities";
 pub const EDGES: &str = "edges";
 pub const HISTORY: &str = "history";
 pub const LLM_CALLS: &str = "llm_calls";
+pub const FEEDBACK: &str = "feedback";
 
 /// One change to a memory, with its reason (supersession, merge, …).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -162,6 +163,11 @@ pub struct Store {
     history: Table,
     llm_calls: Table,
     pub graph: crate::graph::Graph,
+    pub feedback: crate::feedback::FeedbackBook,
+    /// Per stream, how many commits changed its memories (caches key on it).
+    generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Bumped by deletes, whose streams are not known up front.
+    delete_generation: std::sync::atomic::AtomicU64,
     dim: usize,
     writer: ChunkWriter,
     /// Vector reads consider only embeddings this model made (None = any).
@@ -215,6 +221,10 @@ impl Store {
             open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
         )
         .await?;
+        let feedback = crate::feedback::FeedbackBook::open(
+            open_or_create(&db, &names, FEEDBACK, crate::feedback::schema()).await?,
+        )
+        .await?;
         let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
         Ok(Store {
             db,
@@ -223,6 +233,9 @@ impl Store {
             history,
             llm_calls,
             graph,
+            feedback,
+            generations: Default::default(),
+            delete_generation: Default::default(),
             dim,
             writer,
             embed_model: None,
@@ -263,6 +276,7 @@ impl Store {
             (DEAD_LETTERS, self.dead_letters.clone()),
             (HISTORY, self.history.clone()),
             (LLM_CALLS, self.llm_calls.clone()),
+            (FEEDBACK, self.feedback.table().clone()),
             (ENTITIES, self.graph.entities.clone()),
             (EDGES, self.graph.edges.clone()),
         ])
@@ -270,18 +284,74 @@ impl Store {
 
     /// Insert or replace chunks by id; resolves once they are committed.
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
-        self.writer.upsert(chunks).await
+        let streams = streams_of(&chunks);
+        let result = self.writer.upsert(chunks).await;
+        self.bump(streams);
+        result
     }
 
     /// Upsert `rows` and the pipeline's side effects on other memories in one
     /// commit (see [`ChunkWriter::commit_with_side_effects`]).
     pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
-        self.writer.commit_with_side_effects(rows, side).await
+        let mut streams = streams_of(&rows);
+        streams.extend(streams_of(&side));
+        let result = self.writer.commit_with_side_effects(rows, side).await;
+        self.bump(streams);
+        result
     }
 
     /// Delete the chunks matching a Lance SQL predicate; returns how many went.
     pub async fn delete_where(&self, predicate: String) -> Result<u64> {
-        self.writer.delete(predicate).await
+        let result = self.writer.delete(predicate).await;
+        self.delete_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        result
+    }
+
+    fn bump(&self, streams: std::collections::BTreeSet<String>) {
+        let mut g = self.generations.lock().expect("generations lock");
+        for s in streams {
+            *g.entry(s).or_default() += 1;
+        }
+    }
+
+    /// Changes whenever a write or delete may have changed `stream`'s memories
+    /// (not for usage counters); caches of derived views compare it.
+    pub fn generation(&self, stream: &str) -> (u64, u64) {
+        let g = self.generations.lock().expect("generations lock");
+        (
+            g.get(stream).copied().unwrap_or(0),
+            self.delete_generation
+                .load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    /// A read-only handle on `chunks` as it was at a version (see [`AsOf`]).
+    /// A separate handle: checking out the shared one would freeze every writer.
+    pub async fn chunks_as_of(&self, at: AsOf) -> Result<Table, AsOfError> {
+        let table = self.db.open_table(CHUNKS).execute().await?;
+        let versions = table.list_versions().await?;
+        let version = match at {
+            AsOf::Version(v) => versions
+                .iter()
+                .find(|x| x.version == v)
+                .map(|x| x.version)
+                .ok_or_else(|| AsOfError::NoVersion(format!(
+                    "version {v} does not exist (versions {}–{} are kept)",
+                    versions.first().map_or(0, |x| x.version),
+                    versions.last().map_or(0, |x| x.version)
+                )))?,
+            AsOf::Instant(t) => versions
+                .iter()
+                .filter(|x| x.timestamp.timestamp_micros() <= t)
+                .map(|x| x.version)
+                .max()
+                .ok_or_else(|| AsOfError::NoVersion(
+                    "the store has no version that old".into(),
+                ))?,
+        };
+        table.checkout(version).await?;
+        Ok(table)
     }
 
     /// Wait for pending writes and stop the writer.
@@ -418,10 +488,17 @@ impl Store {
         Ok(out)
     }
 
-    /// BM25 leg: best `limit` matches of `query` in `content`, prefiltered.
-    pub async fn search_text(&self, query: &str, filter: &str, limit: usize) -> Result<Vec<Hit>> {
-        let batches: Vec<RecordBatch> = self
-            .chunks
+    /// BM25 leg: best `limit` matches of `query` in `content`, prefiltered
+    /// (`at`: a past version of the table, else the current one).
+    pub async fn search_text(
+        &self,
+        at: Option<&Table>,
+        query: &str,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<Hit>> {
+        let batches: Vec<RecordBatch> = at
+            .unwrap_or(&self.chunks)
             .query()
             .full_text_search(FullTextSearchQuery::new(query.to_string()))
             .only_if(filter)
@@ -437,12 +514,13 @@ impl Store {
     /// Vector leg: the `limit` nearest chunks by cosine distance, prefiltered.
     pub async fn search_vector(
         &self,
+        at: Option<&Table>,
         vector: &[f32],
         filter: &str,
         limit: usize,
     ) -> Result<Vec<Hit>> {
-        let batches: Vec<RecordBatch> = self
-            .chunks
+        let batches: Vec<RecordBatch> = at
+            .unwrap_or(&self.chunks)
             .query()
             .nearest_to(vector)?
             .distance_type(DistanceType::Cosine)
@@ -455,6 +533,90 @@ impl Store {
             .await?;
         hits(&batches, "_distance")
     }
+
+    /// Chunks (without embeddings) matching a filter, as hits scored 0.
+    pub async fn read_hits(
+        &self,
+        at: Option<&Table>,
+        filter: &str,
+        limit: usize,
+    ) -> Result<Vec<Hit>> {
+        let batches: Vec<RecordBatch> = at
+            .unwrap_or(&self.chunks)
+            .query()
+            .only_if(filter)
+            .select(Select::columns(HIT_COLUMNS))
+            .limit(limit)
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut out = Vec::new();
+        for b in &batches {
+            out.extend(
+                batch_to_chunks(b)?
+                    .into_iter()
+                    .map(|chunk| Hit { chunk, score: 0.0 }),
+            );
+        }
+        Ok(out)
+    }
+
+    /// True when `embedding` has an ANN index.
+    pub async fn has_vector_index(&self) -> bool {
+        self.chunks.list_indices().await.is_ok_and(|list| {
+            list.iter()
+                .any(|i| i.columns.iter().any(|c| c == "embedding"))
+        })
+    }
+
+    /// Build the ANN index on `embedding` once the table holds `min_rows`
+    /// embedded rows (IVF-HNSW-SQ, cosine); false when not needed or present.
+    /// Slow on large tables: run it off the request path.
+    pub async fn ensure_vector_index(&self, min_rows: usize) -> Result<bool> {
+        if self.has_vector_index().await
+            || self
+                .chunks
+                .count_rows(Some("embedding IS NOT NULL".into()))
+                .await?
+                < min_rows.max(256)
+        {
+            return Ok(false);
+        }
+        let started = std::time::Instant::now();
+        self.chunks
+            .create_index(
+                &["embedding"],
+                Index::IvfHnswSq(
+                    lancedb::index::vector::IvfHnswSqIndexBuilder::default()
+                        .distance_type(DistanceType::Cosine),
+                ),
+            )
+            .execute()
+            .await?;
+        tracing::info!(took = ?started.elapsed(), "vector index built");
+        Ok(true)
+    }
+}
+
+/// A past state of the store: a table version, or the last version committed
+/// at or before an instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AsOf {
+    Version(u64),
+    Instant(crate::model::Micros),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AsOfError {
+    #[error("{0}")]
+    NoVersion(String),
+    #[error("lance: {0}")]
+    Lance(#[from] lancedb::Error),
+}
+
+fn streams_of(chunks: &[Chunk]) -> std::collections::BTreeSet<String> {
+    chunks.iter().map(|c| c.stream.clone()).collect()
 }
 
 impl Store {

@@ -1,7 +1,13 @@
-//! Hybrid recall: a BM25 leg (Lance full-text index) and a vector leg run
-//! concurrently over the same prefilter, then fuse by weighted reciprocal rank.
-//! Every filter is pushed down into Lance, so a filter never empties a
-//! truncated top-k.
+//! Hybrid recall: a BM25 leg (Lance full-text index), a vector leg and an
+//! entity-graph leg run concurrently over the same prefilter, then fuse by
+//! weighted reciprocal rank. The fused score is then weighed by the memory's
+//! standing (decay, importance, feedback, recall count, see [`rank`]) and
+//! near-identical results collapse. Every filter is pushed down into Lance, so
+//! a filter never empties a truncated top-k.
+
+pub mod access;
+pub mod graph_leg;
+pub mod rank;
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -13,7 +19,8 @@ use crate::auth::Caller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{now_micros, Chunk, Micros};
-use crate::store::{column_in, sql_str, ts_lit, Hit};
+use crate::store::{column_in, sql_str, ts_lit, AsOf, AsOfError, Hit};
+use rank::Factors;
 use crate::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 
 /// Largest `top_k` accepted.
@@ -45,9 +52,12 @@ pub struct SearchRequest {
     pub time_filter: Option<String>,
     /// Which legs run: `hybrid` (default), `bm25` or `vector`.
     pub mode: Option<String>,
-    /// The instant relative filters (`time_filter`) count from; default now
-    /// (a benchmark asks "as of" the question's date).
+    /// The instant relative filters (`time_filter`) and decay count from;
+    /// default now (a benchmark asks as of the question's date).
     pub now: Option<serde_json::Value>,
+    /// Search the store as it was: a table version (a number) or an instant
+    /// (a date or RFC 3339 string: the last version committed by then).
+    pub as_of: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Serialize)]
@@ -78,8 +88,13 @@ pub struct TraceInfo {
     pub version: i32,
     pub superseded_by: Option<String>,
     pub stream: String,
-    /// 1-based rank and raw score in each leg that found it (BM25 score, cosine distance).
+    /// 1-based rank and raw score in each leg that found it (BM25 score,
+    /// cosine distance, graph weight).
     pub legs: HashMap<&'static str, LegTrace>,
+    /// The fused (RRF) score before the factors.
+    pub rrf: f32,
+    /// What the memory's standing multiplied the fused score by.
+    pub factors: Factors,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -97,6 +112,9 @@ pub struct TraceMetadata {
     pub top_k: usize,
     pub streams: Vec<String>,
     pub filter: String,
+    /// The table version searched, when `as_of` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of_version: Option<u64>,
 }
 
 /// The streams a search covers: `streams` when given, else `stream`, else the caller's default.
@@ -246,6 +264,39 @@ struct Fused {
     legs: HashMap<&'static str, LegTrace>,
 }
 
+/// One recalled memory: fused score, factors, final score.
+pub struct Ranked {
+    pub chunk: Chunk,
+    pub score: f32,
+    pub rrf: f32,
+    pub factors: Factors,
+    pub legs: HashMap<&'static str, LegTrace>,
+}
+
+/// What a search found and how.
+pub struct Recall {
+    pub results: Vec<Ranked>,
+    pub total_before_top_k: usize,
+    pub dedup_removed: usize,
+    pub top_k: usize,
+    pub streams: Vec<String>,
+    pub filter: String,
+    pub as_of_version: Option<u64>,
+}
+
+fn parse_as_of(v: &serde_json::Value) -> Result<AsOf> {
+    match v {
+        serde_json::Value::Number(n) => n.as_u64().map(AsOf::Version).ok_or_else(|| {
+            Error::invalid("as_of", "a number must be a table version (a whole number)")
+        }),
+        serde_json::Value::String(_) => Ok(AsOf::Instant(parse_instant("as_of", v)?)),
+        _ => Err(Error::invalid(
+            "as_of",
+            "must be a table version (number) or a date/timestamp (string)",
+        )),
+    }
+}
+
 /// Weighted reciprocal-rank fusion of the legs, best first; score_final in (0, 1].
 fn fuse(legs: Vec<(&'static str, f32, Vec<Hit>)>, k: f32) -> Vec<Fused> {
     let max: f32 = legs.iter().map(|(_, w, _)| w / (k + 1.0)).sum();
@@ -289,6 +340,30 @@ pub async fn search(
     req: SearchRequest,
 ) -> Result<SearchResponse> {
     let started = Instant::now();
+    let recall = recall(engine, caller, &req).await?;
+    let query = req.query.trim();
+    Ok(SearchResponse {
+        trace_metadata: req.trace.then(|| TraceMetadata {
+            total_results_before_topk: recall.total_before_top_k,
+            dedup_removed: recall.dedup_removed,
+            search_latency_us: started.elapsed().as_micros() as u64,
+            query_complexity: complexity(query),
+            top_k: recall.top_k,
+            streams: recall.streams,
+            filter: recall.filter,
+            as_of_version: recall.as_of_version,
+        }),
+        results: recall
+            .results
+            .into_iter()
+            .map(|r| result(r, req.trace))
+            .collect(),
+    })
+}
+
+/// Run a search: the legs, fusion, ranking, collapse, top-k; and (unless
+/// `dry_run` or `as_of`) count an access to every returned memory.
+pub async fn recall(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Result<Recall> {
     let query = req.query.trim().to_string();
     if query.is_empty() {
         return Err(Error::invalid("query", "must not be empty"));
@@ -303,32 +378,49 @@ pub async fn search(
     if is_aggregation(&query) {
         top_k = top_k.max(AGGREGATION_TOP_K);
     }
-    let streams = resolve_streams(engine, caller, &req)?;
+    let streams = resolve_streams(engine, caller, req)?;
     let now = match &req.now {
         Some(v) => parse_instant("now", v)?,
         None => now_micros(),
     };
-    let filter = build_filter(&streams, &req, now)?;
+    let filter = build_filter(&streams, req, now)?;
     let s = &engine.cfg.search;
-    let (bm25_weight, vector_weight) = match req.mode.as_deref().map(str::trim) {
-        None | Some("hybrid") => (s.bm25_weight, s.vector_weight),
-        Some("bm25") => (s.bm25_weight.max(f32::MIN_POSITIVE), 0.0),
-        Some("vector") => (0.0, s.vector_weight.max(f32::MIN_POSITIVE)),
+    let (bm25_weight, vector_weight, graph_weight) = match req.mode.as_deref().map(str::trim) {
+        None | Some("hybrid") => (s.bm25_weight, s.vector_weight, s.graph_weight),
+        Some("bm25") => (s.bm25_weight.max(f32::MIN_POSITIVE), 0.0, 0.0),
+        Some("vector") => (0.0, s.vector_weight.max(f32::MIN_POSITIVE), 0.0),
+        Some("graph") => (0.0, 0.0, s.graph_weight.max(f32::MIN_POSITIVE)),
         Some(other) => {
             return Err(Error::invalid(
                 "mode",
-                format!("`{other}`: must be hybrid, bm25 or vector"),
+                format!("`{other}`: must be hybrid, bm25, vector or graph"),
             ))
         }
     };
+    let snapshot = match &req.as_of {
+        Some(v) => {
+            let at = parse_as_of(v)?;
+            let table = engine.store.chunks_as_of(at).await.map_err(|e| match e {
+                AsOfError::NoVersion(m) => Error::invalid("as_of", m),
+                AsOfError::Lance(e) => Error::from(crate::store::StoreError::from(e)),
+            })?;
+            let version = table.version().await.map_err(crate::store::StoreError::from)?;
+            Some((table, version))
+        }
+        None => None,
+    };
+    let at = snapshot.as_ref().map(|(t, _)| t);
     let candidates = s.candidates.max(top_k);
 
     let texts = [query.clone()];
     let bm25 = async {
         if bm25_weight > 0.0 {
-            engine.store.search_text(&query, &filter, candidates).await
+            Ok(engine
+                .store
+                .search_text(at, &query, &filter, candidates)
+                .await?)
         } else {
-            Ok(Vec::new())
+            Ok::<_, Error>(Vec::new())
         }
     };
     let vector = async {
@@ -338,7 +430,10 @@ pub async fn search(
                 .into_iter()
                 .next()
                 .ok_or_else(|| Error::Internal("no query vector".into()))?;
-            let mut hits = engine.store.search_vector(&v, &filter, candidates).await?;
+            let mut hits = engine
+                .store
+                .search_vector(at, &v, &filter, candidates)
+                .await?;
             // `_distance` is cosine distance: similarity = 1 - distance.
             hits.retain(|h| 1.0 - h.score >= s.min_similarity);
             Ok::<_, Error>(hits)
@@ -346,46 +441,81 @@ pub async fn search(
             Ok(Vec::new())
         }
     };
-    let (bm25, vector) = tokio::join!(bm25, vector);
+    let graph = async {
+        if graph_weight > 0.0 {
+            Ok(
+                graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates)
+                    .await?,
+            )
+        } else {
+            Ok::<_, Error>(Vec::new())
+        }
+    };
+    let (bm25, vector, graph) = tokio::join!(bm25, vector, graph);
     let fused = fuse(
         vec![
             ("bm25", bm25_weight, bm25?),
             ("vector", vector_weight, vector?),
+            ("graph", graph_weight, graph?),
         ],
         s.rrf_k,
     );
-    let total = fused.len();
+    let total_before_top_k = fused.len();
 
-    // Collapse near-identical results: the same normalised text keeps its best hit.
-    let mut seen = std::collections::HashSet::new();
+    let mut ranked: Vec<Ranked> = fused
+        .into_iter()
+        .map(|f| {
+            let factors = Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
+            Ranked {
+                score: f.score * factors.product(),
+                rrf: f.score,
+                factors,
+                legs: f.legs,
+                chunk: f.chunk,
+            }
+        })
+        .collect();
+    ranked.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| b.chunk.created_at.cmp(&a.chunk.created_at))
+            .then_with(|| a.chunk.id.cmp(&b.chunk.id))
+    });
+
+    // Collapse near-identical results: the best of each group stays.
+    let mut kept: Vec<(Ranked, std::collections::HashSet<String>)> = Vec::new();
     let mut dedup_removed = 0;
-    let mut results = Vec::new();
-    for f in fused {
-        if !seen.insert(f.chunk.content_hash.clone()) {
+    for r in ranked {
+        let words = rank::word_set(&r.chunk.content);
+        let duplicate = kept.iter().any(|(k, w)| {
+            k.chunk.content_hash == r.chunk.content_hash
+                || rank::jaccard(w, &words) >= s.near_duplicate
+        });
+        if duplicate {
             dedup_removed += 1;
-            continue;
+        } else {
+            kept.push((r, words));
         }
-        if results.len() == top_k {
-            continue;
-        }
-        results.push(result(f, req.trace));
     }
-    Ok(SearchResponse {
+    let results: Vec<Ranked> = kept.into_iter().take(top_k).map(|(r, _)| r).collect();
+    if !req.dry_run && snapshot.is_none() {
+        engine
+            .access
+            .record(results.iter().map(|r| r.chunk.id.clone()), now_micros());
+    }
+    Ok(Recall {
         results,
-        trace_metadata: req.trace.then(|| TraceMetadata {
-            total_results_before_topk: total,
-            dedup_removed,
-            search_latency_us: started.elapsed().as_micros() as u64,
-            query_complexity: complexity(&query),
-            top_k,
-            streams,
-            filter,
-        }),
+        total_before_top_k,
+        dedup_removed,
+        top_k,
+        streams,
+        filter,
+        as_of_version: snapshot.map(|(_, v)| v),
     })
 }
 
-fn result(f: Fused, trace: bool) -> SearchResult {
-    let c = f.chunk;
+fn result(r: Ranked, trace: bool) -> SearchResult {
+    let c = r.chunk;
     let content = if c.superseded_by.is_some() {
         format!("[UPDATED] {}", c.content)
     } else {
@@ -394,7 +524,7 @@ fn result(f: Fused, trace: bool) -> SearchResult {
     SearchResult {
         chunk_id: c.id.clone(),
         content,
-        score_final: f.score,
+        score_final: r.score,
         trace_info: trace.then(|| TraceInfo {
             level: format!("L{}", c.level),
             source: c.source.clone(),
@@ -406,7 +536,9 @@ fn result(f: Fused, trace: bool) -> SearchResult {
             version: c.version,
             superseded_by: c.superseded_by.clone(),
             stream: c.stream.clone(),
-            legs: f.legs,
+            legs: r.legs,
+            rrf: r.rrf,
+            factors: r.factors,
         }),
     }
 }
