@@ -367,7 +367,7 @@ fn default_feedback_weight() -> f32 {
     0.1
 }
 fn default_access_boost() -> f32 {
-    0.05
+    0.02
 }
 fn default_near_duplicate() -> f32 {
     0.9

@@ -165,7 +165,10 @@ async fn build_profile(engine: &Engine, stream: &str) -> Result<Profile> {
     let all = latest(engine, stream, "", SCAN_LIMIT).await?;
     let considered = all.len();
     let recent_since = now - RECENT_DAYS * DAY_MICROS;
-    let mut recent: Vec<&Chunk> = all.iter().filter(|c| c.created_at >= recent_since).collect();
+    let mut recent: Vec<&Chunk> = all
+        .iter()
+        .filter(|c| c.created_at >= recent_since)
+        .collect();
     recent.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
     recent.truncate(MAX_RECENT);
     let mut stable: Vec<(f32, Chunk)> = all
@@ -283,7 +286,9 @@ async fn llm_summary(
             }),
         )
         .await
-        .map_err(|e| tracing::warn!(error = %e, "profile summary by LLM failed; extractive instead"))
+        .map_err(
+            |e| tracing::warn!(error = %e, "profile summary by LLM failed; extractive instead"),
+        )
         .ok()?;
     reply.json["summary"]
         .as_str()
@@ -624,7 +629,10 @@ pub struct Ambient {
 pub async fn ambient(engine: &Engine, caller: &Caller, req: AmbientRequest) -> Result<Ambient> {
     let budget = req.budget_tokens.unwrap_or(250);
     if budget == 0 || budget > 8000 {
-        return Err(Error::invalid("budget_tokens", "must be between 1 and 8000"));
+        return Err(Error::invalid(
+            "budget_tokens",
+            "must be between 1 and 8000",
+        ));
     }
     let max_items = req.max_items.unwrap_or(8);
     if max_items == 0 || max_items > 50 {
@@ -791,7 +799,10 @@ mod tests {
         assert_eq!(a, vec![50, 850, 100]);
         assert!(a.iter().sum::<usize>() <= 1000);
         // Everything needed more than its share: the shares stand.
-        assert_eq!(allocate(1000, &SHARES, &[5000, 5000, 5000]), vec![200, 500, 300]);
+        assert_eq!(
+            allocate(1000, &SHARES, &[5000, 5000, 5000]),
+            vec![200, 500, 300]
+        );
         // A section not asked for has no share; its part flows on.
         let b = allocate(1000, &[0.0, 0.5, 0.0], &[0, 5000, 0]);
         assert_eq!(b, vec![0, 1000, 0]);

@@ -64,7 +64,8 @@ pub async fn profile(
         }
     };
     let p = context::profile(&engine, &caller, q.stream.as_deref()).await?;
-    let mut body = serde_json::to_value(&p).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+    let mut body =
+        serde_json::to_value(&p).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
     if markdown {
         body["markdown"] = serde_json::Value::String(p.markdown());
     }

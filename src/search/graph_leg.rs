@@ -14,10 +14,10 @@ use crate::store::{id_in, Hit, Store};
 const STOP: &[&str] = &[
     "a", "about", "after", "all", "am", "an", "and", "any", "are", "as", "at", "be", "been",
     "before", "but", "by", "can", "could", "did", "do", "does", "for", "from", "had", "has",
-    "have", "how", "i", "if", "in", "is", "it", "its", "last", "me", "much", "my", "many",
-    "new", "next", "of", "on", "or", "our", "so", "that", "the", "their", "them", "then",
-    "there", "this", "to", "use", "used", "user", "uses", "was", "we", "were", "what", "when",
-    "where", "which", "who", "why", "will", "with", "would", "you", "your",
+    "have", "how", "i", "if", "in", "is", "it", "its", "last", "me", "much", "my", "many", "new",
+    "next", "of", "on", "or", "our", "so", "that", "the", "their", "them", "then", "there", "this",
+    "to", "use", "used", "user", "uses", "was", "we", "were", "what", "when", "where", "which",
+    "who", "why", "will", "with", "would", "you", "your",
 ];
 
 /// The entity keys a query could name: every span of 1–3 words that neither

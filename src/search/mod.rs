@@ -20,8 +20,8 @@ use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{now_micros, Chunk, Micros};
 use crate::store::{column_in, sql_str, ts_lit, AsOf, AsOfError, Hit};
-use rank::Factors;
 use crate::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
+use rank::Factors;
 
 /// Largest `top_k` accepted.
 pub const MAX_TOP_K: usize = 1000;
@@ -404,7 +404,10 @@ pub async fn recall(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Re
                 AsOfError::NoVersion(m) => Error::invalid("as_of", m),
                 AsOfError::Lance(e) => Error::from(crate::store::StoreError::from(e)),
             })?;
-            let version = table.version().await.map_err(crate::store::StoreError::from)?;
+            let version = table
+                .version()
+                .await
+                .map_err(crate::store::StoreError::from)?;
             Some((table, version))
         }
         None => None,
@@ -443,10 +446,7 @@ pub async fn recall(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Re
     };
     let graph = async {
         if graph_weight > 0.0 {
-            Ok(
-                graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates)
-                    .await?,
-            )
+            Ok(graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates).await?)
         } else {
             Ok::<_, Error>(Vec::new())
         }

@@ -24,7 +24,10 @@ impl Factors {
     pub fn of(cfg: &SearchConfig, chunk: &Chunk, feedback: Tally, now: Micros) -> Factors {
         Factors {
             decay: decay(cfg, chunk, now),
-            importance: chunk.importance.clamp(0.05, 20.0).powf(cfg.importance_weight),
+            importance: chunk
+                .importance
+                .clamp(0.05, 20.0)
+                .powf(cfg.importance_weight),
             feedback: feedback.factor(cfg.feedback_weight),
             access: 1.0 + cfg.access_boost * (1.0 + chunk.access_count.max(0) as f32).ln(),
         }
@@ -99,7 +102,9 @@ mod tests {
         assert!((decay(&cfg, &chunk("plan", 60), now) - half).abs() < 1e-6);
         assert_eq!(decay(&cfg, &chunk("general", 0), now), 1.0);
         // A month hurts a project more than a preference.
-        assert!(decay(&cfg, &chunk("project", 30), now) < decay(&cfg, &chunk("preference", 30), now));
+        assert!(
+            decay(&cfg, &chunk("project", 30), now) < decay(&cfg, &chunk("preference", 30), now)
+        );
         let mut pinned = chunk("observation", 3650);
         pinned.pinned = true;
         assert_eq!(decay(&cfg, &pinned, now), 1.0);

@@ -336,19 +336,19 @@ impl Store {
                 .iter()
                 .find(|x| x.version == v)
                 .map(|x| x.version)
-                .ok_or_else(|| AsOfError::NoVersion(format!(
-                    "version {v} does not exist (versions {}–{} are kept)",
-                    versions.first().map_or(0, |x| x.version),
-                    versions.last().map_or(0, |x| x.version)
-                )))?,
+                .ok_or_else(|| {
+                    AsOfError::NoVersion(format!(
+                        "version {v} does not exist (versions {}–{} are kept)",
+                        versions.first().map_or(0, |x| x.version),
+                        versions.last().map_or(0, |x| x.version)
+                    ))
+                })?,
             AsOf::Instant(t) => versions
                 .iter()
                 .filter(|x| x.timestamp.timestamp_micros() <= t)
                 .map(|x| x.version)
                 .max()
-                .ok_or_else(|| AsOfError::NoVersion(
-                    "the store has no version that old".into(),
-                ))?,
+                .ok_or_else(|| AsOfError::NoVersion("the store has no version that old".into()))?,
         };
         table.checkout(version).await?;
         Ok(table)

@@ -14,4 +14,5 @@ mod llm_stub;
 mod nats;
 mod recall;
 mod restart;
+mod retrieval;
 mod sql;
