@@ -433,8 +433,6 @@ pub async fn context_pack(
         .map(str::trim)
         .filter(|q| !q.is_empty());
 
-    // Relevant first: a memory appears once, in the first section that has it.
-    let mut used: HashSet<String> = HashSet::new();
     let mut relevant = Section {
         name: "relevant",
         title: "Relevant",
@@ -454,11 +452,9 @@ pub async fn context_pack(
         )
         .await?;
         for r in found.results {
-            if used.insert(r.chunk.id.clone()) {
-                relevant
-                    .lines
-                    .push((format!("- {}", r.chunk.content), r.chunk.id, r.score));
-            }
+            relevant
+                .lines
+                .push((format!("- {}", r.chunk.content), r.chunk.id, r.score));
         }
     }
     let mut recent = Section {
@@ -481,11 +477,9 @@ pub async fn context_pack(
         .await?;
         items.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
         for c in items {
-            if used.insert(c.id.clone()) {
-                let day = to_rfc3339(c.created_at);
-                let line = format!("- {}: {}", &day[..10.min(day.len())], c.content);
-                recent.lines.push((line, c.id, 0.0));
-            }
+            let day = to_rfc3339(c.created_at);
+            let line = format!("- {}: {}", &day[..10.min(day.len())], c.content);
+            recent.lines.push((line, c.id, 0.0));
         }
     }
     let mut profile_section = Section {
@@ -496,11 +490,9 @@ pub async fn context_pack(
     if wanted.contains(&"profile") {
         let p = profile(engine, caller, Some(&stream)).await?;
         for f in p.stable_facts {
-            if used.insert(f.chunk_id.clone()) {
-                profile_section
-                    .lines
-                    .push((format!("- {}", f.content), f.chunk_id, f.score));
-            }
+            profile_section
+                .lines
+                .push((format!("- {}", f.content), f.chunk_id, f.score));
         }
     }
 
@@ -513,31 +505,39 @@ pub async fn context_pack(
     let needed: Vec<usize> = sections.iter().map(Section::needed).collect();
     // The blank lines between sections cost tokens too: reserve them.
     let separators = wanted.len().saturating_sub(1) * tokens::count("\n\n");
-    let alloc = allocate(budget.saturating_sub(separators), &shares, &needed);
-
-    let mut blocks: Vec<(&'static str, Vec<(String, String, f32)>)> = Vec::new();
-    let mut truncated: Vec<&'static str> = Vec::new();
-    for (section, limit) in sections.into_iter().zip(alloc) {
-        if section.lines.is_empty() {
-            continue;
+    let budget_lines = budget.saturating_sub(separators);
+    let mut alloc = allocate(budget_lines, &shares, &needed);
+    // Fill in order (profile, relevant, recent); a memory shown in an earlier
+    // section is skipped later, which can leave budget unspent: hand it to the
+    // sections that were cut (relevant first) and fill again.
+    let mut filled = fill(&sections, &alloc);
+    for _ in 0..3 {
+        let spent: usize = filled.iter().map(|f| f.spent).sum();
+        let mut spare = budget_lines.saturating_sub(spent);
+        if spare == 0 || !filled.iter().any(|f| f.truncated) {
+            break;
         }
-        let mut spent = tokens::count(&section.header());
-        let mut kept = Vec::new();
-        let total_lines = section.lines.len();
-        if spent < limit {
-            for (line, id, score) in section.lines {
-                let cost = tokens::count(&format!("\n{line}"));
-                if spent + cost <= limit {
-                    spent += cost;
-                    kept.push((line, id, score));
-                }
+        for i in 0..alloc.len() {
+            if !filled[i].truncated {
+                // Give back what this section did not use.
+                let unused = alloc[i].saturating_sub(filled[i].spent);
+                alloc[i] -= unused;
+                spare += unused;
             }
         }
-        if kept.len() < total_lines {
+        if let Some(i) = [1, 2, 0].into_iter().find(|&i| filled[i].truncated) {
+            alloc[i] += spare;
+        }
+        filled = fill(&sections, &alloc);
+    }
+    let mut truncated: Vec<&'static str> = Vec::new();
+    let mut blocks: Vec<(&'static str, Vec<(String, String, f32)>)> = Vec::new();
+    for (section, f) in sections.iter().zip(filled) {
+        if f.truncated {
             truncated.push(section.name);
         }
-        if !kept.is_empty() {
-            blocks.push((section.name, kept));
+        if !f.lines.is_empty() {
+            blocks.push((section.name, f.lines));
         }
     }
     let render = |blocks: &[(&'static str, Vec<(String, String, f32)>)]| -> String {
@@ -594,6 +594,44 @@ pub async fn context_pack(
         sections_included: blocks.iter().map(|(n, _)| *n).collect(),
         sections_truncated: truncated,
     })
+}
+
+struct Filled {
+    lines: Vec<(String, String, f32)>,
+    spent: usize,
+    /// Some line of this section that no other section shows did not fit.
+    truncated: bool,
+}
+
+/// Each section's lines within its allocation, in order; a memory already
+/// shown by an earlier section is skipped.
+fn fill(sections: &[Section], alloc: &[usize]) -> Vec<Filled> {
+    let mut shown: HashSet<&str> = HashSet::new();
+    let mut out = Vec::new();
+    for (section, &limit) in sections.iter().zip(alloc) {
+        let mut f = Filled {
+            lines: Vec::new(),
+            spent: 0,
+            truncated: false,
+        };
+        let header = tokens::count(&section.header());
+        for (line, id, score) in &section.lines {
+            if shown.contains(id.as_str()) {
+                continue;
+            }
+            let cost =
+                tokens::count(&format!("\n{line}")) + if f.lines.is_empty() { header } else { 0 };
+            if f.spent + cost <= limit {
+                f.spent += cost;
+                f.lines.push((line.clone(), id.clone(), *score));
+                shown.insert(id);
+            } else {
+                f.truncated = true;
+            }
+        }
+        out.push(f);
+    }
+    out
 }
 
 // ---------------------------------------------------------------- ambient

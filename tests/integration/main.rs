@@ -3,6 +3,7 @@
 
 mod api;
 mod auth;
+mod context;
 mod embed;
 mod enrich;
 mod errors;
