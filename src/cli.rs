@@ -182,8 +182,8 @@ pub async fn bench_recall(
         other => bail!("--granularity {other}: must be session, turn or both"),
     };
     for m in &sel.modes {
-        if !["bm25", "vector", "hybrid"].contains(&m.as_str()) {
-            bail!("--modes: `{m}` is not bm25, vector or hybrid");
+        if !["bm25", "vector", "graph", "hybrid"].contains(&m.as_str()) {
+            bail!("--modes: `{m}` is not bm25, vector, graph or hybrid");
         }
     }
     for t in &sel.types {

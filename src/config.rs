@@ -361,7 +361,7 @@ fn default_decay_weight() -> f32 {
     0.3
 }
 fn default_importance_weight() -> f32 {
-    0.2
+    0.1
 }
 fn default_feedback_weight() -> f32 {
     0.1

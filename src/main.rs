@@ -87,7 +87,7 @@ enum RecallAction {
     Run {
         /// The LongMemEval-format JSON file.
         data: PathBuf,
-        /// Search modes to compare (bm25, vector, hybrid).
+        /// Search modes to compare (bm25, vector, graph, hybrid).
         #[arg(
             long,
             alias = "mode",
