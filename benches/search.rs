@@ -1,0 +1,224 @@
+//! Search latency at 10k, 100k and 1M memories: the full hybrid path of
+//! `POST /v1/search` (query embedding with MiniLM, BM25, vector and graph legs,
+//! fusion, ranking) minus HTTP.
+//!
+//! `cargo bench --bench search` (sizes: `LOOMEM_BENCH_SIZES=10000,100000`).
+//!
+//! The memories are synthetic: 12 words each from a 4,000-word Zipf-distributed
+//! vocabulary, with random unit vectors (embedding 1M texts with MiniLM would
+//! take an hour here; a vector's values do not change the cost of a search).
+//! Tables are built once under `~/.cache/loomem/bench-data/` and reused. At and
+//! above `search.vector_index_min_rows` (100k) the vector leg uses the
+//! IVF-HNSW-SQ index, as the daemon does. Besides criterion's estimate, p50,
+//! p95 and p99 over 300 queries are printed per size.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+use loomem::auth::Caller;
+use loomem::config::Config;
+use loomem::engine::Engine;
+use loomem::model::{chunks_to_batch, Chunk};
+use loomem::search::{self, SearchRequest};
+use loomem::store::Store;
+
+const DIM: usize = 384;
+const BATCH: usize = 50_000;
+const STREAM: &str = "bench";
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Zipf-like rank in 0..n: small ranks are common.
+    fn zipf(&mut self, n: usize) -> usize {
+        let u = self.unit().max(1e-6);
+        ((n as f32).powf(u) - 1.0) as usize % n
+    }
+}
+
+fn vocabulary() -> Vec<String> {
+    const SYL: &[&str] = &[
+        "ka", "lo", "mi", "ren", "tor", "vi", "sa", "del", "po", "nu", "gra", "shi", "ber", "ta",
+        "quin", "ma", "zo", "fel",
+    ];
+    let mut words = Vec::new();
+    'outer: for a in SYL {
+        for b in SYL {
+            for c in SYL {
+                words.push(format!("{a}{b}{c}"));
+                if words.len() == 4000 {
+                    break 'outer;
+                }
+            }
+        }
+    }
+    words
+}
+
+fn text(rng: &mut Rng, vocab: &[String], words: usize) -> String {
+    (0..words)
+        .map(|_| vocab[rng.zipf(vocab.len())].as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn data_dir(rows: usize) -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
+    PathBuf::from(home).join(format!(".cache/loomem/bench-data/search-{rows}"))
+}
+
+/// Build the table of `rows` memories with its indexes, unless already there.
+async fn build(dir: &Path, rows: usize, index_min_rows: usize) {
+    let store = Store::open(dir, DIM, 100_000).await.unwrap();
+    let have = store.count(None).await.unwrap();
+    if have == rows && (rows < index_min_rows || store.has_vector_index().await) {
+        return;
+    }
+    assert_eq!(have, 0, "{} holds {have} rows; delete it", dir.display());
+    let started = Instant::now();
+    let vocab = vocabulary();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let table = store.chunks_table();
+    for start in (0..rows).step_by(BATCH) {
+        let chunks: Vec<Chunk> = (start..(start + BATCH).min(rows))
+            .map(|i| {
+                let mut c = Chunk::new(
+                    format!("m-{i}"),
+                    STREAM.into(),
+                    text(&mut rng, &vocab, 12),
+                    1_700_000_000_000_000 + i as i64 * 10_000_000,
+                );
+                let mut v: Vec<f32> = (0..DIM).map(|_| rng.unit() - 0.5).collect();
+                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                v.iter_mut().for_each(|x| *x /= norm);
+                c.embedding = Some(v);
+                c.embed_model = Some("all-MiniLM-L6-v2".into());
+                c
+            })
+            .collect();
+        table
+            .add(chunks_to_batch(&chunks, DIM).unwrap())
+            .execute()
+            .await
+            .unwrap();
+    }
+    table
+        .optimize(lancedb::table::OptimizeAction::Compact {
+            options: Default::default(),
+            remap_options: None,
+        })
+        .await
+        .unwrap();
+    table
+        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+        .await
+        .unwrap();
+    store.ensure_vector_index(index_min_rows).await.unwrap();
+    store.close().await;
+    eprintln!("built {rows} memories in {:?}", started.elapsed());
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+fn bench_search(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sizes: Vec<usize> = std::env::var("LOOMEM_BENCH_SIZES")
+        .unwrap_or_else(|_| "10000,100000,1000000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("LOOMEM_BENCH_SIZES: numbers"))
+        .collect();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let vocab = vocabulary();
+    let mut group = c.benchmark_group("search_hybrid");
+    group.sample_size(30);
+    group.measurement_time(Duration::from_secs(10));
+    for rows in sizes {
+        let dir = data_dir(rows);
+        let mut env: HashMap<String, String> = HashMap::new();
+        env.insert(
+            "LOOMEM_STORAGE__DATA_DIR".into(),
+            dir.display().to_string(),
+        );
+        env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
+        if let Ok(m) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
+            env.insert("LOOMEM_EMBED__MODEL_DIR".into(), m);
+        }
+        let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
+        let index_min_rows = cfg.search.vector_index_min_rows;
+        rt.block_on(build(&dir, rows, index_min_rows));
+        let engine: Arc<Engine> = rt.block_on(Engine::start(cfg, &env)).unwrap();
+        let caller = Caller::admin("bench");
+        let mut rng = Rng(42);
+        let queries: Vec<String> = (0..300).map(|_| text(&mut rng, &vocab, 4)).collect();
+        let run = |q: &str| {
+            rt.block_on(search::search(
+                &engine,
+                &caller,
+                SearchRequest {
+                    query: q.to_string(),
+                    stream: Some(STREAM.into()),
+                    dry_run: true,
+                    ..Default::default()
+                },
+            ))
+            .unwrap()
+        };
+        // Warm up caches (index pages, the model), then the percentiles.
+        for q in queries.iter().take(20) {
+            run(q);
+        }
+        let mut times: Vec<Duration> = queries
+            .iter()
+            .map(|q| {
+                let t = Instant::now();
+                let r = run(q);
+                let took = t.elapsed();
+                assert!(!r.results.is_empty(), "no results for {q}");
+                took
+            })
+            .collect();
+        times.sort();
+        println!(
+            "search_hybrid/{rows}: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms over {} queries (vector index: {})",
+            percentile(&times, 0.50).as_secs_f64() * 1e3,
+            percentile(&times, 0.95).as_secs_f64() * 1e3,
+            percentile(&times, 0.99).as_secs_f64() * 1e3,
+            times.len(),
+            rt.block_on(engine.store.has_vector_index()),
+        );
+        let mut i = 0;
+        group.bench_function(format!("{rows}"), |b| {
+            b.iter(|| {
+                i = (i + 1) % queries.len();
+                run(&queries[i])
+            })
+        });
+        rt.block_on(engine.shutdown());
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_search);
+criterion_main!(benches);
