@@ -157,10 +157,7 @@ fn bench_search(c: &mut Criterion) {
     for rows in sizes {
         let dir = data_dir(rows);
         let mut env: HashMap<String, String> = HashMap::new();
-        env.insert(
-            "LOOMEM_STORAGE__DATA_DIR".into(),
-            dir.display().to_string(),
-        );
+        env.insert("LOOMEM_STORAGE__DATA_DIR".into(), dir.display().to_string());
         env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
         if let Ok(m) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
             env.insert("LOOMEM_EMBED__MODEL_DIR".into(), m);

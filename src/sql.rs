@@ -26,11 +26,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::Caller;
 use crate::error::{Error, Result};
-use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, HISTORY, LLM_CALLS};
+use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS};
 use crate::time::parse_instant_str;
 
 /// Tables every caller can query (as stream-scoped views).
-pub const TABLES: &[&str] = &[CHUNKS, ENTITIES, EDGES, HISTORY, DEAD_LETTERS, LLM_CALLS];
+pub const TABLES: &[&str] = &[
+    CHUNKS,
+    ENTITIES,
+    EDGES,
+    HISTORY,
+    DEAD_LETTERS,
+    LLM_CALLS,
+    FEEDBACK,
+];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

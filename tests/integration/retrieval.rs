@@ -332,6 +332,13 @@ async fn feedback_reorders_results_and_is_stream_scoped() {
         )
         .await;
     assert_eq!(s, 401);
+    // Every signal is a row of the `feedback` table, visible in SQL per stream.
+    let (_, rows) = d.call_as(Some(TOKEN_A), "POST", "/v1/sql", Some(json!({"sql": "SELECT caller, count(*) AS n FROM feedback GROUP BY caller ORDER BY caller"}))).await;
+    assert_eq!(
+        rows["rows"],
+        json!([{"caller": "admin", "n": 1}, {"caller": "agent-a", "n": 3}]),
+        "{rows}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
