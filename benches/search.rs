@@ -2,7 +2,8 @@
 //! `POST /v1/search` (query embedding with MiniLM, BM25, vector and graph legs,
 //! fusion, ranking) minus HTTP.
 //!
-//! `cargo bench --bench search` (sizes: `LOOMEM_BENCH_SIZES=10000,100000`).
+//! `cargo bench --bench search` (sizes: `LOOMEM_BENCH_SIZES=10000,100000`;
+//! `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables).
 //!
 //! The memories are synthetic: 12 words each from a 4,000-word Zipf-distributed
 //! vocabulary, with random unit vectors (embedding 1M texts with MiniLM would
@@ -165,6 +166,9 @@ fn bench_search(c: &mut Criterion) {
         let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
         let index_min_rows = cfg.search.vector_index_min_rows;
         rt.block_on(build(&dir, rows, index_min_rows));
+        if std::env::var("LOOMEM_BENCH_BUILD_ONLY").is_ok() {
+            continue;
+        }
         let engine: Arc<Engine> = rt.block_on(Engine::start(cfg, &env)).unwrap();
         let caller = Caller::admin("bench");
         let mut rng = Rng(42);

@@ -64,6 +64,26 @@ pub struct EmbedderStatus {
     pub job: Option<crate::jobs::JobView>,
 }
 
+impl Status {
+    /// The flat shape of MCP `memory_status`, plus the bus and embedder.
+    pub fn for_mcp(&self) -> serde_json::Value {
+        let c = &self.config_summary;
+        serde_json::json!({
+            "status": self.status,
+            "uptime_secs": self.uptime_secs,
+            "rocksdb_keys": c.rocksdb_keys,
+            "tantivy_docs": c.tantivy_docs,
+            "embeddings_count": c.embeddings_count,
+            "vector": c.vector_enabled,
+            "tantivy": c.tantivy_enabled,
+            "scheduler": c.scheduler_enabled,
+            "dead_letters": self.dead_letters,
+            "bus": self.bus,
+            "embedder": {"provider": self.embedder.provider, "model": self.embedder.model, "stale": self.embedder.stale},
+        })
+    }
+}
+
 fn and(a: &Option<String>, b: &str) -> String {
     match a {
         Some(a) => format!("({a}) AND {b}"),

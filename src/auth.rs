@@ -184,6 +184,7 @@ mod tests {
                 token_env: "TOKEN_A".into(),
                 streams: vec!["100".into()],
             }],
+            mcp_allowed_hosts: Vec::new(),
         }
     }
 

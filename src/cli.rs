@@ -279,3 +279,65 @@ pub async fn bench_recall(
     );
     Ok(())
 }
+
+/// `loomem mcp --url`: relay MCP JSON-RPC between stdio and a daemon's
+/// streamable HTTP endpoint, one message at a time, keeping its session id.
+pub async fn mcp_proxy(url: &str, token: Option<&str>, stream: Option<&str>) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut endpoint = format!("{}/mcp", url.trim_end_matches('/'));
+    if let Some(s) = stream {
+        endpoint.push_str(&format!("?stream={s}"));
+    }
+    let http = reqwest::Client::new();
+    let mut session: Option<String> = None;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut out = tokio::io::stdout();
+    while let Some(line) = lines.next_line().await? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut req = http
+            .post(&endpoint)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(line);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(s) = &session {
+            req = req.header("mcp-session-id", s);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {endpoint}"))?;
+        if let Some(s) = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+            session = Some(s.to_string());
+        }
+        let status = resp.status();
+        let is_sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let body = resp.text().await?;
+        if !status.is_success() {
+            anyhow::bail!("{endpoint} answered {status}: {body}");
+        }
+        let messages: Vec<&str> = if is_sse {
+            body.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .collect()
+        } else {
+            vec![body.trim()]
+        };
+        for m in messages.into_iter().filter(|m| !m.is_empty()) {
+            out.write_all(m.as_bytes()).await?;
+            out.write_all(b"\n").await?;
+        }
+        out.flush().await?;
+    }
+    Ok(())
+}

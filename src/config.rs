@@ -107,6 +107,13 @@ pub struct ServerConfig {
     /// Tokens limited to some streams, each read from its own environment variable.
     #[serde(default)]
     pub tokens: Vec<ScopedToken>,
+    /// `Host` headers `/mcp` accepts (DNS-rebinding protection); `"*"` = any.
+    #[serde(default = "default_mcp_hosts")]
+    pub mcp_allowed_hosts: Vec<String>,
+}
+
+fn default_mcp_hosts() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -54,6 +54,8 @@ pub struct Engine {
     pub access: crate::search::access::AccessTracker,
     /// Cached profiles per stream (see [`crate::context`]).
     pub profiles: crate::context::ProfileCache,
+    /// Streams a dream is running on.
+    pub dreams: crate::dream::Running,
     started: Instant,
     stop_worker: watch::Sender<bool>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -168,6 +170,7 @@ impl Engine {
             jobs: Default::default(),
             access,
             profiles: Default::default(),
+            dreams: Default::default(),
             started: Instant::now(),
             stop_worker,
             worker: Mutex::new(Some(worker)),

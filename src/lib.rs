@@ -3,11 +3,13 @@
 
 pub mod admin;
 pub mod api;
+pub mod associate;
 pub mod auth;
 pub mod bus;
 pub mod config;
 pub mod context;
 pub mod conversation;
+pub mod dream;
 pub mod embed;
 pub mod engine;
 pub mod error;
@@ -19,12 +21,14 @@ pub mod import;
 pub mod ingest;
 pub mod jobs;
 pub mod llm;
+pub mod mcp;
 pub mod memory;
 pub mod model;
 pub mod ner;
 pub mod openai_compat;
 pub mod pipeline;
 pub mod recall;
+pub mod reflect;
 pub mod reembed;
 pub mod search;
 pub mod server;

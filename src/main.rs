@@ -71,6 +71,19 @@ enum Command {
         #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Serve MCP (the 14 memory_* tools) over stdin/stdout for desktop clients:
+    /// the engine runs in this process, or --url proxies to a running daemon's /mcp.
+    Mcp {
+        /// The active stream (default: the default stream).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Forward to a running daemon instead (e.g. http://127.0.0.1:3030).
+        #[arg(long)]
+        url: Option<String>,
+        /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
+        #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Retrieval quality on LongMemEval-format data: `run` it, or `gen`erate
     /// a dataset from ingredients.
     BenchRecall {
@@ -169,6 +182,20 @@ fn run() -> anyhow::Result<()> {
                 loomem::server::serve(cfg, env, listener, loomem::server::shutdown_signal())
                     .await?;
             }
+            Command::Mcp { stream, url, token } => match url {
+                Some(url) => cli::mcp_proxy(&url, token.as_deref(), stream.as_deref()).await?,
+                None => {
+                    let engine = loomem::engine::Engine::start(cfg, &env).await?;
+                    let server = loomem::mcp::MemoryServer::local(
+                        engine.clone(),
+                        loomem::auth::Caller::admin("mcp-stdio"),
+                        stream,
+                    );
+                    let served = loomem::mcp::serve_stdio(server).await;
+                    engine.shutdown().await;
+                    served?;
+                }
+            },
             Command::CheckConfig => {
                 println!(
                     "config ok: data_dir={} bus={:?}",

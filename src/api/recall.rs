@@ -1,5 +1,6 @@
-//! Reading memory back: feedback on results, context packs, ambient snippets,
-//! the profile, the MEMORY.md proposal and the entity graph.
+//! Reading memory back and tending it: feedback on results, context packs,
+//! ambient snippets, the profile, the MEMORY.md proposal, the entity graph,
+//! associations, quality reflection and dream consolidation.
 
 use std::sync::Arc;
 
@@ -99,4 +100,28 @@ pub async fn graph_stats(
     Ok(Json(
         graph_query::stats(&engine, &caller, q.stream.as_deref()).await?,
     ))
+}
+
+pub async fn associate(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::associate::AssociateRequest>,
+) -> Result<Json<crate::associate::Associations>> {
+    Ok(Json(crate::associate::associate(&engine, &caller, req).await?))
+}
+
+pub async fn reflect(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::reflect::ReflectRequest>,
+) -> Result<Json<crate::reflect::Reflection>> {
+    Ok(Json(crate::reflect::reflect(&engine, &caller, req).await?))
+}
+
+pub async fn dream(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::dream::DreamRequest>,
+) -> Result<Json<crate::dream::DreamReport>> {
+    Ok(Json(crate::dream::dream(&engine, &caller, req).await?))
 }

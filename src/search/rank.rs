@@ -122,7 +122,10 @@ mod tests {
         c.importance = 2.0;
         c.access_count = 10;
         let f = Factors::of(&cfg, &c, Tally::default(), 1_000 * DAY_MICROS);
-        assert!(f.importance > 1.1 && f.access > 1.1, "{f:?}");
+        let w = cfg.importance_weight;
+        assert!((f.importance - 2f32.powf(w)).abs() < 1e-6, "{f:?}");
+        assert!((f.access - (1.0 + cfg.access_boost * 11f32.ln())).abs() < 1e-6);
+        assert!(f.product() > 1.0);
     }
 
     #[test]

@@ -247,11 +247,11 @@ async fn nats_down_is_a_fast_503_and_the_daemon_recovers_by_itself() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(
-        d.search_ids(json!({"query": "after outage", "stream": "n"}))
-            .await[0],
-        "after-1"
-    );
+    // Searchable again (both memories match; ranking is not what this tests).
+    assert!(d
+        .search_ids(json!({"query": "after outage", "stream": "n"}))
+        .await
+        .contains(&"after-1".to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
