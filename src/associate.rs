@@ -62,7 +62,13 @@ struct Found {
     via: String,
 }
 
-fn offer(found: &mut HashMap<String, Found>, id: &str, score: f32, mechanism: &'static str, via: String) {
+fn offer(
+    found: &mut HashMap<String, Found>,
+    id: &str,
+    score: f32,
+    mechanism: &'static str,
+    via: String,
+) {
     let e = found.entry(id.to_string()).or_insert(Found {
         score: 0.0,
         mechanism,
@@ -97,7 +103,11 @@ pub async fn associate(
     }
     let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
     let store = &engine.store;
-    let query = req.query.as_deref().map(str::trim).filter(|q| !q.is_empty());
+    let query = req
+        .query
+        .as_deref()
+        .map(str::trim)
+        .filter(|q| !q.is_empty());
     let (seeds, obvious): (Vec<Chunk>, HashSet<String>) = match query {
         Some(q) => {
             let hits = search::recall(
@@ -114,7 +124,10 @@ pub async fn associate(
             .await?
             .results;
             let obvious = hits.iter().map(|r| r.chunk.id.clone()).collect();
-            (hits.into_iter().take(SEEDS).map(|r| r.chunk).collect(), obvious)
+            (
+                hits.into_iter().take(SEEDS).map(|r| r.chunk).collect(),
+                obvious,
+            )
         }
         None => {
             let mut recent: Vec<Chunk> = store
@@ -166,7 +179,9 @@ pub async fn associate(
     }
     let hop_keys: Vec<String> = hops.keys().cloned().collect();
     for n in store.graph.by_keys(streams, &hop_keys).await? {
-        let Some((strength, via)) = hops.get(&n.key) else { continue };
+        let Some((strength, via)) = hops.get(&n.key) else {
+            continue;
+        };
         let rarity = 1.0 / (std::f32::consts::E + n.chunk_count as f32).ln();
         for id in n.chunk_ids.iter().rev().take(20) {
             if !obvious.contains(id) {

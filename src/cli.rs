@@ -311,7 +311,11 @@ pub async fn mcp_proxy(url: &str, token: Option<&str>, stream: Option<&str>) -> 
             .send()
             .await
             .with_context(|| format!("cannot reach {endpoint}"))?;
-        if let Some(s) = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+        if let Some(s) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
             session = Some(s.to_string());
         }
         let status = resp.status();

@@ -189,7 +189,11 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
     let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
     let similarity = check_unit("similarity", req.similarity, 0.85)?;
     let related = check_unit("related_similarity", req.related_similarity, 0.6)?;
-    let contra = check_unit("contradiction_similarity", req.contradiction_similarity, 0.6)?;
+    let contra = check_unit(
+        "contradiction_similarity",
+        req.contradiction_similarity,
+        0.6,
+    )?;
     let max_chunks = req.max_chunks.unwrap_or(2000);
     if max_chunks == 0 || max_chunks > 20_000 {
         return Err(Error::invalid("max_chunks", "must be between 1 and 20000"));
@@ -198,7 +202,13 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
     if !(max_cost >= 0.0 && max_cost.is_finite()) {
         return Err(Error::invalid("max_cost_usd", "must be a number >= 0"));
     }
-    if !engine.dreams.0.lock().expect("dream lock").insert(stream.clone()) {
+    if !engine
+        .dreams
+        .0
+        .lock()
+        .expect("dream lock")
+        .insert(stream.clone())
+    {
         return Err(Error::Conflict(format!(
             "a dream is already running on stream `{stream}`"
         )));
@@ -305,7 +315,11 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
         ids.sort();
         let mut method = "extractive";
         let mut text = extractive(&members);
-        if let Some(llm) = engine.llm.as_ref().filter(|_| cost < max_cost && !req.dry_run) {
+        if let Some(llm) = engine
+            .llm
+            .as_ref()
+            .filter(|_| cost < max_cost && !req.dry_run)
+        {
             let notes: Vec<String> = members
                 .iter()
                 .enumerate()
@@ -316,17 +330,30 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
                 "properties": {"summary": {"type": "string"}},
             });
             match llm
-                .chat_json(&stream, "dream", MERGE_PROMPT, &notes.join("\n"), "dream_merge", schema)
+                .chat_json(
+                    &stream,
+                    "dream",
+                    MERGE_PROMPT,
+                    &notes.join("\n"),
+                    "dream_merge",
+                    schema,
+                )
                 .await
             {
                 Ok(reply) => {
                     cost += reply.cost_usd;
-                    if let Some(s) = reply.json["summary"].as_str().map(str::trim).filter(|s| !s.is_empty()) {
+                    if let Some(s) = reply.json["summary"]
+                        .as_str()
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                    {
                         text = tokens::truncate(s, MAX_L1_TOKENS).unwrap_or_else(|| s.to_string());
                         method = "llm";
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "dream merge by LLM failed; extractive instead"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "dream merge by LLM failed; extractive instead")
+                }
             }
         }
         let subject = majority(members.iter().filter_map(|m| m.subject.as_deref()));
@@ -347,8 +374,8 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
         l1.level = 1;
         l1.source = Some("consolidation".into());
         l1.subject = subject;
-        l1.memory_type =
-            majority(members.iter().map(|m| m.memory_type.as_str())).unwrap_or_else(|| "general".into());
+        l1.memory_type = majority(members.iter().map(|m| m.memory_type.as_str()))
+            .unwrap_or_else(|| "general".into());
         let mut entities: Vec<String> = members.iter().flat_map(|m| m.entities.clone()).collect();
         entities.sort();
         entities.dedup();
@@ -416,21 +443,49 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
         o.superseded_by = Some(new.id.clone());
         o.valid_until = Some(new.created_at);
         o.updated_at = now;
-        o.extraction_meta = merge_meta(&o.extraction_meta, "dream_superseded", serde_json::json!({"by": new.id, "reason": r.reason}));
+        o.extraction_meta = merge_meta(
+            &o.extraction_meta,
+            "dream_superseded",
+            serde_json::json!({"by": new.id, "reason": r.reason}),
+        );
         side.push(o);
-        history.push(event(&old.id, "superseded", &r.reason, vec![new.id.clone()]));
-        history.push(event(&new.id, "supersedes", &r.reason, vec![old.id.clone()]));
+        history.push(event(
+            &old.id,
+            "superseded",
+            &r.reason,
+            vec![new.id.clone()],
+        ));
+        history.push(event(
+            &new.id,
+            "supersedes",
+            &r.reason,
+            vec![old.id.clone()],
+        ));
     }
     for g in &merged {
         for id in &g.sources {
             let mut s = pool.iter().find(|c| &c.id == id).expect("in pool").clone();
             s.superseded_by = Some(g.l1_id.clone());
             s.updated_at = now;
-            s.extraction_meta = merge_meta(&s.extraction_meta, "consolidated_into", serde_json::json!(g.l1_id));
+            s.extraction_meta = merge_meta(
+                &s.extraction_meta,
+                "consolidated_into",
+                serde_json::json!(g.l1_id),
+            );
             side.push(s);
-            history.push(event(id, "merged", &format!("{} → L1 {}", g.reason, g.l1_id), vec![g.l1_id.clone()]));
+            history.push(event(
+                id,
+                "merged",
+                &format!("{} → L1 {}", g.reason, g.l1_id),
+                vec![g.l1_id.clone()],
+            ));
         }
-        history.push(event(&g.l1_id, "consolidated", &g.reason, g.sources.clone()));
+        history.push(event(
+            &g.l1_id,
+            "consolidated",
+            &g.reason,
+            g.sources.clone(),
+        ));
     }
     let mentions = l1_mentions(engine, &stream, &l1s, now).await?;
     engine.store.commit_with_side_effects(l1s, side).await?;
@@ -444,7 +499,12 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
 }
 
 /// Graph mentions of the L1 memories, for the entities their sources had.
-async fn l1_mentions(engine: &Engine, stream: &str, l1s: &[Chunk], at: i64) -> Result<Vec<Mention>> {
+async fn l1_mentions(
+    engine: &Engine,
+    stream: &str,
+    l1s: &[Chunk],
+    at: i64,
+) -> Result<Vec<Mention>> {
     let keys: Vec<String> = l1s.iter().flat_map(|c| c.entities.clone()).collect();
     let rows = engine
         .store
@@ -482,8 +542,14 @@ mod tests {
 
     #[test]
     fn extractive_merge_keeps_each_fact_once_in_time_order() {
-        let a = chunk("a", "Dana owns the payments dashboard. The deadline is April 15.");
-        let b = chunk("b", "The deadline is April 22 after the review. Dana owns the payments dashboard");
+        let a = chunk(
+            "a",
+            "Dana owns the payments dashboard. The deadline is April 15.",
+        );
+        let b = chunk(
+            "b",
+            "The deadline is April 22 after the review. Dana owns the payments dashboard",
+        );
         let text = extractive(&[&a, &b]);
         assert_eq!(
             text,

@@ -11,9 +11,7 @@ use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler};
 use schemars::JsonSchema;
@@ -137,7 +135,9 @@ fn text(s: String) -> Result<CallToolResult, ErrorData> {
 
 /// A service failure as a tool result the model can read.
 fn failed(e: Error) -> Result<CallToolResult, ErrorData> {
-    Ok(CallToolResult::error(vec![ContentBlock::text(e.to_string())]))
+    Ok(CallToolResult::error(vec![ContentBlock::text(
+        e.to_string(),
+    )]))
 }
 
 /// Run a service call; its error becomes an `isError` tool result.
@@ -212,7 +212,9 @@ impl MemoryServer {
             metadata: p.metadata,
             ..Default::default()
         };
-        service!(crate::memory::store(&self.engine, &caller, req), |r| json(&r))
+        service!(crate::memory::store(&self.engine, &caller, req), |r| json(
+            &r
+        ))
     }
 
     #[tool(
@@ -233,7 +235,10 @@ impl MemoryServer {
             stream,
             ..Default::default()
         };
-        service!(crate::conversation::ingest(&self.engine, &caller, req), |r| json(&r))
+        service!(
+            crate::conversation::ingest(&self.engine, &caller, req),
+            |r| json(&r)
+        )
     }
 
     #[tool(
@@ -255,7 +260,9 @@ impl MemoryServer {
             stream,
             ..Default::default()
         };
-        service!(crate::search::search(&self.engine, &caller, req), |r| json(&r))
+        service!(crate::search::search(&self.engine, &caller, req), |r| json(
+            &r
+        ))
     }
 
     #[tool(
@@ -277,7 +284,10 @@ impl MemoryServer {
             sections: p.sections,
             now: None,
         };
-        service!(crate::context::context_pack(&self.engine, &caller, req), |r| json(&r))
+        service!(
+            crate::context::context_pack(&self.engine, &caller, req),
+            |r| json(&r)
+        )
     }
 
     #[tool(
@@ -304,7 +314,11 @@ impl MemoryServer {
         };
         service!(
             crate::context::profile(&self.engine, &caller, stream.as_deref()),
-            |p: crate::context::Profile| if markdown { text(p.markdown()) } else { json(&p) }
+            |p: crate::context::Profile| if markdown {
+                text(p.markdown())
+            } else {
+                json(&p)
+            }
         )
     }
 
@@ -349,7 +363,10 @@ impl MemoryServer {
     #[tool(
         description = "Trigger memory consolidation: groups memories by subject and similarity, merges them into concise L1 summaries, resolves contradictions (newer facts win). Respects a cost cap."
     )]
-    async fn memory_dream(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    async fn memory_dream(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = match self.who(&ctx) {
             Ok(w) => w,
             Err(e) => return failed(e),
@@ -358,7 +375,9 @@ impl MemoryServer {
             stream,
             ..Default::default()
         };
-        service!(crate::dream::dream(&self.engine, &caller, req), |r| json(&r))
+        service!(crate::dream::dream(&self.engine, &caller, req), |r| json(
+            &r
+        ))
     }
 
     #[tool(
@@ -377,7 +396,9 @@ impl MemoryServer {
             stream,
             max_chunks: p.max_chunks,
         };
-        service!(crate::reflect::reflect(&self.engine, &caller, req), |r| json(&r))
+        service!(crate::reflect::reflect(&self.engine, &caller, req), |r| {
+            json(&r)
+        })
     }
 
     #[tool(
@@ -399,7 +420,9 @@ impl MemoryServer {
         )
     }
 
-    #[tool(description = "Trace how a fact evolved: its version chain, oldest first, marking the current one.")]
+    #[tool(
+        description = "Trace how a fact evolved: its version chain, oldest first, marking the current one."
+    )]
     async fn memory_history(
         &self,
         Parameters(p): Parameters<HistoryParams>,
@@ -421,7 +444,11 @@ impl MemoryServer {
                             v.version,
                             &v.created_at[..10.min(v.created_at.len())],
                             v.content,
-                            if v.is_current { "current" } else { "superseded" },
+                            if v.is_current {
+                                "current"
+                            } else {
+                                "superseded"
+                            },
                             v.chunk_id
                         )
                     })
@@ -464,22 +491,31 @@ impl MemoryServer {
             usefulness: p.usefulness,
             harmful: p.harmful.unwrap_or(false),
         };
-        service!(crate::feedback::record(&self.engine, &caller, req), |r| json(&r))
+        service!(crate::feedback::record(&self.engine, &caller, req), |r| {
+            json(&r)
+        })
     }
 
     #[tool(description = "Engine health and statistics (memories, embeddings, bus, scheduler).")]
-    async fn memory_status(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    async fn memory_status(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = match self.who(&ctx) {
             Ok(w) => w,
             Err(e) => return failed(e),
         };
-        service!(crate::admin::status(&self.engine, &caller), |s: crate::admin::Status| {
-            json(&s.for_mcp())
-        })
+        service!(
+            crate::admin::status(&self.engine, &caller),
+            |s: crate::admin::Status| { json(&s.for_mcp()) }
+        )
     }
 
     #[tool(description = "List the memory spaces (namespace label → stream id) this key may use.")]
-    async fn memory_namespaces(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    async fn memory_namespaces(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = match self.who(&ctx) {
             Ok(w) => w,
             Err(e) => return failed(e),

@@ -69,9 +69,8 @@ pub fn quality(chunks: &[&Chunk]) -> u32 {
     if chunks.is_empty() {
         return 0;
     }
-    let share = |f: fn(&Chunk) -> bool| {
-        chunks.iter().filter(|c| f(c)).count() as f64 / chunks.len() as f64
-    };
+    let share =
+        |f: fn(&Chunk) -> bool| chunks.iter().filter(|c| f(c)).count() as f64 / chunks.len() as f64;
     (100.0 * (0.4 * share(has_meta) + 0.3 * share(has_subject) + 0.3 * share(structured))).round()
         as u32
 }
@@ -134,7 +133,10 @@ pub async fn reflect(engine: &Engine, caller: &Caller, req: ReflectRequest) -> R
     }
     // Several current memories of one subject for a single-valued type may contradict each other.
     let mut by_subject: HashMap<(String, &str), usize> = HashMap::new();
-    for c in all.iter().filter(|c| SINGLE_VALUED.contains(&c.memory_type.as_str())) {
+    for c in all
+        .iter()
+        .filter(|c| SINGLE_VALUED.contains(&c.memory_type.as_str()))
+    {
         if let Some(s) = c.subject.as_deref().filter(|s| !s.trim().is_empty()) {
             *by_subject
                 .entry((s.to_lowercase(), c.memory_type.as_str()))
@@ -175,7 +177,10 @@ pub async fn reflect(engine: &Engine, caller: &Caller, req: ReflectRequest) -> R
         chunks_analyzed: n,
         quality_score: quality(&all),
         breakdown: Breakdown {
-            by_level: levels.iter().map(|(l, c)| (l.clone(), quality(c))).collect(),
+            by_level: levels
+                .iter()
+                .map(|(l, c)| (l.clone(), quality(c)))
+                .collect(),
             count_by_level: levels.iter().map(|(l, c)| (l.clone(), c.len())).collect(),
             with_extraction_meta: percent(meta, n),
             with_subject: percent(subject, n),

@@ -107,7 +107,9 @@ pub async fn associate(
     caller: Caller,
     ApiJson(req): ApiJson<crate::associate::AssociateRequest>,
 ) -> Result<Json<crate::associate::Associations>> {
-    Ok(Json(crate::associate::associate(&engine, &caller, req).await?))
+    Ok(Json(
+        crate::associate::associate(&engine, &caller, req).await?,
+    ))
 }
 
 pub async fn reflect(

@@ -12,6 +12,7 @@ mod fixture;
 mod ingest;
 mod jetstream;
 mod llm_stub;
+mod mcp;
 mod nats;
 mod recall;
 mod restart;
