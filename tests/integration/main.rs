@@ -4,6 +4,7 @@
 mod api;
 mod auth;
 mod context;
+mod dream;
 mod embed;
 mod enrich;
 mod errors;
