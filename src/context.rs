@@ -332,11 +332,14 @@ pub struct ContextPack {
     pub sections_truncated: Vec<&'static str>,
 }
 
+/// A rendered line, the memory it shows, its score.
+type Line = (String, String, f32);
+
 /// A section's candidate lines, best first.
 struct Section {
     name: &'static str,
     title: &'static str,
-    lines: Vec<(String, String, f32)>, // (line, chunk id, score)
+    lines: Vec<Line>,
 }
 
 impl Section {
@@ -531,7 +534,7 @@ pub async fn context_pack(
         filled = fill(&sections, &alloc);
     }
     let mut truncated: Vec<&'static str> = Vec::new();
-    let mut blocks: Vec<(&'static str, Vec<(String, String, f32)>)> = Vec::new();
+    let mut blocks: Vec<(&'static str, Vec<Line>)> = Vec::new();
     for (section, f) in sections.iter().zip(filled) {
         if f.truncated {
             truncated.push(section.name);
@@ -540,7 +543,7 @@ pub async fn context_pack(
             blocks.push((section.name, f.lines));
         }
     }
-    let render = |blocks: &[(&'static str, Vec<(String, String, f32)>)]| -> String {
+    let render = |blocks: &[(&'static str, Vec<Line>)]| -> String {
         blocks
             .iter()
             .map(|(name, lines)| {
@@ -597,7 +600,7 @@ pub async fn context_pack(
 }
 
 struct Filled {
-    lines: Vec<(String, String, f32)>,
+    lines: Vec<Line>,
     spent: usize,
     /// Some line of this section that no other section shows did not fit.
     truncated: bool,

@@ -242,8 +242,7 @@ pub async fn dream(engine: &Engine, caller: &Caller, req: DreamRequest) -> Resul
         ) else {
             continue;
         };
-        for i in 0..j {
-            let old = &pool[i];
+        for (i, old) in pool.iter().enumerate().take(j) {
             if superseded_by.contains_key(&i)
                 || old.memory_type != new.memory_type
                 || subject_of(old).as_deref() != Some(subject.as_str())
