@@ -150,6 +150,16 @@ macro_rules! service {
     };
 }
 
+/// The call's caller and active stream, or the failure as the tool's result.
+macro_rules! who {
+    ($server:expr, $ctx:expr) => {
+        match $server.who(&$ctx) {
+            Ok(w) => w,
+            Err(e) => return failed(e),
+        }
+    };
+}
+
 impl MemoryServer {
     /// A server for HTTP sessions: each call acts as the request's caller.
     pub fn http(engine: Arc<Engine>) -> MemoryServer {
@@ -200,10 +210,7 @@ impl MemoryServer {
         Parameters(p): Parameters<StoreParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::memory::StoreRequest {
             content: p.content,
             stream,
@@ -225,10 +232,7 @@ impl MemoryServer {
         Parameters(p): Parameters<IngestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::conversation::IngestRequest {
             content: Some(p.content),
             conversation_date: p.conversation_date.map(serde_json::Value::String),
@@ -249,10 +253,7 @@ impl MemoryServer {
         Parameters(p): Parameters<SearchParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::search::SearchRequest {
             query: p.query,
             top_k: p.top_k,
@@ -273,10 +274,7 @@ impl MemoryServer {
         Parameters(p): Parameters<ContextParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::context::ContextPackRequest {
             query: p.query,
             stream,
@@ -298,10 +296,7 @@ impl MemoryServer {
         Parameters(p): Parameters<ProfileParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let markdown = match p.format.as_deref() {
             None | Some("markdown") => true,
             Some("json") => false,
@@ -330,10 +325,7 @@ impl MemoryServer {
         Parameters(p): Parameters<AssociateParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::associate::AssociateRequest {
             query: p.query,
             stream,
@@ -367,10 +359,7 @@ impl MemoryServer {
         &self,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::dream::DreamRequest {
             stream,
             ..Default::default()
@@ -388,10 +377,7 @@ impl MemoryServer {
         Parameters(p): Parameters<ReflectParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let req = crate::reflect::ReflectRequest {
             stream,
             max_chunks: p.max_chunks,
@@ -409,10 +395,7 @@ impl MemoryServer {
         Parameters(p): Parameters<GraphParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, stream) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, stream) = who!(self, ctx);
         let stream = stream.unwrap_or_else(|| caller.default_stream().to_string());
         service!(
             crate::graph_query::entity(&self.engine, &caller, &p.entity, Some(&stream)),
@@ -428,10 +411,7 @@ impl MemoryServer {
         Parameters(p): Parameters<HistoryParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, _) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, _) = who!(self, ctx);
         service!(
             crate::memory::history(&self.engine, &caller, &p.chunk_id, p.limit),
             |h: crate::memory::History| {
@@ -464,10 +444,7 @@ impl MemoryServer {
         Parameters(p): Parameters<DeleteParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, _) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, _) = who!(self, ctx);
         service!(
             crate::memory::delete(&self.engine, &caller, &p.chunk_id, None),
             |_| json(&serde_json::json!({"status": "deleted", "id": p.chunk_id}))
@@ -482,10 +459,7 @@ impl MemoryServer {
         Parameters(p): Parameters<FeedbackParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, _) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, _) = who!(self, ctx);
         let req = crate::feedback::FeedbackRequest {
             chunk_id: p.chunk_id,
             usefulness: p.usefulness,
@@ -501,10 +475,7 @@ impl MemoryServer {
         &self,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, _) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, _) = who!(self, ctx);
         service!(
             crate::admin::status(&self.engine, &caller),
             |s: crate::admin::Status| { json(&s.for_mcp()) }
@@ -516,10 +487,7 @@ impl MemoryServer {
         &self,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let (caller, _) = match self.who(&ctx) {
-            Ok(w) => w,
-            Err(e) => return failed(e),
-        };
+        let (caller, _) = who!(self, ctx);
         json(&crate::admin::namespaces(&self.engine, &caller))
     }
 }
