@@ -472,6 +472,26 @@ fn default_transcript_chars() -> usize {
 pub struct SchedulerConfig {
     #[serde(default)]
     pub enabled: bool,
+    /// Per job (`dream`, `decay`, `compact`, `reembed`): its cron and params.
+    #[serde(default)]
+    pub jobs: BTreeMap<String, JobConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// Six fields (seconds first) or seven (with years); day names
+    /// (`MON-FRI`) rather than numbers.
+    pub cron: String,
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    /// The job's own parameters.
+    #[serde(default)]
+    pub params: toml::Table,
+}
+
+fn enabled_by_default() -> bool {
+    true
 }
 
 impl Config {
@@ -647,6 +667,16 @@ impl Config {
                     "must be a positive number of days",
                 ));
             }
+        }
+        for (name, job) in &self.scheduler.jobs {
+            if !crate::jobs::JOB_NAMES.contains(&name.as_str()) {
+                return Err(invalid(
+                    &format!("scheduler.jobs.{name}"),
+                    format!("no such job (jobs: {})", crate::jobs::JOB_NAMES.join(", ")),
+                ));
+            }
+            crate::jobs::scheduler::Scheduled::new(name, &job.cron)
+                .map_err(|m| invalid(&format!("scheduler.jobs.{name}.cron"), m))?;
         }
         if self.search.access_flush_ms == 0 {
             return Err(invalid("search.access_flush_ms", "must be > 0"));

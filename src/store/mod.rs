@@ -28,6 +28,7 @@ pub const EDGES: &str = "edges";
 pub const HISTORY: &str = "history";
 pub const LLM_CALLS: &str = "llm_calls";
 pub const FEEDBACK: &str = "feedback";
+pub const JOB_RUNS: &str = "job_runs";
 
 /// One change to a memory, with its reason (supersession, merge, …).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -40,6 +41,22 @@ pub struct HistoryRow {
     pub reason: String,
     pub related_ids: Vec<String>,
     pub created_at: crate::model::Micros,
+}
+
+pub fn job_run_schema() -> arrow_schema::SchemaRef {
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    let ts = || DataType::Timestamp(TimeUnit::Microsecond, None);
+    std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("job", DataType::Utf8, false),
+        Field::new("trigger", DataType::Utf8, false),
+        Field::new("started_at", ts(), false),
+        Field::new("finished_at", ts(), false),
+        Field::new("status", DataType::Utf8, false),
+        Field::new("report", DataType::Utf8, true),
+        Field::new("error", DataType::Utf8, true),
+        Field::new("dry_run", DataType::Boolean, false),
+    ]))
 }
 
 pub fn history_schema() -> arrow_schema::SchemaRef {
@@ -164,6 +181,7 @@ pub struct Store {
     llm_calls: Table,
     pub graph: crate::graph::Graph,
     pub feedback: crate::feedback::FeedbackBook,
+    job_runs: Table,
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Bumped by deletes, whose streams are not known up front.
@@ -225,6 +243,7 @@ impl Store {
             open_or_create(&db, &names, FEEDBACK, crate::feedback::schema()).await?,
         )
         .await?;
+        let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
         let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
         Ok(Store {
             db,
@@ -234,6 +253,7 @@ impl Store {
             llm_calls,
             graph,
             feedback,
+            job_runs,
             generations: Default::default(),
             delete_generation: Default::default(),
             dim,
@@ -277,6 +297,7 @@ impl Store {
             (HISTORY, self.history.clone()),
             (LLM_CALLS, self.llm_calls.clone()),
             (FEEDBACK, self.feedback.table().clone()),
+            (JOB_RUNS, self.job_runs.clone()),
             (ENTITIES, self.graph.entities.clone()),
             (EDGES, self.graph.edges.clone()),
         ])
@@ -387,6 +408,73 @@ impl Store {
             crate::graph::rows_to_batch(crate::llm::call_schema(), std::slice::from_ref(row))?;
         self.llm_calls.add(batch).execute().await?;
         Ok(())
+    }
+
+    /// Record one run of a scheduled or manual job.
+    pub async fn add_job_run(&self, run: &crate::jobs::scheduler::JobRun) -> Result<()> {
+        let batch = crate::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
+        self.job_runs.add(batch).execute().await?;
+        Ok(())
+    }
+
+    /// Job runs matching a filter, newest first, at most `limit`.
+    pub async fn job_runs(
+        &self,
+        filter: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<crate::jobs::scheduler::JobRun>> {
+        let mut q = self.job_runs.query();
+        if let Some(f) = filter {
+            q = q.only_if(f);
+        }
+        let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
+        let mut runs = Vec::new();
+        for b in &batches {
+            let c = crate::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                runs.push(crate::jobs::scheduler::JobRun {
+                    id: c.str("id", r).unwrap_or_default(),
+                    job: c.str("job", r).unwrap_or_default(),
+                    trigger: c.str("trigger", r).unwrap_or_default(),
+                    started_at: c.time("started_at", r).unwrap_or(0),
+                    finished_at: c.time("finished_at", r).unwrap_or(0),
+                    status: c.str("status", r).unwrap_or_default(),
+                    report: c.str("report", r),
+                    error: c.str("error", r),
+                    dry_run: c.bool("dry_run", r).unwrap_or(false),
+                });
+            }
+        }
+        runs.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(a.id.cmp(&b.id)));
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    /// The newest `created_at` per stream among the chunks matching a filter.
+    pub async fn latest_write_by_stream(
+        &self,
+        filter: &str,
+    ) -> Result<std::collections::BTreeMap<String, crate::model::Micros>> {
+        let batches: Vec<RecordBatch> = self
+            .chunks
+            .query()
+            .only_if(filter)
+            .select(Select::columns(&["stream", "created_at"]))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut out = std::collections::BTreeMap::new();
+        for b in &batches {
+            let c = crate::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                if let (Some(s), Some(t)) = (c.str("stream", r), c.time("created_at", r)) {
+                    let e = out.entry(s).or_insert(t);
+                    *e = (*e).max(t);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Dollars the LLM calls of `stream` cost since `since`.
@@ -734,8 +822,10 @@ fn hits(batches: &[RecordBatch], score_column: &str) -> Result<Vec<Hit>> {
 }
 
 /// The indexes the engine relies on: BM25 over `content`, and BTree on `id`
-/// (upserts join on it) and `content_hash` (exact dedupe looks it up). New rows
-/// are folded in by the writer's periodic index refresh.
+/// (upserts join on it) and `content_hash` (exact dedupe looks it up). Rows
+/// committed since the last refresh are searched flat until the `compact` job
+/// folds them in (the pipeline's commits never wait for an index build: a slow
+/// commit would outlast the bus's ack deadline and be redelivered).
 async fn ensure_indexes(table: &Table) -> Result<()> {
     let existing: Vec<Vec<String>> = table
         .list_indices()

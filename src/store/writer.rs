@@ -203,18 +203,17 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                         })),
                     });
                 }
-            }
-        }
-        // Every kind of write counts (the pipeline commits through `Commit`).
-        if since_refresh >= INDEX_REFRESH_ROWS {
-            since_refresh = 0;
-            let started = std::time::Instant::now();
-            match table
-                .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
-                .await
-            {
-                Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
-                Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
+                if since_refresh >= INDEX_REFRESH_ROWS {
+                    since_refresh = 0;
+                    let started = std::time::Instant::now();
+                    match table
+                        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+                        .await
+                    {
+                        Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
+                        Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
+                    }
+                }
             }
         }
     }

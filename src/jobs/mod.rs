@@ -1,6 +1,14 @@
-//! Background jobs the API starts (re-embedding now; scheduled maintenance later):
-//! progress that can be polled, an end that can be awaited, one running job per
-//! group at a time. Jobs outlive the request that started them.
+//! Background work. Jobs the API starts (re-embedding) have progress that can
+//! be polled, an end that can be awaited, one running job per group at a time.
+//! Maintenance jobs (`dream`, `decay`, `compact`, `reembed`) are one file each,
+//! `run_once(ctx) -> JobReport`, run by the cron [`scheduler`] or on demand;
+//! every run lands in the `job_runs` table.
+
+pub mod compact;
+pub mod decay;
+pub mod dream;
+pub mod reembed;
+pub mod scheduler;
 
 use std::sync::{Arc, Mutex};
 
@@ -158,6 +166,81 @@ impl Jobs {
             .find(|j| j.group == group && j.is_running())
             .cloned()
     }
+}
+
+/// What a maintenance job reports (JSON, kept as text in `job_runs.report`).
+pub type JobReport = serde_json::Value;
+
+/// The maintenance jobs, by name.
+pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed"];
+
+/// What a job run gets: the engine, whether to change anything, its params.
+pub struct JobContext {
+    pub engine: Arc<crate::engine::Engine>,
+    pub dry_run: bool,
+    pub params: toml::Table,
+}
+
+/// Run one maintenance job by name.
+pub async fn run_once(ctx: &JobContext, name: &str) -> crate::error::Result<JobReport> {
+    match name {
+        "dream" => dream::run_once(ctx).await,
+        "decay" => decay::run_once(ctx).await,
+        "compact" => compact::run_once(ctx).await,
+        "reembed" => reembed::run_once(ctx).await,
+        other => Err(crate::error::Error::NotFound(format!(
+            "no job `{other}` (jobs: {})",
+            JOB_NAMES.join(", ")
+        ))),
+    }
+}
+
+/// `job_runs` in Lance as the scheduler's log.
+pub struct StoreRunLog(pub Arc<crate::store::Store>);
+
+impl scheduler::RunLog for StoreRunLog {
+    fn record(&self, run: scheduler::JobRun) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.0.add_job_run(&run).await {
+                tracing::error!(error = %e, job = %run.job, "job run not recorded");
+            }
+        })
+    }
+
+    fn last_start(&self, job: &str) -> futures::future::BoxFuture<'_, Option<Micros>> {
+        let filter = format!("job = {}", crate::store::sql_str(job));
+        Box::pin(async move {
+            self.0
+                .job_runs(Some(filter), 1)
+                .await
+                .ok()
+                .and_then(|r| r.first().map(|r| r.started_at))
+        })
+    }
+}
+
+/// The runner the scheduler and manual runs use: the named job with its
+/// configured params. Holds the engine weakly (the engine holds the scheduler).
+pub fn runner(engine: std::sync::Weak<crate::engine::Engine>, dry_run: bool) -> scheduler::Runner {
+    Arc::new(move |name: String, _trigger| {
+        let engine = engine.clone();
+        Box::pin(async move {
+            let engine = engine.upgrade().ok_or("the engine has stopped")?;
+            let params = engine
+                .cfg
+                .scheduler
+                .jobs
+                .get(&name)
+                .map(|j| j.params.clone())
+                .unwrap_or_default();
+            let ctx = JobContext {
+                engine,
+                dry_run,
+                params,
+            };
+            run_once(&ctx, &name).await.map_err(|e| e.to_string())
+        })
+    })
 }
 
 #[cfg(test)]

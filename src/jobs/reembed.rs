@@ -1,0 +1,27 @@
+//! `reembed`: embed the memories without a vector of the current model (new
+//! ones whose embedding failed, or every one after a provider switch), as
+//! `POST /v1/embed-missing` does, in batches.
+
+use serde_json::json;
+
+use super::{JobContext, JobReport};
+use crate::auth::Caller;
+use crate::error::Result;
+use crate::reembed::{self, Scope};
+
+pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
+    let engine = &ctx.engine;
+    if ctx.dry_run {
+        let missing = engine
+            .store
+            .count(Some(reembed::stale_clause(engine.embedder.model())))
+            .await?;
+        return Ok(json!({ "total_missing": missing, "embedded": 0, "failed": 0 }));
+    }
+    let job = reembed::start(engine, &Caller::admin("scheduler"), Scope::Missing).await?;
+    let view = job.wait().await;
+    if let Some(e) = view.error {
+        return Err(crate::error::Error::Internal(e));
+    }
+    Ok(json!({ "total_missing": view.total, "embedded": view.done, "failed": view.failed }))
+}
