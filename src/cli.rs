@@ -345,3 +345,32 @@ pub async fn mcp_proxy(url: &str, token: Option<&str>, stream: Option<&str>) -> 
     }
     Ok(())
 }
+
+/// `loomem job run NAME --url`: ask a daemon to run the job now.
+pub async fn job_via_daemon(
+    url: &str,
+    token: Option<&str>,
+    name: &str,
+    dry_run: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let endpoint = format!("{}/admin/jobs/{name}/run", url.trim_end_matches('/'));
+    let mut req = reqwest::Client::new()
+        .post(&endpoint)
+        .json(&serde_json::json!({ "dry_run": dry_run }));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {endpoint}"))?;
+    let status = resp.status();
+    let body: serde_json::Value = resp.json().await.unwrap_or_default();
+    if !status.is_success() {
+        bail!(
+            "{endpoint} answered {status}: {}",
+            body["detail"].as_str().unwrap_or("")
+        );
+    }
+    Ok(body)
+}

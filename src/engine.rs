@@ -56,6 +56,9 @@ pub struct Engine {
     pub profiles: crate::context::ProfileCache,
     /// Streams a dream is running on.
     pub dreams: crate::dream::Running,
+    /// Pauses the scheduled jobs (`/admin/workers/pause`; not persisted).
+    pub workers: crate::jobs::scheduler::Pause,
+    stop_scheduler: watch::Sender<bool>,
     started: Instant,
     stop_worker: watch::Sender<bool>,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -156,7 +159,7 @@ impl Engine {
                 "no API key configured: local passthrough mode, every request is accepted as admin"
             );
         }
-        Ok(Arc::new(Engine {
+        let engine = Arc::new(Engine {
             cfg,
             store,
             embedder,
@@ -171,10 +174,61 @@ impl Engine {
             access,
             profiles: Default::default(),
             dreams: Default::default(),
+            workers: Default::default(),
+            stop_scheduler: watch::channel(false).0,
             started: Instant::now(),
             stop_worker,
             worker: Mutex::new(Some(worker)),
-        }))
+        });
+        engine.start_scheduler();
+        Ok(engine)
+    }
+
+    /// Start the cron loop of the enabled jobs (when `[scheduler] enabled`).
+    pub fn start_scheduler(self: &Arc<Engine>) {
+        if !self.cfg.scheduler.enabled {
+            return;
+        }
+        let jobs: Vec<_> = self
+            .cfg
+            .scheduler
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.enabled)
+            .filter_map(|(name, j)| crate::jobs::scheduler::Scheduled::new(name, &j.cron).ok())
+            .collect();
+        tracing::info!(jobs = ?jobs.iter().map(|j| j.name.clone()).collect::<Vec<_>>(), "scheduler started");
+        crate::jobs::scheduler::spawn(
+            jobs,
+            crate::jobs::scheduler::Clock::system(),
+            crate::jobs::runner(Arc::downgrade(self), false),
+            Arc::new(crate::jobs::StoreRunLog(self.store.clone())),
+            self.workers.clone(),
+            self.stop_scheduler.subscribe(),
+        );
+    }
+
+    /// Run a maintenance job now and record it (trigger `manual`).
+    pub async fn run_job(
+        self: &Arc<Engine>,
+        name: &str,
+        dry_run: bool,
+    ) -> crate::error::Result<crate::jobs::scheduler::JobRun> {
+        if !crate::jobs::JOB_NAMES.contains(&name) {
+            return Err(crate::error::Error::NotFound(format!(
+                "no job `{name}` (jobs: {})",
+                crate::jobs::JOB_NAMES.join(", ")
+            )));
+        }
+        Ok(crate::jobs::scheduler::run_and_record(
+            name,
+            crate::jobs::scheduler::Trigger::Manual,
+            dry_run,
+            crate::jobs::scheduler::Clock::system(),
+            crate::jobs::runner(Arc::downgrade(self), dry_run),
+            &crate::jobs::StoreRunLog(self.store.clone()),
+        )
+        .await)
     }
 
     pub fn uptime(&self) -> Duration {
@@ -185,6 +239,7 @@ impl Engine {
     /// JetStream: finish the batch in hand, the rest stays in the stream), flush
     /// the writer.
     pub async fn shutdown(&self) {
+        let _ = self.stop_scheduler.send(true);
         if let Bus::Embedded(b) = &self.bus {
             b.close();
         }

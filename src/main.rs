@@ -84,11 +84,34 @@ enum Command {
         #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
         token: Option<String>,
     },
+    /// Maintenance jobs: `run` one now (dream, decay, compact, reembed).
+    Job {
+        #[command(subcommand)]
+        action: JobAction,
+    },
     /// Retrieval quality on LongMemEval-format data: `run` it, or `gen`erate
     /// a dataset from ingredients.
     BenchRecall {
         #[command(subcommand)]
         action: RecallAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobAction {
+    /// Run a job now against the data directory (or a daemon with --url) and
+    /// print the recorded run.
+    Run {
+        /// dream, decay, compact or reembed.
+        name: String,
+        /// Report what would change, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        url: Option<String>,
+        /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
+        #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 
@@ -196,6 +219,31 @@ fn run() -> anyhow::Result<()> {
                     served?;
                 }
             },
+            Command::Job {
+                action:
+                    JobAction::Run {
+                        name,
+                        dry_run,
+                        url,
+                        token,
+                    },
+            } => {
+                let run = match url {
+                    Some(url) => {
+                        cli::job_via_daemon(&url, token.as_deref(), &name, dry_run).await?
+                    }
+                    None => {
+                        let engine = loomem::engine::Engine::start(cfg, &env).await?;
+                        let run = engine.run_job(&name, dry_run).await;
+                        engine.shutdown().await;
+                        serde_json::to_value(loomem::jobs::RunView::from(run?))?
+                    }
+                };
+                println!("{}", serde_json::to_string_pretty(&run)?);
+                if run["status"] == "failed" {
+                    std::process::exit(2);
+                }
+            }
             Command::CheckConfig => {
                 println!(
                     "config ok: data_dir={} bus={:?}",

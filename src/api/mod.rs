@@ -3,6 +3,7 @@
 
 mod error;
 mod extract;
+mod jobs;
 mod memories;
 mod recall;
 
@@ -46,6 +47,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/embed-missing", post(embed_missing))
         .route("/v1/re-embed-all", post(re_embed_all))
         .route("/v1/jobs/{id}", get(job_status))
+        .route("/v1/jobs", get(jobs::runs))
+        .route("/admin/jobs/{name}/run", post(jobs::run))
+        .route("/admin/workers/pause", post(jobs::pause))
+        .route("/admin/workers/resume", post(jobs::resume))
+        .route("/admin/workers/status", get(jobs::status))
         .route("/v1/status", get(status))
         .route("/v1/namespaces", get(namespaces))
         .route("/v1/whoami", get(whoami))

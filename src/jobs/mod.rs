@@ -171,6 +171,41 @@ impl Jobs {
 /// What a maintenance job reports (JSON, kept as text in `job_runs.report`).
 pub type JobReport = serde_json::Value;
 
+/// A job run as the API shows it (times in RFC 3339, the report as JSON).
+#[derive(Debug, serde::Serialize)]
+pub struct RunView {
+    pub id: String,
+    pub job: String,
+    pub trigger: String,
+    pub status: String,
+    pub started_at: String,
+    pub finished_at: String,
+    pub duration_ms: i64,
+    pub dry_run: bool,
+    pub report: Option<serde_json::Value>,
+    pub error: Option<String>,
+}
+
+impl From<crate::jobs::scheduler::JobRun> for RunView {
+    fn from(r: crate::jobs::scheduler::JobRun) -> RunView {
+        RunView {
+            duration_ms: (r.finished_at - r.started_at) / 1000,
+            started_at: crate::time::to_rfc3339(r.started_at),
+            finished_at: crate::time::to_rfc3339(r.finished_at),
+            report: r
+                .report
+                .as_deref()
+                .and_then(|t| serde_json::from_str(t).ok()),
+            id: r.id,
+            job: r.job,
+            trigger: r.trigger,
+            status: r.status,
+            dry_run: r.dry_run,
+            error: r.error,
+        }
+    }
+}
+
 /// The maintenance jobs, by name.
 pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed"];
 

@@ -311,7 +311,12 @@ mod tests {
     }
 
     /// Counts calls; fails the calls whose number is in `fail`, panics on `panic`.
-    fn runner(calls: Arc<Mutex<usize>>, fail: &'static [usize], panic: &'static [usize], takes: Duration) -> Runner {
+    fn runner(
+        calls: Arc<Mutex<usize>>,
+        fail: &'static [usize],
+        panic: &'static [usize],
+        takes: Duration,
+    ) -> Runner {
         Arc::new(move |_name, _trigger| {
             let n = {
                 let mut c = calls.lock().unwrap();
@@ -331,7 +336,13 @@ mod tests {
         })
     }
 
-    fn start(cron: &str, wall: &str, runner: Runner, runs: Arc<Runs>, pause: Pause) -> watch::Sender<bool> {
+    fn start(
+        cron: &str,
+        wall: &str,
+        runner: Runner,
+        runs: Arc<Runs>,
+        pause: Pause,
+    ) -> watch::Sender<bool> {
         let (stop, rx) = watch::channel(false);
         spawn(
             vec![Scheduled::new("job", cron).unwrap()],
@@ -349,7 +360,13 @@ mod tests {
         let runs = Arc::new(Runs::default());
         let calls = Arc::new(Mutex::new(0));
         // Every 10 minutes on weekdays; 2026-01-05 is a Monday.
-        let _stop = start("0 */10 * * * MON-FRI", "2026-01-05T00:03:00Z", runner(calls, &[], &[], Duration::ZERO), runs.clone(), Pause::default());
+        let _stop = start(
+            "0 */10 * * * MON-FRI",
+            "2026-01-05T00:03:00Z",
+            runner(calls, &[], &[], Duration::ZERO),
+            runs.clone(),
+            Pause::default(),
+        );
         tokio::time::sleep(Duration::from_secs(25 * 60)).await;
         assert_eq!(
             times(&runs),
@@ -364,13 +381,23 @@ mod tests {
     async fn failures_are_recorded_and_the_next_run_still_happens() {
         let runs = Arc::new(Runs::default());
         let calls = Arc::new(Mutex::new(0));
-        let _stop = start("0 * * * * *", "2026-01-05T00:00:30Z", runner(calls, &[1], &[2], Duration::ZERO), runs.clone(), Pause::default());
+        let _stop = start(
+            "0 * * * * *",
+            "2026-01-05T00:00:30Z",
+            runner(calls, &[1], &[2], Duration::ZERO),
+            runs.clone(),
+            Pause::default(),
+        );
         tokio::time::sleep(Duration::from_secs(200)).await;
         let got = runs.0.lock().unwrap().clone();
         let status: Vec<&str> = got.iter().map(|r| r.status.as_str()).collect();
         assert_eq!(status, vec!["failed", "failed", "succeeded"]);
         assert_eq!(got[0].error.as_deref(), Some("run 1 failed"));
-        assert!(got[1].error.as_deref().unwrap().contains("panicked"), "{:?}", got[1]);
+        assert!(
+            got[1].error.as_deref().unwrap().contains("panicked"),
+            "{:?}",
+            got[1]
+        );
         assert_eq!(got[2].report.as_deref(), Some(r#"{"run":3}"#));
     }
 
@@ -379,7 +406,13 @@ mod tests {
         let runs = Arc::new(Runs::default());
         let calls = Arc::new(Mutex::new(0));
         let pause = Pause::default();
-        let _stop = start("0 * * * * *", "2026-01-05T00:00:30Z", runner(calls.clone(), &[], &[], Duration::ZERO), runs.clone(), pause.clone());
+        let _stop = start(
+            "0 * * * * *",
+            "2026-01-05T00:00:30Z",
+            runner(calls.clone(), &[], &[], Duration::ZERO),
+            runs.clone(),
+            pause.clone(),
+        );
         tokio::time::sleep(Duration::from_secs(60)).await; // 00:01:30, one run
         pause.set(true);
         tokio::time::sleep(Duration::from_secs(180)).await; // 00:04:30, none
@@ -395,7 +428,13 @@ mod tests {
         let runs = Arc::new(Runs::default());
         let calls = Arc::new(Mutex::new(0));
         // Runs take 90 s on a one-minute schedule.
-        let _stop = start("0 * * * * *", "2026-01-05T00:00:30Z", runner(calls, &[], &[], Duration::from_secs(90)), runs.clone(), Pause::default());
+        let _stop = start(
+            "0 * * * * *",
+            "2026-01-05T00:00:30Z",
+            runner(calls, &[], &[], Duration::from_secs(90)),
+            runs.clone(),
+            Pause::default(),
+        );
         tokio::time::sleep(Duration::from_secs(260)).await; // to 00:04:50
         let mut got = times(&runs);
         got.sort();
@@ -426,7 +465,13 @@ mod tests {
             dry_run: false,
         });
         let calls = Arc::new(Mutex::new(0));
-        let _stop = start("0 0 * * * *", "2026-01-05T00:30:00Z", runner(calls, &[], &[], Duration::ZERO), runs.clone(), Pause::default());
+        let _stop = start(
+            "0 0 * * * *",
+            "2026-01-05T00:30:00Z",
+            runner(calls, &[], &[], Duration::ZERO),
+            runs.clone(),
+            Pause::default(),
+        );
         tokio::time::sleep(Duration::from_secs(40 * 60)).await;
         let got: Vec<_> = times(&runs).into_iter().skip(1).collect();
         assert_eq!(

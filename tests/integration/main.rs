@@ -12,6 +12,7 @@ mod extract_eval;
 mod fixture;
 mod ingest;
 mod jetstream;
+mod jobs;
 mod llm_stub;
 mod mcp;
 mod nats;

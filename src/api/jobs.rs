@@ -1,0 +1,99 @@
+//! Background workers and maintenance jobs (admin only): pause and resume the
+//! scheduler, list recent runs, run a job now.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::{ApiJson, ApiQuery};
+use crate::auth::Caller;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::jobs::RunView;
+
+#[derive(Serialize)]
+pub struct Workers {
+    paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'static str>,
+}
+
+pub async fn pause(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Workers>> {
+    caller.require_admin()?;
+    engine.workers.set(true);
+    Ok(Json(Workers {
+        paused: true,
+        message: Some("All workers paused"),
+    }))
+}
+
+pub async fn resume(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Workers>> {
+    caller.require_admin()?;
+    engine.workers.set(false);
+    Ok(Json(Workers {
+        paused: false,
+        message: Some("All workers resumed"),
+    }))
+}
+
+pub async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Workers>> {
+    caller.require_admin()?;
+    Ok(Json(Workers {
+        paused: engine.workers.get(),
+        message: None,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunsQuery {
+    job: Option<String>,
+    limit: Option<usize>,
+}
+
+pub async fn runs(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<RunsQuery>,
+) -> Result<Json<serde_json::Value>> {
+    caller.require_admin()?;
+    let limit = q.limit.unwrap_or(50);
+    if limit == 0 || limit > 1000 {
+        return Err(Error::invalid("limit", "must be between 1 and 1000"));
+    }
+    let filter = q
+        .job
+        .as_deref()
+        .map(|j| format!("job = {}", crate::store::sql_str(j)));
+    let runs: Vec<RunView> = engine
+        .store
+        .job_runs(filter, limit)
+        .await?
+        .into_iter()
+        .map(RunView::from)
+        .collect();
+    Ok(Json(serde_json::json!({
+        "scheduler_enabled": engine.cfg.scheduler.enabled,
+        "paused": engine.workers.get(),
+        "runs": runs,
+    })))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunRequest {
+    #[serde(default)]
+    dry_run: bool,
+}
+
+pub async fn run(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<RunRequest>,
+) -> Result<Json<RunView>> {
+    caller.require_admin()?;
+    Ok(Json(engine.run_job(&name, req.dry_run).await?.into()))
+}
