@@ -140,6 +140,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn bench_search(c: &mut Criterion) {
+    // As `loomem` does: candle sizes its thread pool from this, else from the
+    // physical cores (one on this 2-vCPU machine).
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -173,7 +179,7 @@ fn bench_search(c: &mut Criterion) {
         let caller = Caller::admin("bench");
         let mut rng = Rng(42);
         let queries: Vec<String> = (0..300).map(|_| text(&mut rng, &vocab, 4)).collect();
-        let run = |q: &str| {
+        let run_mode = |q: &str, mode: &str| {
             rt.block_on(search::search(
                 &engine,
                 &caller,
@@ -181,11 +187,49 @@ fn bench_search(c: &mut Criterion) {
                     query: q.to_string(),
                     stream: Some(STREAM.into()),
                     dry_run: true,
+                    mode: Some(mode.into()),
                     ..Default::default()
                 },
             ))
             .unwrap()
         };
+        let run = |q: &str| run_mode(q, "hybrid");
+        // The query embedding alone, then each leg alone (the vector leg
+        // includes the embedding).
+        let mut t: Vec<Duration> = queries
+            .iter()
+            .take(100)
+            .map(|q| {
+                let s = Instant::now();
+                rt.block_on(engine.embedder.embed(std::slice::from_ref(q)))
+                    .unwrap();
+                s.elapsed()
+            })
+            .collect();
+        t.sort();
+        println!(
+            "embed_query/{rows}: p50 {:.1} ms, p95 {:.1} ms",
+            percentile(&t, 0.50).as_secs_f64() * 1e3,
+            percentile(&t, 0.95).as_secs_f64() * 1e3,
+        );
+        // Each leg alone (with the query embedding for the vector leg).
+        for mode in ["bm25", "vector", "graph"] {
+            let mut t: Vec<Duration> = queries
+                .iter()
+                .take(100)
+                .map(|q| {
+                    let s = Instant::now();
+                    run_mode(q, mode);
+                    s.elapsed()
+                })
+                .collect();
+            t.sort();
+            println!(
+                "search_{mode}/{rows}: p50 {:.1} ms, p95 {:.1} ms",
+                percentile(&t, 0.50).as_secs_f64() * 1e3,
+                percentile(&t, 0.95).as_secs_f64() * 1e3,
+            );
+        }
         // Warm up caches (index pages, the model), then the percentiles.
         for q in queries.iter().take(20) {
             run(q);

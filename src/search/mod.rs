@@ -452,11 +452,46 @@ pub async fn recall(engine: &Engine, caller: &Caller, req: &SearchRequest) -> Re
         }
     };
     let (bm25, vector, graph) = tokio::join!(bm25, vector, graph);
+    let (bm25, vector, graph) = (bm25?, vector?, graph?);
+    // The BM25 and vector legs return ids only; their memories are read once,
+    // together (reading every column of each leg's candidates cost more than
+    // the searches themselves).
+    let mut rows: HashMap<String, Chunk> = graph
+        .iter()
+        .map(|h| (h.chunk.id.clone(), h.chunk.clone()))
+        .collect();
+    let missing: Vec<String> = bm25
+        .iter()
+        .chain(&vector)
+        .map(|x| x.id.clone())
+        .filter(|id| !rows.contains_key(id))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !missing.is_empty() {
+        for h in engine
+            .store
+            .read_hits(at, &crate::store::id_in(&missing), missing.len())
+            .await?
+        {
+            rows.insert(h.chunk.id.clone(), h.chunk);
+        }
+    }
+    let as_hits = |leg: Vec<crate::store::Scored>| -> Vec<Hit> {
+        leg.into_iter()
+            .filter_map(|x| {
+                rows.get(&x.id).map(|c| Hit {
+                    chunk: c.clone(),
+                    score: x.score,
+                })
+            })
+            .collect()
+    };
     let fused = fuse(
         vec![
-            ("bm25", bm25_weight, bm25?),
-            ("vector", vector_weight, vector?),
-            ("graph", graph_weight, graph?),
+            ("bm25", bm25_weight, as_hits(bm25)),
+            ("vector", vector_weight, as_hits(vector)),
+            ("graph", graph_weight, graph),
         ],
         s.rrf_k,
     );

@@ -269,10 +269,13 @@ impl Store {
         self
     }
 
-    /// The predicate a row must meet to take part in a vector search.
+    /// The predicate a row must meet to take part in a vector search. A row
+    /// names its `embed_model` only when it has a vector, so the model test
+    /// (a bitmap-indexed column) stands for `embedding IS NOT NULL`, which
+    /// would read every vector of the table on each search.
     pub fn vector_clause(&self) -> String {
         match &self.embed_model {
-            Some(m) => format!("embedding IS NOT NULL AND embed_model = {}", sql_str(m)),
+            Some(m) => format!("embed_model = {}", sql_str(m)),
             None => "embedding IS NOT NULL".into(),
         }
     }
@@ -584,19 +587,19 @@ impl Store {
         query: &str,
         filter: &str,
         limit: usize,
-    ) -> Result<Vec<Hit>> {
+    ) -> Result<Vec<Scored>> {
         let batches: Vec<RecordBatch> = at
             .unwrap_or(&self.chunks)
             .query()
             .full_text_search(FullTextSearchQuery::new(query.to_string()))
             .only_if(filter)
-            .select(Select::columns(&with_score(HIT_COLUMNS, "_score")))
+            .select(Select::columns(&["id", "_score"]))
             .limit(limit)
             .execute()
             .await?
             .try_collect()
             .await?;
-        hits(&batches, "_score")
+        scored(&batches, "_score")
     }
 
     /// Vector leg: the `limit` nearest chunks by cosine distance, prefiltered.
@@ -606,20 +609,20 @@ impl Store {
         vector: &[f32],
         filter: &str,
         limit: usize,
-    ) -> Result<Vec<Hit>> {
+    ) -> Result<Vec<Scored>> {
         let batches: Vec<RecordBatch> = at
             .unwrap_or(&self.chunks)
             .query()
             .nearest_to(vector)?
             .distance_type(DistanceType::Cosine)
             .only_if(format!("({filter}) AND {}", self.vector_clause()))
-            .select(Select::columns(&with_score(HIT_COLUMNS, "_distance")))
+            .select(Select::columns(&["id", "_distance"]))
             .limit(limit)
             .execute()
             .await?
             .try_collect()
             .await?;
-        hits(&batches, "_distance")
+        scored(&batches, "_distance")
     }
 
     /// Chunks (without embeddings) matching a filter, as hits scored 0.
@@ -799,30 +802,36 @@ async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Res
     Ok(out)
 }
 
-fn with_score<'a>(columns: &[&'a str], score: &'a str) -> Vec<&'a str> {
-    let mut v = columns.to_vec();
-    v.push(score);
-    v
+/// A memory id a search leg found, with the leg's raw score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub id: String,
+    pub score: f32,
 }
 
-fn hits(batches: &[RecordBatch], score_column: &str) -> Result<Vec<Hit>> {
+fn scored(batches: &[RecordBatch], score_column: &str) -> Result<Vec<Scored>> {
     let mut out = Vec::new();
     for b in batches {
-        let chunks = batch_to_chunks(b)?;
+        let c = crate::model::Columns::new(b);
         let scores = b
             .column_by_name(score_column)
             .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
             .ok_or_else(|| ModelError::Column(score_column.into()))?;
-        out.extend(chunks.into_iter().enumerate().map(|(i, chunk)| Hit {
-            chunk,
-            score: scores.value(i),
-        }));
+        for r in 0..b.num_rows() {
+            if let Some(id) = c.str("id", r) {
+                out.push(Scored {
+                    id,
+                    score: scores.value(r),
+                });
+            }
+        }
     }
     Ok(out)
 }
 
-/// The indexes the engine relies on: BM25 over `content`, and BTree on `id`
-/// (upserts join on it) and `content_hash` (exact dedupe looks it up). Rows
+/// The indexes the engine relies on: BM25 over `content`, BTree on `id`
+/// (upserts join on it) and `content_hash` (exact dedupe looks it up), bitmaps
+/// on `stream` and `embed_model` (every search's prefilter). Rows
 /// committed since the last refresh are searched flat until the `compact` job
 /// folds them in (the pipeline's commits never wait for an index build: a slow
 /// commit would outlast the bus's ack deadline and be redelivered).
@@ -844,6 +853,16 @@ async fn ensure_indexes(table: &Table) -> Result<()> {
         if !has(column) {
             table
                 .create_index(&[column], Index::BTree(Default::default()))
+                .execute()
+                .await?;
+        }
+    }
+    // Every search prefilters on the stream and the embedding model: bitmap
+    // indexes answer those without scanning.
+    for column in ["stream", "embed_model"] {
+        if !has(column) {
+            table
+                .create_index(&[column], Index::Bitmap(Default::default()))
                 .execute()
                 .await?;
         }
