@@ -130,18 +130,7 @@ pub async fn associate(
             )
         }
         None => {
-            let mut recent: Vec<Chunk> = store
-                .read_hits(
-                    None,
-                    &format!("stream = {} AND superseded_by IS NULL", sql_str(&stream)),
-                    50_000,
-                )
-                .await?
-                .into_iter()
-                .map(|h| h.chunk)
-                .collect();
-            recent.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
-            recent.truncate(SEEDS);
+            let recent = crate::context::newest(engine, &stream, SEEDS).await?;
             let obvious = recent.iter().map(|c| c.id.clone()).collect();
             (recent, obvious)
         }

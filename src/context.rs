@@ -48,6 +48,14 @@ async fn latest(engine: &Engine, stream: &str, extra: &str, limit: usize) -> Res
         .collect())
 }
 
+/// The `limit` newest of the stream's latest, unexpired memories, newest first.
+pub async fn newest(engine: &Engine, stream: &str, limit: usize) -> Result<Vec<Chunk>> {
+    let mut all = latest(engine, stream, "", SCAN_LIMIT).await?;
+    all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
+    all.truncate(limit);
+    Ok(all)
+}
+
 /// How much a memory's standing (decay, importance, feedback, recall count)
 /// and extraction confidence recommend it, independent of any query.
 fn standing(engine: &Engine, c: &Chunk, now: Micros) -> f32 {

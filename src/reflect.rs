@@ -89,20 +89,7 @@ pub async fn reflect(engine: &Engine, caller: &Caller, req: ReflectRequest) -> R
     }
     let stream = caller.resolve_stream(req.stream.as_deref(), &engine.cfg.namespaces)?;
     let now = now_micros();
-    let filter = format!(
-        "stream = {} AND superseded_by IS NULL AND (expires_at IS NULL OR expires_at > {})",
-        sql_str(&stream),
-        ts_lit(now)
-    );
-    let mut chunks: Vec<Chunk> = engine
-        .store
-        .read_hits(None, &filter, 50_000)
-        .await?
-        .into_iter()
-        .map(|h| h.chunk)
-        .collect();
-    chunks.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
-    chunks.truncate(max);
+    let chunks = crate::context::newest(engine, &stream, max).await?;
     let all: Vec<&Chunk> = chunks.iter().collect();
     let n = all.len();
 

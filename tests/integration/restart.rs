@@ -132,8 +132,11 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
     let data = dir.path().join("data");
     let nats = NatsServer::start(&dir.path().join("nats"));
     let (config, mut env) = daemon_env(&data, Some(&nats.url()), &Options::default());
-    // Redeliver unacknowledged messages quickly after the crash.
-    env.insert("LOOMEM_BUS__ACK_WAIT_MS".into(), "2000".into());
+    // Redeliver unacknowledged messages soon after the crash, but not so soon
+    // that a batch slowed by a loaded machine (other tests run alongside) is
+    // redelivered while still in hand: the worker does not extend its ack
+    // deadline while it works (yet).
+    env.insert("LOOMEM_BUS__ACK_WAIT_MS".into(), "10000".into());
     let file: String = (0..N)
         .map(|i| {
             format!(
@@ -192,8 +195,9 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Let any redelivery of the crashed batch play out, then count again.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Let any redelivery of the crashed batch play out (past the ack wait),
+    // then count again.
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let st = status(&url).await;
     assert_eq!(st["chunks"], N, "{st}");
     assert_eq!(st["dead_letters"], 0, "{st}");
