@@ -44,7 +44,8 @@ async fn compaction_merges_500_commits_and_search_is_unchanged() {
     }
     let exact =
         |who: String| json!({"query": format!("who is {who}"), "stream": "c", "dry_run": true});
-    let colour = json!({"query": "indigo", "stream": "c", "mode": "bm25", "top_k": 50, "dry_run": true});
+    let colour =
+        json!({"query": "indigo", "stream": "c", "mode": "bm25", "top_k": 50, "dry_run": true});
     let sorted = |mut v: Vec<String>| {
         v.sort();
         v
