@@ -144,6 +144,7 @@ impl Engine {
                 batch_size: cfg.bus.batch_size,
                 batch_wait: Duration::from_millis(cfg.bus.batch_wait_ms),
                 max_deliver: cfg.bus.max_deliver,
+                keepalive: Duration::from_millis(cfg.bus.ack_wait_ms / 3),
             },
         };
         let worker = tokio::spawn(worker.run(consumer));

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bus::{Consumer, Delivery, Envelope, Notifier, Outcome};
+use crate::bus::{Consumer, Delivery, Envelope, Keepalive, Notifier, Outcome};
 use crate::model::{now_micros, DeadLetter};
 use crate::pipeline::{Disposition, Pipelines, Record};
 use crate::store::Store;
@@ -15,6 +15,9 @@ pub struct WorkerConfig {
     pub batch_size: usize,
     pub batch_wait: Duration,
     pub max_deliver: u32,
+    /// How often a held batch is reported in progress to the bus: well within
+    /// its ack deadline.
+    pub keepalive: Duration,
 }
 
 pub struct Worker {
@@ -37,6 +40,7 @@ impl Worker {
             .next_batch(self.cfg.batch_size, self.cfg.batch_wait)
             .await
         {
+            let _keepalive = Keepalive::start(&batch, self.cfg.keepalive);
             self.process(batch).await;
         }
         tracing::debug!("pipeline worker stopped");

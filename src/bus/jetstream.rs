@@ -271,3 +271,10 @@ pub(super) async fn nak(m: &Message, delay: Duration) {
         tracing::warn!(error = %e, "nak failed; the message will be redelivered after ack_wait");
     }
 }
+
+/// Reset the message's ack deadline: the worker still holds it.
+pub(super) async fn in_progress(m: &Message) {
+    if let Err(e) = m.ack_with(AckKind::Progress).await {
+        tracing::debug!(error = %e, "in-progress ack failed; the message may be redelivered (harmless: upsert by id)");
+    }
+}

@@ -81,6 +81,44 @@ impl Delivery {
     }
 }
 
+/// Tells the bus, while the worker still holds a batch, that it is being worked
+/// on, so that a batch slower than `ack_wait` (a loaded machine, a slow model)
+/// is not redelivered mid-work. Stops when dropped.
+pub struct Keepalive(Option<tokio::task::JoinHandle<()>>);
+
+impl Keepalive {
+    /// Send an in-progress acknowledgement for every JetStream delivery in
+    /// `batch` each `every`, until the returned guard is dropped.
+    pub fn start(batch: &[Delivery], every: Duration) -> Keepalive {
+        let messages: Vec<_> = batch
+            .iter()
+            .filter_map(|d| match &d.settle {
+                Settle::JetStream(m) => Some((**m).clone()),
+                Settle::Embedded(_) => None,
+            })
+            .collect();
+        if messages.is_empty() {
+            return Keepalive(None);
+        }
+        Keepalive(Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                for m in &messages {
+                    jetstream::in_progress(m).await;
+                }
+            }
+        })))
+    }
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
 /// A NATS subject token for any stream name or id: `[A-Za-z0-9_-]` stay, every
 /// other byte becomes `~XX`.
 pub fn subject_token(s: &str) -> String {

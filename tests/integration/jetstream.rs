@@ -323,3 +323,50 @@ async fn two_daemons_share_the_consumer_and_the_data_dir() {
     assert!(wa > 0 && wb > 0, "a wrote {wa}, b wrote {wb}");
     assert_eq!(sa["dead_letters"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivered() {
+    let llm = crate::llm_stub::stub_llm().await;
+    let d = Daemon::start(
+        Options::default()
+            .env("LOOMEM_LLM__BASE_URL", &llm.url)
+            .env("LOOMEM_LLM__MODEL", "stub-chat-1")
+            .env("LOOMEM_BUS__ACK_WAIT_MS", "1000"),
+    )
+    .await;
+    llm.answer(
+        "contradiction_judgement",
+        &json!({"superseded": [], "reason": "unrelated"}).to_string(),
+    );
+    d.store("I live in Boston", "slow").await;
+    // The judge inside the pipeline now takes 3.5 ack deadlines.
+    llm.delay(3500);
+    let (status, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "I live in Chicago", "stream": "slow"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "stored", "{body}");
+    assert_eq!(llm.requests_for("contradiction_judgement").len(), 1);
+
+    // JetStream never redelivered: the worker reported the batch in progress.
+    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_consumer_from_stream("loomem-pipeline", "LOOMEM")
+        .await
+        .unwrap();
+    let info = consumer.info().await.unwrap();
+    // Every delivery bumps the consumer sequence; a redelivery does so again
+    // for the same stream message.
+    assert_eq!(info.delivered.stream_sequence, 2, "{info:?}");
+    assert_eq!(info.delivered.consumer_sequence, 2, "{info:?}");
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["dead_letters"], 0, "{st}");
+    assert_eq!(st["chunks"], 2, "{st}");
+}

@@ -2,7 +2,7 @@
 //! allows): an OpenAI-compatible chat endpoint.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
@@ -15,6 +15,7 @@ pub struct StubLlm {
     replies: Arc<Mutex<HashMap<String, String>>>,
     pub requests: Arc<AtomicUsize>,
     pub seen: Arc<Mutex<Vec<Value>>>,
+    delay_ms: Arc<AtomicU64>,
 }
 
 impl StubLlm {
@@ -23,6 +24,11 @@ impl StubLlm {
             .lock()
             .unwrap()
             .insert(schema.to_string(), text.to_string());
+    }
+
+    /// Answer every later request only after `ms` milliseconds (a slow model).
+    pub fn delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::SeqCst);
     }
 
     pub fn requests_for(&self, schema: &str) -> Vec<Value> {
@@ -41,12 +47,20 @@ pub async fn stub_llm() -> StubLlm {
     let reply: Arc<Mutex<HashMap<String, String>>> = Default::default();
     let requests = Arc::new(AtomicUsize::new(0));
     let seen: Arc<Mutex<Vec<Value>>> = Default::default();
-    let (r, n, s) = (reply.clone(), requests.clone(), seen.clone());
+    let delay_ms = Arc::new(AtomicU64::new(0));
+    let (r, n, s, d) = (
+        reply.clone(),
+        requests.clone(),
+        seen.clone(),
+        delay_ms.clone(),
+    );
     let app = axum::Router::new().route(
         "/v1/chat/completions",
         post(move |axum::Json(body): axum::Json<Value>| {
-            let (r, n, s) = (r.clone(), n.clone(), s.clone());
+            let (r, n, s, d) = (r.clone(), n.clone(), s.clone(), d.clone());
             async move {
+                let delay = d.load(Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                 n.fetch_add(1, Ordering::SeqCst);
                 s.lock().unwrap().push(body.clone());
                 let schema = body["response_format"]["json_schema"]["name"]
@@ -71,5 +85,6 @@ pub async fn stub_llm() -> StubLlm {
         replies: reply,
         requests,
         seen,
+        delay_ms,
     }
 }
