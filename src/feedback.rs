@@ -80,30 +80,45 @@ pub struct FeedbackBook {
 
 impl FeedbackBook {
     pub async fn open(table: Table) -> crate::store::Result<FeedbackBook> {
-        let batches: Vec<RecordBatch> = table.query().execute().await?.try_collect().await?;
-        let mut tallies: HashMap<String, Tally> = HashMap::new();
-        for b in &batches {
-            let c = Columns::new(b);
-            for r in 0..b.num_rows() {
-                let (Some(id), Some(u)) = (c.str("chunk_id", r), c.i32("usefulness", r)) else {
-                    continue;
-                };
-                tallies
-                    .entry(id)
-                    .or_default()
-                    .add(u, c.bool("harmful", r).unwrap_or(false));
-            }
-        }
+        let tallies = tally_all(&table).await?;
         Ok(FeedbackBook {
             table,
             tallies: RwLock::new(tallies),
         })
     }
 
+    /// Recount every tally from the table (after rows were restored into it).
+    pub async fn reload(&self) -> crate::store::Result<()> {
+        let tallies = tally_all(&self.table).await?;
+        *self.tallies.write().expect("feedback lock") = tallies;
+        Ok(())
+    }
+
     pub fn table(&self) -> &Table {
         &self.table
     }
+}
 
+/// Every memory's tally, counted from the feedback table.
+async fn tally_all(table: &Table) -> crate::store::Result<HashMap<String, Tally>> {
+    let batches: Vec<RecordBatch> = table.query().execute().await?.try_collect().await?;
+    let mut tallies: HashMap<String, Tally> = HashMap::new();
+    for b in &batches {
+        let c = Columns::new(b);
+        for r in 0..b.num_rows() {
+            let (Some(id), Some(u)) = (c.str("chunk_id", r), c.i32("usefulness", r)) else {
+                continue;
+            };
+            tallies
+                .entry(id)
+                .or_default()
+                .add(u, c.bool("harmful", r).unwrap_or(false));
+        }
+    }
+    Ok(tallies)
+}
+
+impl FeedbackBook {
     async fn add(&self, row: &FeedbackRow) -> crate::store::Result<Tally> {
         let batch = crate::graph::rows_to_batch(schema(), std::slice::from_ref(row))?;
         self.table.add(batch).execute().await?;

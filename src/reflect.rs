@@ -13,7 +13,6 @@ use crate::auth::Caller;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::model::{now_micros, Chunk};
-use crate::store::ts_lit;
 use crate::time::DAY_MICROS;
 
 /// Types whose memories state one current truth per subject.
