@@ -18,6 +18,12 @@ pub async fn import_direct(
     stream: Option<&str>,
     text: &str,
 ) -> anyhow::Result<ImportReport> {
+    if format == Format::LoomemJsonl {
+        let store = open_store(cfg).await?;
+        let report = loomem::export::restore(&store, &Caller::admin("cli"), text).await;
+        store.close().await;
+        return Ok(report?);
+    }
     if cfg.bus.kind != BusKind::Jetstream {
         bail!("a direct import needs bus.kind = \"jetstream\"; with the embedded bus, import through the daemon with --url");
     }
@@ -84,19 +90,71 @@ fn print_format(result: &loomem::sql::SqlResult, format: &str) -> anyhow::Result
     Ok(body)
 }
 
+/// The data directory's tables, opened in this process.
+async fn open_store(cfg: &Config) -> anyhow::Result<loomem::store::Store> {
+    loomem::store::Store::open(
+        &cfg.data_dir(),
+        cfg.embed.dim,
+        cfg.storage.write_batch_max_rows,
+    )
+    .await
+    .with_context(|| format!("opening {}", cfg.data_dir().display()))
+}
+
+/// `loomem export` on the data directory (as admin), narrowed to `--stream`.
+pub async fn export_direct(
+    cfg: &Config,
+    format: loomem::export::ExportFormat,
+    sql: Option<&str>,
+    stream: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    let caller = loomem::export::narrow(&Caller::admin("cli"), stream)?;
+    let store = open_store(cfg).await?;
+    let out = loomem::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
+    store.close().await;
+    Ok(out?)
+}
+
+/// `loomem export --url`: the daemon renders, this process writes the file.
+pub async fn export_via_daemon(
+    url: &str,
+    token: Option<&str>,
+    format: loomem::export::ExportFormat,
+    sql: Option<&str>,
+    stream: Option<&str>,
+) -> anyhow::Result<Vec<u8>> {
+    let endpoint = format!("{}/v1/export", url.trim_end_matches('/'));
+    let mut req = reqwest::Client::new()
+        .post(&endpoint)
+        .json(&serde_json::json!({
+            "format": format.name(), "sql": sql, "stream": stream,
+        }));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {endpoint}"))?;
+    let status = resp.status();
+    let bytes = resp.bytes().await?;
+    if !status.is_success() {
+        let detail: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        bail!(
+            "{endpoint} answered {status}: {}",
+            detail["detail"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(bytes.to_vec())
+}
+
 /// Query the data directory directly (as admin: whoever can read the files sees everything).
 pub async fn sql_direct(
     cfg: &Config,
     req: loomem::sql::SqlRequest,
     format: &str,
 ) -> anyhow::Result<Vec<u8>> {
-    let store = loomem::store::Store::open(
-        &cfg.data_dir(),
-        cfg.embed.dim,
-        cfg.storage.write_batch_max_rows,
-    )
-    .await
-    .with_context(|| format!("opening {}", cfg.data_dir().display()))?;
+    let store = open_store(cfg).await?;
     let result = loomem::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
     store.close().await;
     print_format(&result?, format)

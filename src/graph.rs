@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use futures::TryStreamExt;
-use lancedb::query::{ExecutableQuery, QueryBase};
 use lancedb::Table;
 use serde::{Deserialize, Serialize};
 
@@ -177,13 +175,7 @@ async fn read_where<T>(
     filter: String,
     f: fn(&RecordBatch) -> Vec<T>,
 ) -> Result<Vec<T>> {
-    let batches: Vec<RecordBatch> = table
-        .query()
-        .only_if(filter)
-        .execute()
-        .await?
-        .try_collect()
-        .await?;
+    let batches = crate::store::scan(table, &filter).await?;
     Ok(batches.iter().flat_map(f).collect())
 }
 
@@ -191,14 +183,7 @@ async fn upsert<T: Serialize>(table: &Table, schema: SchemaRef, rows: &[T]) -> R
     if rows.is_empty() {
         return Ok(());
     }
-    let batch = rows_to_batch(schema.clone(), rows)?;
-    let reader = arrow_array::RecordBatchIterator::new(vec![Ok(batch)], schema);
-    let mut merge = table.merge_insert(&["id"]);
-    merge
-        .when_matched_update_all(None)
-        .when_not_matched_insert_all();
-    merge.execute(Box::new(reader)).await?;
-    Ok(())
+    crate::store::upsert_batch(table, rows_to_batch(schema, rows)?).await
 }
 
 fn push_ref(list: &mut Vec<String>, id: &str) {

@@ -36,6 +36,10 @@ pub enum Format {
     Longmemeval,
     /// Paragraphs and list items become memories; headings become titles.
     Markdown,
+    /// A lossless `loomem export` (JSONL form), restored row for row
+    /// ([`crate::export::restore`]), not run through a pipeline.
+    #[serde(rename = "loomem-jsonl")]
+    LoomemJsonl,
 }
 
 impl std::str::FromStr for Format {
@@ -45,8 +49,9 @@ impl std::str::FromStr for Format {
             "jsonl" => Ok(Format::Jsonl),
             "longmemeval" => Ok(Format::Longmemeval),
             "markdown" | "md" => Ok(Format::Markdown),
+            "loomem-jsonl" => Ok(Format::LoomemJsonl),
             _ => Err(format!(
-                "unknown format `{s}`; use jsonl, longmemeval or markdown"
+                "unknown format `{s}`; use jsonl, longmemeval, markdown or loomem-jsonl"
             )),
         }
     }
@@ -111,6 +116,12 @@ pub fn parse(
             }
         };
     match format {
+        Format::LoomemJsonl => {
+            return Err(Error::invalid(
+                "format",
+                "a loomem-jsonl export is restored, not parsed into new memories",
+            ))
+        }
         Format::Jsonl => {
             for (i, line) in text.lines().enumerate() {
                 if line.trim().is_empty() {
@@ -456,6 +467,9 @@ pub async fn import_text(
     stream: Option<&str>,
     text: &str,
 ) -> Result<ImportReport> {
+    if format == Format::LoomemJsonl {
+        return crate::export::restore(&engine.store, caller, text).await;
+    }
     let parsed = parse(format, text, stream, caller, &engine.cfg.namespaces)?;
     publish(&engine.bus, parsed, |_, _| {}).await
 }

@@ -13,6 +13,7 @@ pub mod dream;
 pub mod embed;
 pub mod engine;
 pub mod error;
+pub mod export;
 pub mod extract;
 pub mod feedback;
 pub mod graph;

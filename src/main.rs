@@ -58,13 +58,37 @@ enum Command {
     Import {
         /// The file to import.
         path: PathBuf,
-        /// jsonl (one /v1/store object per line), longmemeval, or markdown.
+        /// jsonl (one /v1/store object per line), longmemeval, markdown, or
+        /// loomem-jsonl (a lossless `loomem export`, restored row for row).
         #[arg(long, default_value = "jsonl")]
         format: loomem::import::Format,
         /// Stream for records that name none.
         #[arg(long)]
         stream: Option<String>,
         /// Send through a running daemon (POST /v1/import) instead of publishing directly.
+        #[arg(long)]
+        url: Option<String>,
+        /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
+        #[arg(long, env = "LOOMEM_AUTH_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Export the memory tables to a file, written atomically: directly from the
+    /// data directory, or through a running daemon with --url.
+    Export {
+        /// jsonl (without --sql: the lossless form `import --format loomem-jsonl`
+        /// restores), parquet, csv or markdown.
+        #[arg(long, default_value = "jsonl")]
+        format: loomem::export::ExportFormat,
+        /// The file to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// Only this stream.
+        #[arg(long)]
+        stream: Option<String>,
+        /// A read-only query over the memory tables (default: every memory).
+        #[arg(long)]
+        sql: Option<String>,
+        /// Export through a running daemon (POST /v1/export).
         #[arg(long)]
         url: Option<String>,
         /// API key for --url (default: $LOOMEM_AUTH_TOKEN).
@@ -325,6 +349,29 @@ fn run() -> anyhow::Result<()> {
                     "wrote {} questions with {sessions}-session haystacks to {}",
                     entries.len(),
                     out.display()
+                );
+            }
+            Command::Export {
+                format,
+                output,
+                stream,
+                sql,
+                url,
+                token,
+            } => {
+                let (sql, stream) = (sql.as_deref(), stream.as_deref());
+                let bytes = match url {
+                    Some(url) => {
+                        cli::export_via_daemon(&url, token.as_deref(), format, sql, stream).await?
+                    }
+                    None => cli::export_direct(&cfg, format, sql, stream).await?,
+                };
+                loomem::export::write_atomically(&output, &bytes)
+                    .with_context(|| format!("writing {}", output.display()))?;
+                eprintln!(
+                    "export: wrote {} bytes to {}",
+                    bytes.len(),
+                    output.display()
                 );
             }
             Command::Import {

@@ -337,7 +337,10 @@ pub async fn query(
                 ))
                 .map_err(sql_err)?;
         }
-        let df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
+        // An export asks for every row (max_rows at usize::MAX - 1): no limit.
+        if max_rows < usize::MAX - 1 {
+            df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
+        }
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await.map_err(sql_err)?;
         Ok::<_, Error>((schema, batches))
@@ -422,7 +425,7 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
                 .with_header(true)
                 .build(Vec::new());
             for b in &result.batches {
-                writer.write(b).map_err(fail)?;
+                writer.write(&nested_as_text(b)?).map_err(fail)?;
             }
             let mut out = writer.into_inner();
             if result.batches.is_empty() {
@@ -436,6 +439,15 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
             }
             Ok(("text/csv", out))
         }
+        "jsonl" => {
+            let mut writer = json::LineDelimitedWriter::new(Vec::new());
+            for b in &result.batches {
+                writer.write(b).map_err(fail)?;
+            }
+            writer.finish().map_err(fail)?;
+            Ok(("application/x-ndjson", writer.into_inner()))
+        }
+        "markdown" => Ok(("text/markdown", markdown(result)?.into_bytes())),
         "arrow" => {
             let mut writer =
                 ipc::writer::StreamWriter::try_new(Vec::new(), &result.schema).map_err(fail)?;
@@ -465,9 +477,79 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
         }
         other => Err(Error::invalid(
             "format",
-            format!("`{other}`: use json, csv, arrow or parquet"),
+            format!("`{other}`: use json, jsonl, csv, markdown, arrow or parquet"),
         )),
     }
+}
+
+/// CSV has no lists: list columns (tags, entities, embeddings) become their
+/// display text, `[a, b]`.
+fn nested_as_text(batch: &RecordBatch) -> Result<RecordBatch> {
+    use lancedb::datafusion::arrow::array::{ArrayRef, StringArray};
+    use lancedb::datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use lancedb::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let fail = |e: lancedb::datafusion::arrow::error::ArrowError| {
+        Error::Internal(format!("rendering: {e}"))
+    };
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type().is_nested())
+    {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default().with_null("");
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !f.data_type().is_nested() {
+            fields.push(f.as_ref().clone());
+            columns.push(c.clone());
+            continue;
+        }
+        let formatter = ArrayFormatter::try_new(c.as_ref(), &options).map_err(fail)?;
+        let text: StringArray = (0..c.len())
+            .map(|r| (!c.is_null(r)).then(|| formatter.value(r).to_string()))
+            .collect();
+        fields.push(Field::new(f.name(), DataType::Utf8, true));
+        columns.push(Arc::new(text));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(fail)
+}
+
+/// A GitHub-flavoured Markdown table; cells keep their text on one line.
+fn markdown(result: &SqlResult) -> Result<String> {
+    use lancedb::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let cell = |s: &str| s.replace('|', "\\|").replace('\n', "<br>");
+    let names: Vec<String> = result
+        .schema
+        .fields()
+        .iter()
+        .map(|f| cell(f.name()))
+        .collect();
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
+    let options = FormatOptions::default().with_null("");
+    for b in &result.batches {
+        let formatters = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = formatters
+                .iter()
+                .map(|f| cell(&f.value(r).to_string()))
+                .collect();
+            out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        }
+    }
+    Ok(out)
 }
 
 /// A plain-text table, for the CLI.

@@ -44,6 +44,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/dream", post(recall::dream))
         .nest_service("/mcp", crate::mcp::http_service(engine.clone()))
         .route("/v1/sql", post(sql_handler))
+        .route("/v1/export", post(export_handler))
         .route("/v1/embed-missing", post(embed_missing))
         .route("/v1/re-embed-all", post(re_embed_all))
         .route("/v1/jobs/{id}", get(job_status))
@@ -90,15 +91,38 @@ async fn sql_handler(
 ) -> Result<axum::response::Response> {
     use axum::response::IntoResponse;
     let format = req.format.clone().unwrap_or_else(|| "json".into());
-    if !["json", "csv", "arrow", "parquet"].contains(&format.as_str()) {
+    let formats = ["json", "jsonl", "csv", "markdown", "arrow", "parquet"];
+    if !formats.contains(&format.as_str()) {
         return Err(Error::invalid(
             "format",
-            format!("`{format}`: use json, csv, arrow or parquet"),
+            format!("`{format}`: use {}", formats.join(", ")),
         ));
     }
     let result = crate::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
     let (content_type, body) = crate::sql::render(&result, &format)?;
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+/// `POST /v1/export`: the file `loomem export --url` writes.
+async fn export_handler(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::export::ExportRequest>,
+) -> Result<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let format: crate::export::ExportFormat = req
+        .format
+        .parse()
+        .map_err(|e: String| Error::invalid("format", e))?;
+    let caller = crate::export::narrow(&caller, req.stream.as_deref())?;
+    let limits = engine.cfg.sql.limits();
+    let body =
+        crate::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref()).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, format.content_type())],
+        body,
+    )
+        .into_response())
 }
 
 async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<admin::Status>> {

@@ -877,6 +877,29 @@ fn embedding_dim(schema: &arrow_schema::Schema) -> Option<usize> {
     }
 }
 
+/// Every row of `table` matching a Lance filter.
+pub async fn scan(table: &Table, filter: &str) -> Result<Vec<RecordBatch>> {
+    Ok(table
+        .query()
+        .only_if(filter)
+        .execute()
+        .await?
+        .try_collect()
+        .await?)
+}
+
+/// Insert or replace rows by `id` (one commit).
+pub async fn upsert_batch(table: &Table, batch: RecordBatch) -> Result<()> {
+    let schema = batch.schema();
+    let reader = RecordBatchIterator::new(vec![Ok(batch)], schema);
+    let mut merge = table.merge_insert(&["id"]);
+    merge
+        .when_matched_update_all(None)
+        .when_not_matched_insert_all();
+    merge.execute(Box::new(reader)).await?;
+    Ok(())
+}
+
 /// One record batch as a reader, the form `merge_insert` takes.
 pub(crate) fn batch_reader(
     chunks: &[Chunk],

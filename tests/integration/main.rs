@@ -8,6 +8,7 @@ mod dream;
 mod embed;
 mod enrich;
 mod errors;
+mod export;
 mod extract_eval;
 mod fixture;
 mod ingest;
