@@ -41,6 +41,7 @@ impl Worker {
             .await
         {
             let _keepalive = Keepalive::start(&batch, self.cfg.keepalive);
+            let _gate = self.store.write_gate.read().await;
             self.process(batch).await;
         }
         tracing::debug!("pipeline worker stopped");

@@ -33,6 +33,7 @@ pub mod reembed;
 pub mod reflect;
 pub mod search;
 pub mod server;
+pub mod snapshot;
 pub mod sql;
 pub mod store;
 pub mod time;

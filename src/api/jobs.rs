@@ -97,3 +97,52 @@ pub async fn run(
     caller.require_admin()?;
     Ok(Json(engine.run_job(&name, req.dry_run).await?.into()))
 }
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    name: Option<String>,
+}
+
+/// `POST /v1/snapshots`: tag every memory table now (default name
+/// `snap-YYYYMMDD-HHMMSS`).
+pub async fn snapshot_create(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<SnapshotRequest>,
+) -> Result<(axum::http::StatusCode, Json<crate::snapshot::Snapshot>)> {
+    caller.require_admin()?;
+    let name = req
+        .name
+        .unwrap_or_else(|| crate::snapshot::timestamped("snap", crate::model::now_micros()));
+    let snapshot = crate::snapshot::create(&engine.store, &name).await?;
+    Ok((axum::http::StatusCode::CREATED, Json(snapshot)))
+}
+
+pub async fn snapshot_list(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+) -> Result<Json<serde_json::Value>> {
+    caller.require_admin()?;
+    let snapshots = crate::snapshot::list(&engine.store).await?;
+    Ok(Json(serde_json::json!({ "snapshots": snapshots })))
+}
+
+pub async fn snapshot_delete(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>> {
+    caller.require_admin()?;
+    crate::snapshot::delete(&engine.store, &name).await?;
+    Ok(Json(serde_json::json!({ "deleted": name })))
+}
+
+pub async fn snapshot_rollback(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<crate::snapshot::Rollback>> {
+    caller.require_admin()?;
+    Ok(Json(crate::snapshot::rollback(&engine, &name).await?))
+}

@@ -50,6 +50,15 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/jobs/{id}", get(job_status))
         .route("/v1/jobs", get(jobs::runs))
         .route("/admin/jobs/{name}/run", post(jobs::run))
+        .route(
+            "/v1/snapshots",
+            post(jobs::snapshot_create).get(jobs::snapshot_list),
+        )
+        .route("/v1/snapshots/{name}", delete(jobs::snapshot_delete))
+        .route(
+            "/v1/snapshots/{name}/rollback",
+            post(jobs::snapshot_rollback),
+        )
         .route("/admin/workers/pause", post(jobs::pause))
         .route("/admin/workers/resume", post(jobs::resume))
         .route("/admin/workers/status", get(jobs::status))

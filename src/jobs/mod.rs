@@ -1,6 +1,7 @@
 //! Background work. Jobs the API starts (re-embedding) have progress that can
 //! be polled, an end that can be awaited, one running job per group at a time.
-//! Maintenance jobs (`dream`, `decay`, `compact`, `reembed`, `export`) are one file each,
+//! Maintenance jobs (`dream`, `decay`, `compact`, `reembed`, `export`,
+//! `snapshot`) are one file each,
 //! `run_once(ctx) -> JobReport`, run by the cron [`scheduler`] or on demand;
 //! every run lands in the `job_runs` table.
 
@@ -10,6 +11,7 @@ pub mod dream;
 pub mod export;
 pub mod reembed;
 pub mod scheduler;
+pub mod snapshot;
 
 use std::sync::{Arc, Mutex};
 
@@ -208,7 +210,7 @@ impl From<crate::jobs::scheduler::JobRun> for RunView {
 }
 
 /// The maintenance jobs, by name.
-pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed", "export"];
+pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed", "export", "snapshot"];
 
 /// What a job run gets: the engine, whether to change anything, its params.
 pub struct JobContext {
@@ -225,6 +227,7 @@ pub async fn run_once(ctx: &JobContext, name: &str) -> crate::error::Result<JobR
         "compact" => compact::run_once(ctx).await,
         "reembed" => reembed::run_once(ctx).await,
         "export" => export::run_once(ctx).await,
+        "snapshot" => snapshot::run_once(ctx).await,
         other => Err(crate::error::Error::NotFound(format!(
             "no job `{other}` (jobs: {})",
             JOB_NAMES.join(", ")

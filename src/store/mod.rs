@@ -190,6 +190,9 @@ pub struct Store {
     writer: ChunkWriter,
     /// Vector reads consider only embeddings this model made (None = any).
     embed_model: Option<String>,
+    /// The pipeline worker holds it shared while it processes a batch; a
+    /// snapshot rollback holds it exclusively, so no batch lands mid-restore.
+    pub write_gate: tokio::sync::RwLock<()>,
 }
 
 impl Store {
@@ -259,6 +262,7 @@ impl Store {
             dim,
             writer,
             embed_model: None,
+            write_gate: Default::default(),
         })
     }
 
@@ -337,6 +341,13 @@ impl Store {
         for s in streams {
             *g.entry(s).or_default() += 1;
         }
+    }
+
+    /// Every table was put back to an earlier version: every cache is stale.
+    pub async fn rolled_back(&self) -> Result<()> {
+        self.delete_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.feedback.reload().await
     }
 
     /// Changes whenever a write or delete may have changed `stream`'s memories

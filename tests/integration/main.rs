@@ -20,4 +20,5 @@ mod nats;
 mod recall;
 mod restart;
 mod retrieval;
+mod snapshot;
 mod sql;
