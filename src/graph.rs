@@ -365,6 +365,17 @@ impl Graph {
         .await
     }
 
+    /// Drop the entity and edge rows matching a filter (a stream scope);
+    /// returns how many went.
+    pub async fn delete_where(&self, filter: &str) -> Result<usize> {
+        let mut n = 0;
+        for table in [&self.entities, &self.edges] {
+            n += table.count_rows(Some(filter.to_string())).await?;
+            table.delete(filter).await?;
+        }
+        Ok(n)
+    }
+
     /// Entities and edges counted over the given streams (None = all).
     pub async fn stats(&self, scope: Option<String>) -> Result<(usize, usize, i64)> {
         let entities = read_where(

@@ -22,6 +22,7 @@ pub mod import;
 pub mod ingest;
 pub mod jobs;
 pub mod llm;
+pub mod maintenance;
 pub mod mcp;
 pub mod memory;
 pub mod model;

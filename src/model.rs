@@ -128,6 +128,32 @@ impl Chunk {
         meta[key] = value;
         self.extraction_meta = Some(meta.to_string());
     }
+
+    /// One key of `extraction_meta`.
+    pub fn annotation(&self, key: &str) -> Option<serde_json::Value> {
+        self.extraction_meta
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+            .and_then(|mut m| m.get_mut(key).map(serde_json::Value::take))
+    }
+
+    /// Drop one key of `extraction_meta`; whether it was there.
+    pub fn remove_annotation(&mut self, key: &str) -> bool {
+        let Some(mut meta) = self
+            .extraction_meta
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+        else {
+            return false;
+        };
+        let removed = meta
+            .as_object_mut()
+            .is_some_and(|m| m.remove(key).is_some());
+        if removed {
+            self.extraction_meta = Some(meta.to_string());
+        }
+        removed
+    }
 }
 
 /// SHA-256 (hex) of the text lower-cased with whitespace runs folded to one space.

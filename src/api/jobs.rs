@@ -146,3 +146,45 @@ pub async fn snapshot_rollback(
     caller.require_admin()?;
     Ok(Json(crate::snapshot::rollback(&engine, &name).await?))
 }
+
+/// The maintenance calls whose body (`{"stream": …}`) may be empty.
+macro_rules! maintenance {
+    ($($handler:ident => $service:ident),* $(,)?) => {$(
+        pub async fn $handler(
+            State(engine): State<Arc<Engine>>,
+            caller: Caller,
+            body: axum::body::Bytes,
+        ) -> Result<Json<crate::maintenance::Report>> {
+            let req = super::parse_json(&body)?;
+            Ok(Json(crate::maintenance::$service(&engine, &caller, req).await?))
+        }
+    )*};
+}
+
+maintenance! {
+    retag_all => retag_all,
+    score_all => score_all,
+    reset_importance => reset_importance,
+    reset_backfill => reset_backfill,
+    build_graph => build_graph,
+}
+
+pub async fn extract_entities(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    body: axum::body::Bytes,
+) -> Result<(axum::http::StatusCode, Json<serde_json::Value>)> {
+    let req = super::parse_json(&body)?;
+    let queued = crate::maintenance::extract_entities(&engine, &caller, req).await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(queued)))
+}
+
+pub async fn boost(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::maintenance::BoostRequest>,
+) -> Result<Json<serde_json::Value>> {
+    Ok(Json(
+        crate::maintenance::boost(&engine, &caller, req).await?,
+    ))
+}

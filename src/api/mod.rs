@@ -59,6 +59,13 @@ pub fn router(engine: Arc<Engine>) -> Router {
             "/v1/snapshots/{name}/rollback",
             post(jobs::snapshot_rollback),
         )
+        .route("/v1/boost", post(jobs::boost))
+        .route("/v1/retag-all", post(jobs::retag_all))
+        .route("/v1/score-all", post(jobs::score_all))
+        .route("/v1/reset-importance", post(jobs::reset_importance))
+        .route("/v1/reset-backfill", post(jobs::reset_backfill))
+        .route("/v1/build-graph", post(jobs::build_graph))
+        .route("/v1/extract-entities", post(jobs::extract_entities))
         .route("/admin/workers/pause", post(jobs::pause))
         .route("/admin/workers/resume", post(jobs::resume))
         .route("/admin/workers/status", get(jobs::status))

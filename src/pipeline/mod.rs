@@ -303,6 +303,18 @@ impl Pipeline {
         self.stages.iter().map(|s| s.name()).collect()
     }
 
+    /// Run only the stage called `name` (as this pipeline configured it) over
+    /// stored memories, and wait for its side writes; nothing is committed.
+    /// Maintenance uses it to redo one step (`retag-all`, `score-all`).
+    pub async fn rerun(&self, name: &str, batch: &mut [Record]) -> Result<bool, PipelineError> {
+        let Some(stage) = self.stages.iter().find(|s| s.name() == name) else {
+            return Ok(false);
+        };
+        stage.process(batch).await?;
+        settle(batch, stage.name()).await?;
+        Ok(true)
+    }
+
     /// Run the batch through every stage; the `write` stage commits what is kept.
     pub async fn run(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
         let mut reports = Vec::with_capacity(self.stages.len());

@@ -15,6 +15,7 @@ mod ingest;
 mod jetstream;
 mod jobs;
 mod llm_stub;
+mod maintenance;
 mod mcp;
 mod nats;
 mod recall;

@@ -104,7 +104,11 @@ impl Stage for ScoreSurprise {
                 };
                 c.annotate(
                     "surprise",
-                    serde_json::json!({ "novelty": novelty, "base_importance": base }),
+                    serde_json::json!({
+                        "novelty": novelty,
+                        "base_importance": base,
+                        "importance": c.importance,
+                    }),
                 );
             }
             Ok(())
