@@ -273,6 +273,9 @@ pub async fn bench_recall(
     let scratch = out.join(format!(".data-{stamp}"));
     cfg.storage.data_dir = scratch.clone();
     cfg.bus.kind = BusKind::Embedded;
+    // The measured store must stay as ingested: no consolidation mid-run.
+    cfg.scheduler.enabled = false;
+    cfg.scheduler.dream_after_idle_secs = 0;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     // Vectors by content hash, kept across runs: haystacks repeat their filler.
     let inner = loomem::embed::from_config(&cfg.embed, env)?;

@@ -467,12 +467,16 @@ fn default_transcript_chars() -> usize {
     200_000
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     #[serde(default)]
     pub enabled: bool,
-    /// Per job (`dream`, `decay`, `compact`, `reembed`): its cron and params.
+    /// A stream quiet this many seconds after a write is dreamed once (its
+    /// memories consolidated); 0 = never. Independent of `enabled`.
+    #[serde(default = "default_dream_after_idle")]
+    pub dream_after_idle_secs: u64,
+    /// Per job (`dream`, `decay`, `compact`, …): its cron and params.
     #[serde(default)]
     pub jobs: BTreeMap<String, JobConfig>,
 }
@@ -488,6 +492,20 @@ pub struct JobConfig {
     /// The job's own parameters.
     #[serde(default)]
     pub params: toml::Table,
+}
+
+fn default_dream_after_idle() -> u64 {
+    1800
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> SchedulerConfig {
+        SchedulerConfig {
+            enabled: false,
+            dream_after_idle_secs: default_dream_after_idle(),
+            jobs: BTreeMap::new(),
+        }
+    }
 }
 
 fn enabled_by_default() -> bool {

@@ -187,6 +187,14 @@ impl Engine {
 
     /// Start the cron loop of the enabled jobs (when `[scheduler] enabled`).
     pub fn start_scheduler(self: &Arc<Engine>) {
+        let idle = self.cfg.scheduler.dream_after_idle_secs;
+        if idle > 0 {
+            crate::jobs::idle::spawn(
+                Arc::downgrade(self),
+                Duration::from_secs(idle),
+                self.stop_scheduler.subscribe(),
+            );
+        }
         if !self.cfg.scheduler.enabled {
             return;
         }

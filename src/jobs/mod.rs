@@ -9,6 +9,7 @@ pub mod compact;
 pub mod decay;
 pub mod dream;
 pub mod export;
+pub mod idle;
 pub mod reembed;
 pub mod scheduler;
 pub mod snapshot;

@@ -50,6 +50,8 @@ pub enum Trigger {
     Schedule,
     CatchUp,
     Manual,
+    /// A stream went quiet (the dream after inactivity).
+    Idle,
 }
 
 impl Trigger {
@@ -57,6 +59,7 @@ impl Trigger {
         match self {
             Trigger::Schedule => "schedule",
             Trigger::CatchUp => "catch_up",
+            Trigger::Idle => "idle",
             Trigger::Manual => "manual",
         }
     }

@@ -184,6 +184,8 @@ pub struct Store {
     job_runs: Table,
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Per stream, when a commit last changed its memories (this process).
+    written_at: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Bumped by deletes, whose streams are not known up front.
     delete_generation: std::sync::atomic::AtomicU64,
     dim: usize,
@@ -258,6 +260,7 @@ impl Store {
             feedback,
             job_runs,
             generations: Default::default(),
+            written_at: Default::default(),
             delete_generation: Default::default(),
             dim,
             writer,
@@ -337,10 +340,23 @@ impl Store {
     }
 
     fn bump(&self, streams: std::collections::BTreeSet<String>) {
+        let now = std::time::Instant::now();
+        let mut w = self.written_at.lock().expect("written_at lock");
         let mut g = self.generations.lock().expect("generations lock");
         for s in streams {
-            *g.entry(s).or_default() += 1;
+            *g.entry(s.clone()).or_default() += 1;
+            w.insert(s, now);
         }
+    }
+
+    /// Every stream written since this process started: its write generation
+    /// and when it was last written.
+    pub fn write_activity(&self) -> Vec<(String, u64, std::time::Instant)> {
+        let w = self.written_at.lock().expect("written_at lock");
+        let g = self.generations.lock().expect("generations lock");
+        w.iter()
+            .map(|(s, at)| (s.clone(), g.get(s).copied().unwrap_or(0), *at))
+            .collect()
     }
 
     /// Every table was put back to an earlier version: every cache is stale.

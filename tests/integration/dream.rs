@@ -157,3 +157,58 @@ async fn dream_merges_groups_resolves_contradictions_and_explains_itself() {
         .await;
     assert_eq!(s, 422, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_quiet_after_writes_is_dreamed_once_by_itself() {
+    let d = crate::fixture::Daemon::start(
+        crate::fixture::Options::default().env("LOOMEM_SCHEDULER__DREAM_AFTER_IDLE_SECS", "1"),
+    )
+    .await;
+    for content in [
+        "Dana owns the payments dashboard",
+        "Dana owns the payments dashboard and its alerts",
+    ] {
+        put(
+            &d,
+            json!({"content": content, "stream": "quiet", "subject": "Dana"}),
+        )
+        .await;
+    }
+    let idle_runs = |d: &crate::fixture::Daemon| {
+        let d = d.url.clone();
+        async move {
+            let body: serde_json::Value = reqwest::get(format!("{d}/v1/jobs?job=dream"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body["runs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["trigger"] == "idle")
+                .cloned()
+                .collect::<Vec<_>>()
+        }
+    };
+    let started = std::time::Instant::now();
+    let runs = loop {
+        let runs = idle_runs(&d).await;
+        if !runs.is_empty() {
+            break runs;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "no idle dream"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(runs[0]["status"], "succeeded", "{runs:?}");
+    assert_eq!(runs[0]["report"]["stream"], "quiet", "{runs:?}");
+    assert_eq!(runs[0]["report"]["chunks_processed"], 2, "{runs:?}");
+    assert_eq!(runs[0]["report"]["facts_merged"], 2, "{runs:?}");
+    // Nothing new was written: no second dream.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(idle_runs(&d).await.len(), 1);
+}
