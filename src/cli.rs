@@ -123,12 +123,19 @@ pub async fn export_via_daemon(
     sql: Option<&str>,
     stream: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
-    let endpoint = format!("{}/v1/export", url.trim_end_matches('/'));
-    let mut req = reqwest::Client::new()
-        .post(&endpoint)
-        .json(&serde_json::json!({
-            "format": format.name(), "sql": sql, "stream": stream,
-        }));
+    let body = serde_json::json!({ "format": format.name(), "sql": sql, "stream": stream });
+    post_to_daemon(url, "/v1/export", token, &body).await
+}
+
+/// POST JSON to a daemon; the answer's bytes, or its `detail` as the error.
+async fn post_to_daemon(
+    url: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> anyhow::Result<Vec<u8>> {
+    let endpoint = format!("{}{path}", url.trim_end_matches('/'));
+    let mut req = reqwest::Client::new().post(&endpoint).json(body);
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
@@ -171,27 +178,12 @@ pub async fn sql_via_daemon(
     let body = serde_json::json!({
         "sql": req.sql, "params": req.params, "format": req.format, "max_rows": req.max_rows,
     });
-    let mut http = reqwest::Client::new()
-        .post(format!("{}/v1/sql", url.trim_end_matches('/')))
-        .json(&body);
-    if let Some(t) = token {
-        http = http.bearer_auth(t);
-    }
-    let resp = http.send().await.context("reaching the daemon")?;
-    let status = resp.status();
-    let bytes = resp.bytes().await?;
-    if !status.is_success() {
-        let detail: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-        bail!(
-            "the daemon answered {status}: {}",
-            detail["detail"].as_str().unwrap_or("?")
-        );
-    }
+    let bytes = post_to_daemon(url, "/v1/sql", token, &body).await?;
     if format != "table" {
-        return Ok(bytes.to_vec());
+        return Ok(bytes);
     }
     let reader = lancedb::datafusion::arrow::ipc::reader::StreamReader::try_new(
-        std::io::Cursor::new(bytes.to_vec()),
+        std::io::Cursor::new(bytes),
         None,
     )?;
     let schema = reader.schema();
@@ -414,24 +406,7 @@ pub async fn job_via_daemon(
     name: &str,
     dry_run: bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let endpoint = format!("{}/admin/jobs/{name}/run", url.trim_end_matches('/'));
-    let mut req = reqwest::Client::new()
-        .post(&endpoint)
-        .json(&serde_json::json!({ "dry_run": dry_run }));
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    let resp = req
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {endpoint}"))?;
-    let status = resp.status();
-    let body: serde_json::Value = resp.json().await.unwrap_or_default();
-    if !status.is_success() {
-        bail!(
-            "{endpoint} answered {status}: {}",
-            body["detail"].as_str().unwrap_or("")
-        );
-    }
-    Ok(body)
+    let body = serde_json::json!({ "dry_run": dry_run });
+    let bytes = post_to_daemon(url, &format!("/admin/jobs/{name}/run"), token, &body).await?;
+    Ok(serde_json::from_slice(&bytes)?)
 }

@@ -39,14 +39,6 @@ fn rows_of(path: &Path) -> Vec<String> {
     lines.map(str::to_string).collect()
 }
 
-async fn sql(d: &Daemon, query: &str) -> Vec<Value> {
-    let (status, body) = d
-        .call("POST", "/v1/sql", Some(json!({ "sql": query })))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["rows"].as_array().cloned().unwrap()
-}
-
 /// Every table of the lossless form, every column (embeddings included).
 async fn snapshot(d: &Daemon) -> Vec<Vec<Value>> {
     let mut all = Vec::new();
@@ -58,7 +50,7 @@ async fn snapshot(d: &Daemon) -> Vec<Vec<Value>> {
         "SELECT * FROM history ORDER BY id",
         "SELECT * FROM feedback ORDER BY id",
     ] {
-        all.push(sql(d, q).await);
+        all.push(d.sql(q).await);
     }
     all
 }
@@ -121,18 +113,18 @@ async fn export_then_import_into_an_empty_data_dir_gives_identical_rows() {
     .await;
     assert!(ok, "{err}");
     let b = Daemon::start(Options::default()).await;
-    let (ok, out, err) = loomem(
-        &[
+    let restore = |file: PathBuf, url: String| async move {
+        let args = [
             "import",
-            f1.to_str().unwrap(),
+            file.to_str().unwrap(),
             "--format",
             "loomem-jsonl",
             "--url",
-            &b.url,
-        ],
-        None,
-    )
-    .await;
+            &url,
+        ];
+        loomem(&args, None).await
+    };
+    let (ok, out, err) = restore(f1.clone(), b.url.clone()).await;
     assert!(ok, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["accepted"], rows_of(&f1).len(), "{report}");
@@ -153,18 +145,7 @@ async fn export_then_import_into_an_empty_data_dir_gives_identical_rows() {
     assert!(top(&rb).1.as_f64().unwrap() > 1.0, "{rb}");
 
     // Restoring again changes nothing (upsert by id).
-    let (ok, _, err) = loomem(
-        &[
-            "import",
-            f1.to_str().unwrap(),
-            "--format",
-            "loomem-jsonl",
-            "--url",
-            &b.url,
-        ],
-        None,
-    )
-    .await;
+    let (ok, _, err) = restore(f1.clone(), b.url.clone()).await;
     assert!(ok, "{err}");
     assert_eq!(snapshot(&b).await, original);
 
@@ -309,7 +290,7 @@ async fn query_exports_in_every_format_and_a_bad_restore_writes_nothing() {
     )
     .await;
     assert!(!ok && err.contains("truncated"), "{err}");
-    assert_eq!(sql(&e, "SELECT count(*) AS n FROM chunks").await[0]["n"], 0);
+    assert_eq!(e.sql("SELECT count(*) AS n FROM chunks").await[0]["n"], 0);
     let (status, body) = e
         .call("POST", "/v1/export", Some(json!({"format": "xml"})))
         .await;

@@ -226,6 +226,15 @@ impl Daemon {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// The rows of a `/v1/sql` query (JSON), asserting it succeeded.
+    pub async fn sql(&self, query: &str) -> Vec<Value> {
+        let (status, body) = self
+            .call("POST", "/v1/sql", Some(serde_json::json!({ "sql": query })))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["rows"].as_array().cloned().expect("rows")
+    }
+
     pub async fn store(&self, content: &str, stream: &str) -> String {
         let (status, body) = self
             .call(

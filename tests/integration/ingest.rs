@@ -20,11 +20,7 @@ fn fact<'a>(body: &'a Value, memory_type: &str) -> &'a Value {
 }
 
 async fn sql(d: &Daemon, query: &str) -> Vec<Value> {
-    let (status, body) = d
-        .call("POST", "/v1/sql", Some(json!({ "sql": query })))
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["rows"].as_array().cloned().unwrap()
+    d.sql(query).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

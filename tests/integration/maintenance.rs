@@ -10,15 +10,9 @@ use crate::fixture::{Daemon, Options, TOKEN_A};
 use crate::llm_stub::stub_llm;
 
 async fn row(d: &Daemon, id: &str, columns: &str) -> Value {
-    let (s, body) = d
-        .call(
-            "POST",
-            "/v1/sql",
-            Some(json!({"sql": format!("SELECT {columns} FROM chunks WHERE id = '{id}'")})),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    body["rows"][0].clone()
+    d.sql(&format!("SELECT {columns} FROM chunks WHERE id = '{id}'"))
+        .await
+        .swap_remove(0)
 }
 
 fn meta(row: &Value) -> Value {

@@ -6,31 +6,15 @@ use serde_json::{json, Value};
 use crate::fixture::{Daemon, Options, TOKEN_A};
 
 async fn contents(d: &Daemon) -> Vec<String> {
-    let (s, body) = d
-        .call(
-            "POST",
-            "/v1/sql",
-            Some(json!({"sql": "SELECT content FROM chunks ORDER BY content"})),
-        )
-        .await;
-    assert_eq!(s, 200, "{body}");
-    body["rows"]
-        .as_array()
-        .unwrap()
+    d.sql("SELECT content FROM chunks ORDER BY content")
+        .await
         .iter()
         .map(|r| r["content"].as_str().unwrap().to_string())
         .collect()
 }
 
 async fn feedback_rows(d: &Daemon) -> Value {
-    let (_, body) = d
-        .call(
-            "POST",
-            "/v1/sql",
-            Some(json!({"sql": "SELECT count(*) AS n FROM feedback"})),
-        )
-        .await;
-    body["rows"][0]["n"].clone()
+    d.sql("SELECT count(*) AS n FROM feedback").await[0]["n"].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
