@@ -31,7 +31,7 @@ pub async fn import_direct(
     let (_stop, rx) = watch::channel(false);
     let (bus, _consumer) = JetStreamBus::connect(&cfg.bus, rx).await?;
     let report = import::publish(&Bus::JetStream(bus), parsed, |done, total| {
-        let pct = if total == 0 { 100 } else { done * 100 / total };
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
         eprint!("\rimport: {done}/{total} accepted ({pct}%)");
         let _ = std::io::stderr().flush();
     })
@@ -82,10 +82,8 @@ fn print_format(result: &loomem::sql::SqlResult, format: &str) -> anyhow::Result
         return Ok(format!("{}\n", loomem::sql::pretty(result)?).into_bytes());
     }
     let (_, mut body) = loomem::sql::render(result, format)?;
-    if format == "json" || format == "csv" {
-        if !body.ends_with(b"\n") {
-            body.push(b'\n');
-        }
+    if (format == "json" || format == "csv") && !body.ends_with(b"\n") {
+        body.push(b'\n');
     }
     Ok(body)
 }
@@ -290,11 +288,7 @@ pub async fn bench_recall(
     };
     let report = run(&engine, &questions, &opts, |done, total| {
         let width = 30;
-        let filled = if total == 0 {
-            width
-        } else {
-            done * width / total
-        };
+        let filled = (done * width).checked_div(total).unwrap_or(width);
         eprint!(
             "\rbench-recall [{}{}] {done}/{total}",
             "#".repeat(filled),

@@ -364,6 +364,21 @@ fn list_item(line: &str) -> Option<&str> {
     None
 }
 
+/// `POST /v1/import`: parse and publish, scoped to the caller's streams.
+pub async fn import_text(
+    engine: &crate::engine::Engine,
+    caller: &Caller,
+    format: Format,
+    stream: Option<&str>,
+    text: &str,
+) -> Result<ImportReport> {
+    if format == Format::LoomemJsonl {
+        return crate::export::restore(&engine.store, caller, text).await;
+    }
+    let parsed = parse(format, text, stream, caller, &engine.cfg.namespaces)?;
+    publish(&engine.bus, parsed, |_, _| {}).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,19 +472,4 @@ mod tests {
         let m = parse_longmemeval_date("2023/05/30 (Tue) 23:40").unwrap();
         assert_eq!(crate::time::to_rfc3339(m), "2023-05-30T23:40:00Z");
     }
-}
-
-/// `POST /v1/import`: parse and publish, scoped to the caller's streams.
-pub async fn import_text(
-    engine: &crate::engine::Engine,
-    caller: &Caller,
-    format: Format,
-    stream: Option<&str>,
-    text: &str,
-) -> Result<ImportReport> {
-    if format == Format::LoomemJsonl {
-        return crate::export::restore(&engine.store, caller, text).await;
-    }
-    let parsed = parse(format, text, stream, caller, &engine.cfg.namespaces)?;
-    publish(&engine.bus, parsed, |_, _| {}).await
 }

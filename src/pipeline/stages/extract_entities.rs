@@ -616,8 +616,7 @@ impl ExtractEntities {
                     .unwrap_or(0);
                 let subject = found
                     .iter()
-                    .filter(|f| f.end <= pos && f.start >= clause_start && f.entity_type != "DATE")
-                    .next_back()
+                    .rfind(|f| f.end <= pos && f.start >= clause_start && f.entity_type != "DATE")
                     .map(|f| f.key.clone())
                     .or_else(|| {
                         self.is_first_person(&text[clause_start..pos])
