@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 
 use loomem::auth::Caller;
 use loomem::export::{export, restore, ExportFormat};
-use loomem::model::{chunks_to_batch, Chunk};
+use loomem::model::Chunk;
 use loomem::sql::SqlLimits;
 use loomem::store::Store;
 
@@ -28,7 +28,11 @@ fn chunk(i: usize) -> Chunk {
     c.tags = vec![format!("t{}", i % 7)];
     c.entities = vec![format!("person{}", i % 89)];
     c.valid_from = Some(c.created_at);
-    c.embedding = Some((0..DIM).map(|d| ((i * 31 + d) % 97) as f32 / 97.0).collect());
+    c.embedding = Some(
+        (0..DIM)
+            .map(|d| ((i * 31 + d) % 97) as f32 / 97.0)
+            .collect(),
+    );
     c.embed_model = Some("bench".into());
     c
 }
@@ -44,12 +48,7 @@ fn bench_export(c: &mut Criterion) {
     rt.block_on(async {
         for start in (0..ROWS).step_by(20_000) {
             let chunks: Vec<Chunk> = (start..start + 20_000).map(chunk).collect();
-            store
-                .chunks_table()
-                .add(chunks_to_batch(&chunks, DIM).unwrap())
-                .execute()
-                .await
-                .unwrap();
+            store.upsert(chunks).await.unwrap();
         }
     });
     let limits = SqlLimits {
