@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use loomem::config::Config;
-use loomem::embed::{Embedder, MiniLmEmbedder};
+use loomem::app::config::Config;
+use loomem::providers::embed::{Embedder, MiniLmEmbedder};
 
 const SHORT: &[&str] = &[
     "Prefers Cursor over VSCode for AI features and inline completions",

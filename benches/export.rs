@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
-use loomem::auth::Caller;
-use loomem::export::{export, restore, ExportFormat};
-use loomem::model::Chunk;
-use loomem::sql::SqlLimits;
+use loomem::core::Caller;
+use loomem::service::export::{export, restore, ExportFormat};
+use loomem::core::model::Chunk;
+use loomem::service::sql::SqlLimits;
 use loomem::store::Store;
 
 const ROWS: usize = 100_000;

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
-use loomem::auth::Caller;
-use loomem::config::Config;
-use loomem::embed::HashEmbedder;
-use loomem::engine::Engine;
-use loomem::model::Chunk;
+use loomem::core::Caller;
+use loomem::app::config::Config;
+use loomem::providers::embed::HashEmbedder;
+use loomem::app::Engine;
+use loomem::core::model::Chunk;
 use loomem::pipeline::{stages, BuildContext, Record};
 use loomem::store::{sql_str, Store};
 
@@ -182,16 +182,15 @@ fn bench_e2e(c: &mut Criterion) {
                         .collect();
                     total += rt.block_on(async {
                         let engine = &rig.engine;
-                        let parsed = loomem::import::parse(
-                            loomem::import::Format::Jsonl,
+                        let parsed = loomem::service::import::parse(
+                            loomem::service::import::Format::Jsonl,
                             &text,
                             Some(&stream),
                             &Caller::admin("bench"),
-                            &engine.cfg.namespaces,
                         )
                         .unwrap();
                         let started = Instant::now();
-                        loomem::import::publish(&engine.bus, parsed, |_, _| {})
+                        loomem::service::import::publish(&engine.bus, parsed, |_, _| {})
                             .await
                             .unwrap();
                         let filter = format!("stream = {}", sql_str(&stream));

@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-use loomem::auth::Caller;
-use loomem::config::Config;
-use loomem::engine::Engine;
-use loomem::model::{chunks_to_batch, Chunk};
-use loomem::search::{self, SearchRequest};
+use loomem::core::Caller;
+use loomem::app::config::Config;
+use loomem::app::Engine;
+use loomem::core::model::{chunks_to_batch, Chunk};
+use loomem::service::search::{self, SearchRequest};
 use loomem::store::Store;
 
 const DIM: usize = 384;

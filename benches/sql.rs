@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use loomem::auth::{Caller, Role};
-use loomem::model::{chunks_to_batch, Chunk};
-use loomem::sql::{query, SqlLimits, SqlRequest};
+use loomem::core::{Caller, Role};
+use loomem::core::model::{chunks_to_batch, Chunk};
+use loomem::service::sql::{query, SqlLimits, SqlRequest};
 use loomem::store::Store;
 
 const ROWS: usize = 1_000_000;

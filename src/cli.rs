@@ -6,10 +6,11 @@ use std::io::Write;
 use anyhow::{bail, Context};
 use tokio::sync::watch;
 
-use loomem::auth::Caller;
+use loomem::core::Caller;
 use loomem::bus::{Bus, JetStreamBus};
-use loomem::config::{BusKind, Config};
-use loomem::import::{self, Format, ImportReport};
+use loomem::app::config::Config;
+use loomem::bus::config::BusKind;
+use loomem::service::import::{self, Format, ImportReport};
 
 /// Publish straight onto the JetStream stream the daemon consumes.
 pub async fn import_direct(
@@ -20,14 +21,19 @@ pub async fn import_direct(
 ) -> anyhow::Result<ImportReport> {
     if format == Format::LoomemJsonl {
         let store = open_store(cfg).await?;
-        let report = loomem::export::restore(&store, &Caller::admin("cli"), text).await;
+        let report = loomem::service::export::restore(&store, &Caller::admin("cli"), text).await;
         store.close().await;
         return Ok(report?);
     }
     if cfg.bus.kind != BusKind::Jetstream {
         bail!("a direct import needs bus.kind = \"jetstream\"; with the embedded bus, import through the daemon with --url");
     }
-    let parsed = import::parse(format, text, stream, &Caller::admin("cli"), &cfg.namespaces)?;
+    let parsed = import::parse(
+        format,
+        text,
+        stream,
+        &Caller::admin("cli").with_namespaces(std::sync::Arc::new(cfg.namespaces.clone())),
+    )?;
     let (_stop, rx) = watch::channel(false);
     let (bus, _consumer) = JetStreamBus::connect(&cfg.bus, rx).await?;
     let report = import::publish(&Bus::JetStream(bus), parsed, |done, total| {
@@ -77,11 +83,11 @@ pub async fn import_via_daemon(
 }
 
 /// Render a result the way the CLI prints it.
-fn print_format(result: &loomem::sql::SqlResult, format: &str) -> anyhow::Result<Vec<u8>> {
+fn print_format(result: &loomem::service::sql::SqlResult, format: &str) -> anyhow::Result<Vec<u8>> {
     if format == "table" {
-        return Ok(format!("{}\n", loomem::sql::pretty(result)?).into_bytes());
+        return Ok(format!("{}\n", loomem::service::sql::pretty(result)?).into_bytes());
     }
-    let (_, mut body) = loomem::sql::render(result, format)?;
+    let (_, mut body) = loomem::service::sql::render(result, format)?;
     if (format == "json" || format == "csv") && !body.ends_with(b"\n") {
         body.push(b'\n');
     }
@@ -102,13 +108,13 @@ async fn open_store(cfg: &Config) -> anyhow::Result<loomem::store::Store> {
 /// `loomem export` on the data directory (as admin), narrowed to `--stream`.
 pub async fn export_direct(
     cfg: &Config,
-    format: loomem::export::ExportFormat,
+    format: loomem::service::export::ExportFormat,
     sql: Option<&str>,
     stream: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
-    let caller = loomem::export::narrow(&Caller::admin("cli"), stream)?;
+    let caller = loomem::service::export::narrow(&Caller::admin("cli"), stream)?;
     let store = open_store(cfg).await?;
-    let out = loomem::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
+    let out = loomem::service::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
     store.close().await;
     Ok(out?)
 }
@@ -117,7 +123,7 @@ pub async fn export_direct(
 pub async fn export_via_daemon(
     url: &str,
     token: Option<&str>,
-    format: loomem::export::ExportFormat,
+    format: loomem::service::export::ExportFormat,
     sql: Option<&str>,
     stream: Option<&str>,
 ) -> anyhow::Result<Vec<u8>> {
@@ -156,11 +162,11 @@ async fn post_to_daemon(
 /// Query the data directory directly (as admin: whoever can read the files sees everything).
 pub async fn sql_direct(
     cfg: &Config,
-    req: loomem::sql::SqlRequest,
+    req: loomem::service::sql::SqlRequest,
     format: &str,
 ) -> anyhow::Result<Vec<u8>> {
     let store = open_store(cfg).await?;
-    let result = loomem::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
+    let result = loomem::service::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
     store.close().await;
     print_format(&result?, format)
 }
@@ -169,7 +175,7 @@ pub async fn sql_direct(
 pub async fn sql_via_daemon(
     url: &str,
     token: Option<&str>,
-    mut req: loomem::sql::SqlRequest,
+    mut req: loomem::service::sql::SqlRequest,
     format: &str,
 ) -> anyhow::Result<Vec<u8>> {
     req.format = Some(if format == "table" { "arrow" } else { format }.to_string());
@@ -187,7 +193,7 @@ pub async fn sql_via_daemon(
     let schema = reader.schema();
     let batches = reader.collect::<Result<Vec<_>, _>>()?;
     print_format(
-        &loomem::sql::SqlResult {
+        &loomem::service::sql::SqlResult {
             schema,
             batches,
             truncated: false,
@@ -217,7 +223,7 @@ pub async fn bench_recall(
     sel: RecallSelection,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use loomem::recall::run::{markdown, run, Granularity, Roles, RunOptions};
+    use loomem::bench_recall::run::{markdown, run, Granularity, Roles, RunOptions};
     let roles = match sel.roles.as_str() {
         "user" => Roles::User,
         "all" => Roles::All,
@@ -235,10 +241,10 @@ pub async fn bench_recall(
         }
     }
     for t in &sel.types {
-        if !loomem::recall::QUESTION_TYPES.contains(&t.as_str()) {
+        if !loomem::bench_recall::QUESTION_TYPES.contains(&t.as_str()) {
             bail!(
                 "--types: `{t}` is not one of {}",
-                loomem::recall::QUESTION_TYPES.join(", ")
+                loomem::bench_recall::QUESTION_TYPES.join(", ")
             );
         }
     }
@@ -248,7 +254,7 @@ pub async fn bench_recall(
     let (modes, ks, limit) = (sel.modes, sel.ks, sel.limit);
     let text =
         std::fs::read_to_string(data).with_context(|| format!("reading {}", data.display()))?;
-    let (mut questions, skipped) = loomem::recall::load(&text).map_err(anyhow::Error::msg)?;
+    let (mut questions, skipped) = loomem::bench_recall::load(&text).map_err(anyhow::Error::msg)?;
     for (i, why) in &skipped {
         eprintln!("{}: entry {i} skipped: {why}", data.display());
     }
@@ -268,17 +274,17 @@ pub async fn bench_recall(
     cfg.scheduler.dream_after_idle_secs = 0;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     // Vectors by content hash, kept across runs: haystacks repeat their filler.
-    let inner = loomem::embed::from_config(&cfg.embed, env)?;
+    let inner = loomem::providers::embed::from_config(&cfg.embed, env)?;
     let cache_file = out.join(".embed-cache").join(format!(
         "{}-{}.bin",
         inner.model().replace(['/', ' '], "_"),
         inner.dim()
     ));
-    let cache = std::sync::Arc::new(loomem::embed::CachedEmbedder::open(
+    let cache = std::sync::Arc::new(loomem::providers::embed::CachedEmbedder::open(
         inner,
         Some(&cache_file),
     )?);
-    let engine = loomem::engine::Engine::start_with(cfg, env, cache.clone()).await?;
+    let engine = loomem::app::Engine::start_with(cfg, env, cache.clone()).await?;
     let opts = RunOptions {
         modes,
         roles,
@@ -305,7 +311,7 @@ pub async fn bench_recall(
     let json_path = out.join(format!("recall-{stamp}.json"));
     let md_path = out.join(format!("recall-{stamp}.md"));
     let png_path = out.join(format!("recall-{stamp}.png"));
-    std::fs::write(&png_path, loomem::recall::chart::png(&report))?;
+    std::fs::write(&png_path, loomem::bench_recall::chart::png(&report))?;
     let md = markdown(&report);
     let doc = serde_json::json!({
         "dataset": data.display().to_string(),

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use loomem::config::Config;
+use loomem::app::config::Config;
 
 mod cli;
 
@@ -61,7 +61,7 @@ enum Command {
         /// jsonl (one /v1/store object per line), longmemeval, markdown, or
         /// loomem-jsonl (a lossless `loomem export`, restored row for row).
         #[arg(long, default_value = "jsonl")]
-        format: loomem::import::Format,
+        format: loomem::service::import::Format,
         /// Stream for records that name none.
         #[arg(long)]
         stream: Option<String>,
@@ -78,7 +78,7 @@ enum Command {
         /// jsonl (without --sql: the lossless form `import --format loomem-jsonl`
         /// restores), parquet, csv or markdown.
         #[arg(long, default_value = "jsonl")]
-        format: loomem::export::ExportFormat,
+        format: loomem::service::export::ExportFormat,
         /// The file to write.
         #[arg(long)]
         output: PathBuf,
@@ -226,16 +226,16 @@ fn run() -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::bind(&addr)
                     .await
                     .with_context(|| format!("binding {addr}"))?;
-                loomem::server::serve(cfg, env, listener, loomem::server::shutdown_signal())
+                loomem::api::server::serve(cfg, env, listener, loomem::api::server::shutdown_signal())
                     .await?;
             }
             Command::Mcp { stream, url, token } => match url {
                 Some(url) => cli::mcp_proxy(&url, token.as_deref(), stream.as_deref()).await?,
                 None => {
-                    let engine = loomem::engine::Engine::start(cfg, &env).await?;
+                    let engine = loomem::app::Engine::start(cfg, &env).await?;
                     let server = loomem::mcp::MemoryServer::local(
                         engine.clone(),
-                        loomem::auth::Caller::admin("mcp-stdio"),
+                        loomem::core::Caller::admin("mcp-stdio"),
                         stream,
                     );
                     let served = loomem::mcp::serve_stdio(server).await;
@@ -257,7 +257,7 @@ fn run() -> anyhow::Result<()> {
                         cli::job_via_daemon(&url, token.as_deref(), &name, dry_run).await?
                     }
                     None => {
-                        let engine = loomem::engine::Engine::start(cfg, &env).await?;
+                        let engine = loomem::app::Engine::start(cfg, &env).await?;
                         let run = engine.run_job(&name, dry_run).await;
                         engine.shutdown().await;
                         serde_json::to_value(loomem::jobs::RunView::from(run?))?
@@ -290,7 +290,7 @@ fn run() -> anyhow::Result<()> {
                             .unwrap_or_else(|_| serde_json::Value::String(p.clone()))
                     })
                     .collect();
-                let req = loomem::sql::SqlRequest {
+                let req = loomem::service::sql::SqlRequest {
                     sql: query,
                     params,
                     format: None,
@@ -339,9 +339,9 @@ fn run() -> anyhow::Result<()> {
             } => {
                 let text = std::fs::read_to_string(&ingredients)
                     .with_context(|| format!("reading {}", ingredients.display()))?;
-                let ing: loomem::recall::gen::Ingredients = serde_json::from_str(&text)
+                let ing: loomem::bench_recall::gen::Ingredients = serde_json::from_str(&text)
                     .with_context(|| format!("{}: not valid ingredients", ingredients.display()))?;
-                let entries = loomem::recall::gen::generate(&ing, sessions, seed)
+                let entries = loomem::bench_recall::gen::generate(&ing, sessions, seed)
                     .map_err(anyhow::Error::msg)?;
                 std::fs::write(&out, serde_json::to_vec(&entries)?)
                     .with_context(|| format!("writing {}", out.display()))?;
@@ -366,7 +366,7 @@ fn run() -> anyhow::Result<()> {
                     }
                     None => cli::export_direct(&cfg, format, sql, stream).await?,
                 };
-                loomem::export::write_atomically(&output, &bytes)
+                loomem::service::export::write_atomically(&output, &bytes)
                     .with_context(|| format!("writing {}", output.display()))?;
                 eprintln!(
                     "export: wrote {} bytes to {}",

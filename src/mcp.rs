@@ -17,9 +17,9 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::Caller;
-use crate::engine::Engine;
-use crate::error::Error;
+use crate::core::Caller;
+use crate::app::Engine;
+use crate::core::error::Error;
 
 /// What MCP clients are told about using the tools (embedded at compile time).
 pub const INSTRUCTIONS: &str = include_str!("../mcp_instructions.md");
@@ -211,7 +211,7 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::memory::StoreRequest {
+        let req = crate::service::memory::StoreRequest {
             content: p.content,
             stream,
             source: p.source,
@@ -219,7 +219,7 @@ impl MemoryServer {
             metadata: p.metadata,
             ..Default::default()
         };
-        service!(crate::memory::store(&self.engine, &caller, req), |r| json(
+        service!(crate::service::memory::store(&self.engine, &caller, req), |r| json(
             &r
         ))
     }
@@ -233,14 +233,14 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::conversation::IngestRequest {
+        let req = crate::service::conversation::IngestRequest {
             content: Some(p.content),
             conversation_date: p.conversation_date.map(serde_json::Value::String),
             stream,
             ..Default::default()
         };
         service!(
-            crate::conversation::ingest(&self.engine, &caller, req),
+            crate::service::conversation::ingest(&self.engine, &caller, req),
             |r| json(&r)
         )
     }
@@ -254,14 +254,14 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::search::SearchRequest {
+        let req = crate::service::search::SearchRequest {
             query: p.query,
             top_k: p.top_k,
             time_filter: p.time_filter,
             stream,
             ..Default::default()
         };
-        service!(crate::search::search(&self.engine, &caller, req), |r| json(
+        service!(crate::service::search::search(&self.engine, &caller, req), |r| json(
             &r
         ))
     }
@@ -275,7 +275,7 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::context::ContextPackRequest {
+        let req = crate::service::context::ContextPackRequest {
             query: p.query,
             stream,
             budget_tokens: p.budget_tokens,
@@ -283,7 +283,7 @@ impl MemoryServer {
             now: None,
         };
         service!(
-            crate::context::context_pack(&self.engine, &caller, req),
+            crate::service::context::context_pack(&self.engine, &caller, req),
             |r| json(&r)
         )
     }
@@ -308,8 +308,8 @@ impl MemoryServer {
             }
         };
         service!(
-            crate::context::profile(&self.engine, &caller, stream.as_deref()),
-            |p: crate::context::Profile| if markdown {
+            crate::service::context::profile(&self.engine, &caller, stream.as_deref()),
+            |p: crate::service::context::Profile| if markdown {
                 text(p.markdown())
             } else {
                 json(&p)
@@ -326,14 +326,14 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::associate::AssociateRequest {
+        let req = crate::service::associate::AssociateRequest {
             query: p.query,
             stream,
             limit: p.limit,
         };
         service!(
-            crate::associate::associate(&self.engine, &caller, req),
-            |a: crate::associate::Associations| {
+            crate::service::associate::associate(&self.engine, &caller, req),
+            |a: crate::service::associate::Associations| {
                 if a.associations.is_empty() {
                     return text("No associations found. Clustering may not have run yet — call memory_dream first, or store more memories.".into());
                 }
@@ -360,11 +360,11 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::dream::DreamRequest {
+        let req = crate::service::dream::DreamRequest {
             stream,
             ..Default::default()
         };
-        service!(crate::dream::dream(&self.engine, &caller, req), |r| json(
+        service!(crate::service::dream::dream(&self.engine, &caller, req), |r| json(
             &r
         ))
     }
@@ -378,11 +378,11 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, stream) = who!(self, ctx);
-        let req = crate::reflect::ReflectRequest {
+        let req = crate::service::reflect::ReflectRequest {
             stream,
             max_chunks: p.max_chunks,
         };
-        service!(crate::reflect::reflect(&self.engine, &caller, req), |r| {
+        service!(crate::service::reflect::reflect(&self.engine, &caller, req), |r| {
             json(&r)
         })
     }
@@ -398,7 +398,7 @@ impl MemoryServer {
         let (caller, stream) = who!(self, ctx);
         let stream = stream.unwrap_or_else(|| caller.default_stream().to_string());
         service!(
-            crate::graph_query::entity(&self.engine, &caller, &p.entity, Some(&stream)),
+            crate::service::graph::entity(&self.engine, &caller, &p.entity, Some(&stream)),
             |r| json(&r)
         )
     }
@@ -413,8 +413,8 @@ impl MemoryServer {
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
         service!(
-            crate::memory::history(&self.engine, &caller, &p.chunk_id, p.limit),
-            |h: crate::memory::History| {
+            crate::service::memory::history(&self.engine, &caller, &p.chunk_id, p.limit),
+            |h: crate::service::memory::History| {
                 let lines: Vec<String> = h
                     .versions
                     .iter()
@@ -446,7 +446,7 @@ impl MemoryServer {
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
         service!(
-            crate::memory::delete(&self.engine, &caller, &p.chunk_id, None),
+            crate::service::memory::delete(&self.engine, &caller, &p.chunk_id, None),
             |_| json(&serde_json::json!({"status": "deleted", "id": p.chunk_id}))
         )
     }
@@ -460,12 +460,12 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
-        let req = crate::feedback::FeedbackRequest {
+        let req = crate::service::feedback::FeedbackRequest {
             chunk_id: p.chunk_id,
             usefulness: p.usefulness,
             harmful: p.harmful.unwrap_or(false),
         };
-        service!(crate::feedback::record(&self.engine, &caller, req), |r| {
+        service!(crate::service::feedback::record(&self.engine, &caller, req), |r| {
             json(&r)
         })
     }
@@ -477,8 +477,8 @@ impl MemoryServer {
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
         service!(
-            crate::admin::status(&self.engine, &caller),
-            |s: crate::admin::Status| { json(&s.for_mcp()) }
+            crate::service::status::status(&self.engine, &caller),
+            |s: crate::service::status::Status| { json(&s.for_mcp()) }
         )
     }
 
@@ -488,7 +488,7 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
-        json(&crate::admin::namespaces(&self.engine, &caller))
+        json(&crate::service::status::namespaces(&self.engine, &caller))
     }
 }
 

@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::error::Error;
+use crate::core::error::Error;
 
 impl Error {
     pub fn status(&self) -> StatusCode {

@@ -8,9 +8,9 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiJson, ApiQuery};
-use crate::auth::Caller;
-use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::core::Caller;
+use crate::app::Engine;
+use crate::core::error::{Error, Result};
 use crate::jobs::RunView;
 
 #[derive(Serialize)]
@@ -110,12 +110,12 @@ pub async fn snapshot_create(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     ApiJson(req): ApiJson<SnapshotRequest>,
-) -> Result<(axum::http::StatusCode, Json<crate::snapshot::Snapshot>)> {
+) -> Result<(axum::http::StatusCode, Json<crate::service::snapshot::Snapshot>)> {
     caller.require_admin()?;
     let name = req
         .name
-        .unwrap_or_else(|| crate::snapshot::timestamped("snap", crate::model::now_micros()));
-    let snapshot = crate::snapshot::create(&engine.store, &name).await?;
+        .unwrap_or_else(|| crate::service::snapshot::timestamped("snap", crate::core::model::now_micros()));
+    let snapshot = crate::service::snapshot::create(&engine.store, &name).await?;
     Ok((axum::http::StatusCode::CREATED, Json(snapshot)))
 }
 
@@ -124,7 +124,7 @@ pub async fn snapshot_list(
     caller: Caller,
 ) -> Result<Json<serde_json::Value>> {
     caller.require_admin()?;
-    let snapshots = crate::snapshot::list(&engine.store).await?;
+    let snapshots = crate::service::snapshot::list(&engine.store).await?;
     Ok(Json(serde_json::json!({ "snapshots": snapshots })))
 }
 
@@ -134,7 +134,7 @@ pub async fn snapshot_delete(
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>> {
     caller.require_admin()?;
-    crate::snapshot::delete(&engine.store, &name).await?;
+    crate::service::snapshot::delete(&engine.store, &name).await?;
     Ok(Json(serde_json::json!({ "deleted": name })))
 }
 
@@ -142,9 +142,9 @@ pub async fn snapshot_rollback(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     Path(name): Path<String>,
-) -> Result<Json<crate::snapshot::Rollback>> {
+) -> Result<Json<crate::service::snapshot::Rollback>> {
     caller.require_admin()?;
-    Ok(Json(crate::snapshot::rollback(&engine, &name).await?))
+    Ok(Json(crate::service::snapshot::rollback(&engine, &name).await?))
 }
 
 /// The maintenance calls whose body (`{"stream": …}`) may be empty.
@@ -154,9 +154,9 @@ macro_rules! maintenance {
             State(engine): State<Arc<Engine>>,
             caller: Caller,
             body: axum::body::Bytes,
-        ) -> Result<Json<crate::maintenance::Report>> {
+        ) -> Result<Json<crate::service::maintenance::Report>> {
             let req = super::parse_json(&body)?;
-            Ok(Json(crate::maintenance::$service(&engine, &caller, req).await?))
+            Ok(Json(crate::service::maintenance::$service(&engine, &caller, req).await?))
         }
     )*};
 }
@@ -175,16 +175,16 @@ pub async fn extract_entities(
     body: axum::body::Bytes,
 ) -> Result<(axum::http::StatusCode, Json<serde_json::Value>)> {
     let req = super::parse_json(&body)?;
-    let queued = crate::maintenance::extract_entities(&engine, &caller, req).await?;
+    let queued = crate::service::maintenance::extract_entities(&engine, &caller, req).await?;
     Ok((axum::http::StatusCode::ACCEPTED, Json(queued)))
 }
 
 pub async fn boost(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::maintenance::BoostRequest>,
+    ApiJson(req): ApiJson<crate::service::maintenance::BoostRequest>,
 ) -> Result<Json<serde_json::Value>> {
     Ok(Json(
-        crate::maintenance::boost(&engine, &caller, req).await?,
+        crate::service::maintenance::boost(&engine, &caller, req).await?,
     ))
 }

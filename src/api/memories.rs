@@ -7,12 +7,12 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{ApiJson, ApiQuery};
-use crate::auth::Caller;
-use crate::conversation::{self, IngestRequest, IngestResponse};
-use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::import::{self, Format, ImportReport};
-use crate::memory::{self, PurgeRequest, PurgeResponse, StoreRequest, StoreResponse};
+use crate::core::Caller;
+use crate::service::conversation::{self, IngestRequest, IngestResponse};
+use crate::app::Engine;
+use crate::core::error::{Error, Result};
+use crate::service::import::{self, Format, ImportReport};
+use crate::service::memory::{self, PurgeRequest, PurgeResponse, StoreRequest, StoreResponse};
 
 pub async fn store(
     State(engine): State<Arc<Engine>>,
@@ -59,7 +59,7 @@ pub async fn delete_rest(
     ApiQuery(q): ApiQuery<NsQuery>,
 ) -> Result<Json<serde_json::Value>> {
     let stream = match q.ns.as_deref() {
-        Some(ns) => Some(caller.resolve_stream(Some(ns), &engine.cfg.namespaces)?),
+        Some(ns) => Some(caller.resolve_stream(Some(ns))?),
         None => None,
     };
     memory::delete(&engine, &caller, &id, stream.as_deref()).await?;

@@ -2,7 +2,8 @@
 //! call one service function, shape the answer.
 
 mod error;
-mod extract;
+pub mod server;
+mod request;
 mod jobs;
 mod memories;
 mod recall;
@@ -13,14 +14,14 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{delete, get, post};
 use axum::{middleware, Json, Router};
 
-use crate::admin;
-use crate::auth::Caller;
-use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::reembed;
-use crate::search::{self, SearchRequest, SearchResponse};
+use crate::service::status;
+use crate::core::Caller;
+use crate::app::Engine;
+use crate::core::error::{Error, Result};
+use crate::service::reembed;
+use crate::service::search::{self, SearchRequest, SearchResponse};
 
-pub use extract::{parse_json, ApiJson, ApiQuery};
+pub use request::{parse_json, ApiJson, ApiQuery};
 
 pub fn router(engine: Arc<Engine>) -> Router {
     let protected = Router::new()
@@ -103,7 +104,7 @@ async fn search_handler(
 async fn sql_handler(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::sql::SqlRequest>,
+    ApiJson(req): ApiJson<crate::service::sql::SqlRequest>,
 ) -> Result<axum::response::Response> {
     use axum::response::IntoResponse;
     let format = req.format.clone().unwrap_or_else(|| "json".into());
@@ -114,8 +115,8 @@ async fn sql_handler(
             format!("`{format}`: use {}", formats.join(", ")),
         ));
     }
-    let result = crate::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
-    let (content_type, body) = crate::sql::render(&result, &format)?;
+    let result = crate::service::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
+    let (content_type, body) = crate::service::sql::render(&result, &format)?;
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
 }
 
@@ -123,17 +124,17 @@ async fn sql_handler(
 async fn export_handler(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::export::ExportRequest>,
+    ApiJson(req): ApiJson<crate::service::export::ExportRequest>,
 ) -> Result<axum::response::Response> {
     use axum::response::IntoResponse;
-    let format: crate::export::ExportFormat = req
+    let format: crate::service::export::ExportFormat = req
         .format
         .parse()
         .map_err(|e: String| Error::invalid("format", e))?;
-    let caller = crate::export::narrow(&caller, req.stream.as_deref())?;
+    let caller = crate::service::export::narrow(&caller, req.stream.as_deref())?;
     let limits = engine.cfg.sql.limits();
     let body =
-        crate::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref()).await?;
+        crate::service::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref()).await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, format.content_type())],
         body,
@@ -191,7 +192,7 @@ async fn job_status(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
-) -> Result<Json<crate::jobs::JobView>> {
+) -> Result<Json<crate::service::tasks::TaskView>> {
     match engine.jobs.get(&id) {
         Some(job) if caller.is_admin() || job.owner == caller.name => Ok(Json(job.view())),
         _ => Err(Error::NotFound(format!("no job {id}"))),

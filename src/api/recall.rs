@@ -9,12 +9,12 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{ApiJson, ApiQuery};
-use crate::auth::Caller;
-use crate::context::{self, Ambient, AmbientRequest, ContextPack, ContextPackRequest};
-use crate::engine::Engine;
-use crate::error::Result;
-use crate::feedback::{self, FeedbackRequest, FeedbackResponse};
-use crate::graph_query::{self, EntityView, GraphQuery, GraphStats};
+use crate::core::Caller;
+use crate::service::context::{self, Ambient, AmbientRequest, ContextPack, ContextPackRequest};
+use crate::app::Engine;
+use crate::core::error::Result;
+use crate::service::feedback::{self, FeedbackRequest, FeedbackResponse};
+use crate::service::graph::{self, EntityView, GraphQuery, GraphStats};
 
 pub async fn feedback(
     State(engine): State<Arc<Engine>>,
@@ -58,7 +58,7 @@ pub async fn profile(
         None | Some("json") => false,
         Some("markdown") => true,
         Some(other) => {
-            return Err(crate::error::Error::invalid(
+            return Err(crate::core::error::Error::invalid(
                 "format",
                 format!("`{other}`: must be json or markdown"),
             ))
@@ -66,7 +66,7 @@ pub async fn profile(
     };
     let p = context::profile(&engine, &caller, q.stream.as_deref()).await?;
     let mut body =
-        serde_json::to_value(&p).map_err(|e| crate::error::Error::Internal(e.to_string()))?;
+        serde_json::to_value(&p).map_err(|e| crate::core::error::Error::Internal(e.to_string()))?;
     if markdown {
         body["markdown"] = serde_json::Value::String(p.markdown());
     }
@@ -105,25 +105,25 @@ pub async fn graph_stats(
 pub async fn associate(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::associate::AssociateRequest>,
-) -> Result<Json<crate::associate::Associations>> {
+    ApiJson(req): ApiJson<crate::service::associate::AssociateRequest>,
+) -> Result<Json<crate::service::associate::Associations>> {
     Ok(Json(
-        crate::associate::associate(&engine, &caller, req).await?,
+        crate::service::associate::associate(&engine, &caller, req).await?,
     ))
 }
 
 pub async fn reflect(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::reflect::ReflectRequest>,
-) -> Result<Json<crate::reflect::Reflection>> {
-    Ok(Json(crate::reflect::reflect(&engine, &caller, req).await?))
+    ApiJson(req): ApiJson<crate::service::reflect::ReflectRequest>,
+) -> Result<Json<crate::service::reflect::Reflection>> {
+    Ok(Json(crate::service::reflect::reflect(&engine, &caller, req).await?))
 }
 
 pub async fn dream(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    ApiJson(req): ApiJson<crate::dream::DreamRequest>,
-) -> Result<Json<crate::dream::DreamReport>> {
-    Ok(Json(crate::dream::dream(&engine, &caller, req).await?))
+    ApiJson(req): ApiJson<crate::service::dream::DreamRequest>,
+) -> Result<Json<crate::service::dream::DreamReport>> {
+    Ok(Json(crate::service::dream::dream(&engine, &caller, req).await?))
 }

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::{subject_token, BusError, Delivery, Envelope, Settle};
-use crate::config::BusConfig;
+use crate::bus::config::BusConfig;
 
 pub const SUBJECT_PREFIX: &str = "loomem.in";
 
@@ -166,7 +166,7 @@ impl JetStreamBus {
 /// The `Nats-Msg-Id` of a write: the memory id plus a prefix of its content
 /// hash, so a retried publish of the same write is dropped by JetStream while a
 /// deliberate update of the same id within the window still goes through.
-pub fn message_id(chunk: &crate::model::Chunk) -> String {
+pub fn message_id(chunk: &crate::core::model::Chunk) -> String {
     format!(
         "{}:{}",
         chunk.id,

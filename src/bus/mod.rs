@@ -3,6 +3,7 @@
 //! worker has committed it. `jetstream` is durable and shared by every process;
 //! `embedded` is an in-process queue with the same semantics within a process.
 
+pub mod config;
 mod embedded;
 pub mod jetstream;
 mod notify;
@@ -15,7 +16,7 @@ pub use embedded::{EmbeddedBus, EmbeddedConsumer};
 pub use jetstream::{JetStreamBus, JetStreamConsumer};
 pub use notify::{LocalWaiters, Notifier, Outcome, Watch};
 
-use crate::model::Chunk;
+use crate::core::model::Chunk;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -181,6 +182,15 @@ impl Consumer {
         match self {
             Consumer::Embedded(c) => c.next_batch(max, wait).await,
             Consumer::JetStream(c) => c.next_batch(max, wait).await,
+        }
+    }
+}
+
+impl From<BusError> for crate::core::Error {
+    fn from(e: BusError) -> Self {
+        match e {
+            BusError::TooLarge(_) => crate::core::Error::TooLarge(e.to_string()),
+            _ => crate::core::Error::Unavailable(e.to_string()),
         }
     }
 }

@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::error::Result;
+use crate::core::error::Result;
 use crate::store::StoreError;
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
@@ -15,7 +15,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
         .and_then(|v| v.as_integer())
         .unwrap_or(168);
     let mut tables = serde_json::Map::new();
-    let mut names: Vec<_> = ctx.engine.store.tables().into_iter().collect();
+    let mut names: Vec<_> = ctx.services.store.tables().into_iter().collect();
     names.sort_by_key(|(n, _)| *n);
     for (name, table) in names {
         let before = table.stats().await.map_err(StoreError::from)?;

@@ -9,10 +9,10 @@
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::error::Result;
-use crate::model::{now_micros, Chunk};
+use crate::core::error::Result;
+use crate::core::model::{now_micros, Chunk};
 use crate::store::ts_lit;
-use crate::time::DAY_MICROS;
+use crate::core::time::DAY_MICROS;
 
 /// Memories changed per commit.
 const BATCH: usize = 1000;
@@ -27,7 +27,7 @@ fn last_decay(c: &Chunk) -> i64 {
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
-    let engine = &ctx.engine;
+    let engine = &ctx.services;
     let floor = ctx
         .params
         .get("min_importance")

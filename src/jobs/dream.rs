@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::auth::Caller;
-use crate::dream::{dream, DreamRequest};
-use crate::error::Result;
-use crate::model::now_micros;
+use crate::core::Caller;
+use crate::service::dream::{dream, DreamRequest};
+use crate::core::error::Result;
+use crate::core::model::now_micros;
 
 fn float(ctx: &JobContext, key: &str) -> Option<f64> {
     ctx.params
@@ -22,7 +22,7 @@ fn float(ctx: &JobContext, key: &str) -> Option<f64> {
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
-    let engine = &ctx.engine;
+    let engine = &ctx.services;
     let idle = float(ctx, "idle_minutes").unwrap_or(30.0);
     let newest: BTreeMap<String, i64> = engine
         .store

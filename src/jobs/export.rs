@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::auth::Caller;
-use crate::error::{Error, Result};
-use crate::export::{self, ExportFormat};
-use crate::model::now_micros;
+use crate::core::Caller;
+use crate::core::error::{Error, Result};
+use crate::service::export::{self, ExportFormat};
+use crate::core::model::now_micros;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,7 +43,7 @@ fn specs(params: &toml::Table) -> Result<Vec<Spec>> {
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
-    let engine = &ctx.engine;
+    let engine = &ctx.services;
     let admin = Caller::admin("scheduler");
     let limits = engine.cfg.sql.limits();
     let now = now_micros();
@@ -65,7 +65,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             vec![(None, export::expand(&spec.path, None, now, format))]
         };
         for (stream, path) in targets {
-            let path = engine.cfg.resolve(&path);
+            let path = ctx.resolve(&path);
             if ctx.dry_run {
                 files.push(json!({"path": path, "stream": stream, "format": format.name()}));
                 continue;

@@ -12,12 +12,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::scheduler::{JobRun, RunLog, Trigger};
-use crate::auth::Caller;
-use crate::dream::{dream, DreamRequest};
-use crate::engine::Engine;
-use crate::model::now_micros;
+use crate::core::Caller;
+use crate::service::dream::{dream, DreamRequest};
+use crate::service::Services;
+use crate::core::model::now_micros;
 
-pub fn spawn(engine: Weak<Engine>, idle: Duration, mut stop: watch::Receiver<bool>) {
+pub fn spawn(engine: Weak<Services>, idle: Duration, mut stop: watch::Receiver<bool>) {
     let tick = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(60));
     tokio::spawn(async move {
         // The write generation each stream had when it was last dreamed.
@@ -46,7 +46,7 @@ pub fn spawn(engine: Weak<Engine>, idle: Duration, mut stop: watch::Receiver<boo
     });
 }
 
-async fn run(engine: &Engine, stream: &str) {
+async fn run(engine: &Services, stream: &str) {
     let started = now_micros();
     let req = DreamRequest {
         stream: Some(stream.to_string()),

@@ -1,11 +1,10 @@
-//! Background work. Jobs the API starts (re-embedding) have progress that can
-//! be polled, an end that can be awaited, one running job per group at a time.
 //! Maintenance jobs (`dream`, `decay`, `compact`, `reembed`, `export`,
 //! `snapshot`) are one file each,
 //! `run_once(ctx) -> JobReport`, run by the cron [`scheduler`] or on demand;
 //! every run lands in the `job_runs` table.
 
 pub mod compact;
+pub mod config;
 pub mod decay;
 pub mod dream;
 pub mod export;
@@ -14,163 +13,14 @@ pub mod reembed;
 pub mod scheduler;
 pub mod snapshot;
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
-use serde::Serialize;
-use tokio::sync::watch;
+use crate::service::Services;
 
-use crate::model::{now_micros, Micros};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    Running,
-    Succeeded,
-    Failed,
-}
-
-/// What a client sees of a job.
-#[derive(Debug, Clone, Serialize)]
-pub struct JobView {
-    pub job_id: String,
-    pub kind: &'static str,
-    pub state: JobState,
-    /// Items the job set out to process.
-    pub total: usize,
-    /// Items processed successfully so far.
-    pub done: usize,
-    /// Items that failed (the job goes on with the rest).
-    pub failed: usize,
-    pub error: Option<String>,
-    /// Microseconds since the epoch.
-    pub started_at: Micros,
-    pub finished_at: Option<Micros>,
-}
-
-#[derive(Debug)]
-pub struct Job {
-    /// The caller that started it; only it (or an admin) may read its progress.
-    pub owner: String,
-    /// Jobs of one group never run at the same time.
-    group: &'static str,
-    view: Mutex<JobView>,
-    finished: watch::Sender<bool>,
-}
-
-impl Job {
-    pub fn id(&self) -> String {
-        self.lock().job_id.clone()
-    }
-
-    pub fn view(&self) -> JobView {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, JobView> {
-        self.view.lock().expect("job lock")
-    }
-
-    pub fn set_total(&self, total: usize) {
-        self.lock().total = total;
-    }
-
-    pub fn progress(&self, done: usize, failed: usize) {
-        let mut v = self.lock();
-        v.done += done;
-        v.failed += failed;
-    }
-
-    pub fn is_running(&self) -> bool {
-        self.lock().state == JobState::Running
-    }
-
-    /// Mark the job ended, with the error that stopped it if any.
-    pub fn finish(&self, error: Option<String>) {
-        {
-            let mut v = self.lock();
-            v.state = if error.is_some() {
-                JobState::Failed
-            } else {
-                JobState::Succeeded
-            };
-            v.error = error;
-            v.finished_at = Some(now_micros());
-        }
-        self.finished.send_replace(true);
-    }
-
-    /// Resolves when the job has ended.
-    pub async fn wait(&self) -> JobView {
-        let mut rx = self.finished.subscribe();
-        let _ = rx.wait_for(|done| *done).await;
-        self.view()
-    }
-}
-
-/// Most ended jobs kept for polling.
-const KEEP_ENDED: usize = 100;
-
-#[derive(Default)]
-pub struct Jobs {
-    jobs: Mutex<Vec<Arc<Job>>>,
-}
-
-impl Jobs {
-    /// Register a new running job, or hand back the running job of the same group.
-    pub fn start(
-        &self,
-        kind: &'static str,
-        group: &'static str,
-        owner: &str,
-    ) -> Result<Arc<Job>, Arc<Job>> {
-        let mut jobs = self.jobs.lock().expect("jobs lock");
-        if let Some(running) = jobs.iter().find(|j| j.group == group && j.is_running()) {
-            return Err(running.clone());
-        }
-        let job = Arc::new(Job {
-            owner: owner.to_string(),
-            group,
-            view: Mutex::new(JobView {
-                job_id: uuid::Uuid::new_v4().to_string(),
-                kind,
-                state: JobState::Running,
-                total: 0,
-                done: 0,
-                failed: 0,
-                error: None,
-                started_at: now_micros(),
-                finished_at: None,
-            }),
-            finished: watch::channel(false).0,
-        });
-        jobs.push(job.clone());
-        let ended = jobs.iter().filter(|j| !j.is_running()).count();
-        if ended > KEEP_ENDED {
-            let mut drop = ended - KEEP_ENDED;
-            jobs.retain(|j| {
-                let keep = j.is_running() || drop == 0;
-                if !keep {
-                    drop -= 1;
-                }
-                keep
-            });
-        }
-        Ok(job)
-    }
-
-    pub fn get(&self, id: &str) -> Option<Arc<Job>> {
-        let jobs = self.jobs.lock().expect("jobs lock");
-        jobs.iter().find(|j| j.lock().job_id == id).cloned()
-    }
-
-    /// The running job of a group, if any.
-    pub fn running(&self, group: &str) -> Option<Arc<Job>> {
-        let jobs = self.jobs.lock().expect("jobs lock");
-        jobs.iter()
-            .find(|j| j.group == group && j.is_running())
-            .cloned()
-    }
-}
+use crate::core::model::{now_micros, Micros};
 
 /// What a maintenance job reports (JSON, kept as text in `job_runs.report`).
 pub type JobReport = serde_json::Value;
@@ -194,8 +44,8 @@ impl From<crate::jobs::scheduler::JobRun> for RunView {
     fn from(r: crate::jobs::scheduler::JobRun) -> RunView {
         RunView {
             duration_ms: (r.finished_at - r.started_at) / 1000,
-            started_at: crate::time::to_rfc3339(r.started_at),
-            finished_at: crate::time::to_rfc3339(r.finished_at),
+            started_at: crate::core::time::to_rfc3339(r.started_at),
+            finished_at: crate::core::time::to_rfc3339(r.finished_at),
             report: r
                 .report
                 .as_deref()
@@ -213,15 +63,28 @@ impl From<crate::jobs::scheduler::JobRun> for RunView {
 /// The maintenance jobs, by name.
 pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed", "export", "snapshot"];
 
-/// What a job run gets: the engine, whether to change anything, its params.
+/// What a job run gets: the services, whether to change anything, its params.
 pub struct JobContext {
-    pub engine: Arc<crate::engine::Engine>,
+    pub services: Arc<Services>,
     pub dry_run: bool,
     pub params: toml::Table,
+    /// Relative paths (export targets) resolve against this directory.
+    pub base_dir: PathBuf,
+}
+
+impl JobContext {
+    /// `path` as the job should open it: relative paths against `base_dir`.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
 }
 
 /// Run one maintenance job by name.
-pub async fn run_once(ctx: &JobContext, name: &str) -> crate::error::Result<JobReport> {
+pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Result<JobReport> {
     match name {
         "dream" => dream::run_once(ctx).await,
         "decay" => decay::run_once(ctx).await,
@@ -229,7 +92,7 @@ pub async fn run_once(ctx: &JobContext, name: &str) -> crate::error::Result<JobR
         "reembed" => reembed::run_once(ctx).await,
         "export" => export::run_once(ctx).await,
         "snapshot" => snapshot::run_once(ctx).await,
-        other => Err(crate::error::Error::NotFound(format!(
+        other => Err(crate::core::error::Error::NotFound(format!(
             "no job `{other}` (jobs: {})",
             JOB_NAMES.join(", ")
         ))),
@@ -260,55 +123,35 @@ impl scheduler::RunLog for StoreRunLog {
     }
 }
 
+/// What every run of the scheduler and every manual run gets: the services
+/// (held weakly: the engine owns the scheduler), the configured jobs and the
+/// directory relative paths resolve against.
+#[derive(Clone)]
+pub struct JobEnv {
+    pub services: Weak<Services>,
+    pub jobs: BTreeMap<String, config::JobConfig>,
+    pub base_dir: PathBuf,
+}
+
 /// The runner the scheduler and manual runs use: the named job with its
-/// configured params. Holds the engine weakly (the engine holds the scheduler).
-pub fn runner(engine: std::sync::Weak<crate::engine::Engine>, dry_run: bool) -> scheduler::Runner {
+/// configured params.
+pub fn runner(env: JobEnv, dry_run: bool) -> scheduler::Runner {
     Arc::new(move |name: String, _trigger| {
-        let engine = engine.clone();
+        let env = env.clone();
         Box::pin(async move {
-            let engine = engine.upgrade().ok_or("the engine has stopped")?;
-            let params = engine
-                .cfg
-                .scheduler
+            let services = env.services.upgrade().ok_or("the engine has stopped")?;
+            let params = env
                 .jobs
                 .get(&name)
                 .map(|j| j.params.clone())
                 .unwrap_or_default();
             let ctx = JobContext {
-                engine,
+                services,
                 dry_run,
                 params,
+                base_dir: env.base_dir,
             };
             run_once(&ctx, &name).await.map_err(|e| e.to_string())
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn one_running_job_per_group_and_wait_sees_the_end() {
-        let jobs = Jobs::default();
-        let a = jobs.start("re_embed_all", "embed", "admin").unwrap();
-        let again = jobs.start("embed_missing", "embed", "admin").unwrap_err();
-        assert_eq!(again.id(), a.id());
-        assert!(jobs.start("export", "export", "admin").is_ok());
-        a.set_total(10);
-        a.progress(7, 3);
-        let waiter = {
-            let a = a.clone();
-            tokio::spawn(async move { a.wait().await })
-        };
-        a.finish(None);
-        let view = waiter.await.unwrap();
-        assert_eq!(
-            (view.state, view.done, view.failed),
-            (JobState::Succeeded, 7, 3)
-        );
-        assert!(view.finished_at.is_some());
-        assert!(jobs.start("embed_missing", "embed", "admin").is_ok());
-        assert_eq!(jobs.get(&a.id()).unwrap().view().total, 10);
-    }
 }

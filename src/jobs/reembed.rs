@@ -5,12 +5,12 @@
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::auth::Caller;
-use crate::error::Result;
-use crate::reembed::{self, Scope};
+use crate::core::Caller;
+use crate::core::error::Result;
+use crate::service::reembed::{self, Scope};
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
-    let engine = &ctx.engine;
+    let engine = &ctx.services;
     if ctx.dry_run {
         let missing = engine
             .store
@@ -21,7 +21,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let job = reembed::start(engine, &Caller::admin("scheduler"), Scope::Missing).await?;
     let view = job.wait().await;
     if let Some(e) = view.error {
-        return Err(crate::error::Error::Internal(e));
+        return Err(crate::core::error::Error::Internal(e));
     }
     Ok(json!({ "total_missing": view.total, "embedded": view.done, "failed": view.failed }))
 }

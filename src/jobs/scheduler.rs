@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::model::Micros;
+use crate::core::model::Micros;
 
 /// Wall-clock time that follows tokio's clock (paused in tests).
 #[derive(Clone, Copy)]
@@ -65,22 +65,7 @@ impl Trigger {
     }
 }
 
-/// One run of a job, as the `job_runs` table keeps it.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct JobRun {
-    pub id: String,
-    pub job: String,
-    /// `schedule`, `catch_up` or `manual`.
-    pub trigger: String,
-    pub started_at: Micros,
-    pub finished_at: Micros,
-    /// `succeeded`, `failed` or `skipped`.
-    pub status: String,
-    /// The job's report (JSON text).
-    pub report: Option<String>,
-    pub error: Option<String>,
-    pub dry_run: bool,
-}
+pub use crate::store::job_runs::JobRun;
 
 /// Runs a job by name; the report or the error.
 pub type Runner = Arc<
@@ -113,20 +98,7 @@ impl Scheduled {
     }
 }
 
-/// Pause switch shared by the loop and the admin endpoints (not persisted:
-/// a restart resumes).
-#[derive(Clone, Default)]
-pub struct Pause(Arc<AtomicBool>);
-
-impl Pause {
-    pub fn set(&self, paused: bool) {
-        self.0.store(paused, Ordering::SeqCst);
-    }
-
-    pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+pub use crate::service::tasks::Pause;
 
 fn micros(t: DateTime<Utc>) -> Micros {
     t.timestamp_micros()

@@ -8,8 +8,8 @@
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::error::{Error, Result};
-use crate::snapshot;
+use crate::core::error::{Error, Result};
+use crate::service::snapshot;
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let keep = ctx
@@ -28,8 +28,8 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
         .get("prefix")
         .and_then(|v| v.as_str())
         .unwrap_or("auto");
-    let store = &ctx.engine.store;
-    let name = snapshot::timestamped(prefix, crate::model::now_micros());
+    let store = &ctx.services.store;
+    let name = snapshot::timestamped(prefix, crate::core::model::now_micros());
     snapshot::check_name(&name)?;
     let mine = |s: &snapshot::Snapshot| s.name.starts_with(&format!("{prefix}-"));
     let existing: Vec<_> = snapshot::list(store)

@@ -2,7 +2,10 @@
 //! `pipelines/<name>.toml` file names, in order; each stage keeps, drops (with a
 //! reason) or fails records and the runner counts what each stage did.
 
+pub mod config;
+pub mod ner;
 pub mod stages;
+pub mod worker;
 mod stats;
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,8 +16,8 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::embed::Embedder;
-use crate::model::Chunk;
+use crate::providers::embed::Embedder;
+use crate::core::model::Chunk;
 use crate::store::{HistoryRow, Neighbor, Store};
 
 pub use stats::{StageStats, StageStatsSnapshot};
@@ -155,9 +158,9 @@ pub struct BuildContext {
     pub store: Arc<Store>,
     pub embedder: Arc<dyn Embedder>,
     /// The configured LLM (stages with an LLM path use it when present).
-    pub llm: Option<Arc<crate::llm::Llm>>,
+    pub llm: Option<Arc<crate::providers::llm::Llm>>,
     /// The LLM entity queue (present when the LLM is configured with `ner`).
-    pub ner: Option<crate::ner::NerQueue>,
+    pub ner: Option<crate::pipeline::ner::NerQueue>,
     /// Where the pipeline files live; stage files named in parameters resolve here.
     pub dir: std::path::PathBuf,
 }
@@ -198,7 +201,7 @@ impl StreamVectors {
     /// Cosine similarity of rows `p` and `q`.
     pub fn sim(&self, p: usize, q: usize) -> f32 {
         let d = self.dim;
-        crate::embed::dot(
+        crate::providers::embed::dot(
             &self.flat[p * d..(p + 1) * d],
             &self.flat[q * d..(q + 1) * d],
         )
@@ -407,7 +410,7 @@ impl Pipelines {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embed::HashEmbedder;
+    use crate::providers::embed::HashEmbedder;
 
     async fn ctx(dir: &Path) -> BuildContext {
         BuildContext {

@@ -1,6 +1,11 @@
 //! LanceDB storage: opens or creates the tables, funnels every write to a table
 //! through one batching writer task, and serves the reads the engine needs.
 
+pub mod config;
+pub mod feedback;
+pub mod graph;
+pub mod job_runs;
+pub mod llm_calls;
 mod writer;
 
 pub use writer::Modifier;
@@ -14,7 +19,7 @@ use lancedb::index::Index;
 use lancedb::query::{ExecutableQuery, QueryBase, Select};
 use lancedb::{Connection, DistanceType, Table};
 
-use crate::model::{
+use crate::core::model::{
     batch_to_chunks, chunk_schema, chunks_to_batch, dead_letter_schema, dead_letters_to_batch,
     Chunk, DeadLetter, ModelError,
 };
@@ -40,7 +45,7 @@ pub struct HistoryRow {
     pub event: String,
     pub reason: String,
     pub related_ids: Vec<String>,
-    pub created_at: crate::model::Micros,
+    pub created_at: crate::core::model::Micros,
 }
 
 pub fn job_run_schema() -> arrow_schema::SchemaRef {
@@ -112,7 +117,7 @@ pub enum StoreError {
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// A timestamp literal for a Lance filter.
-pub fn ts_lit(m: crate::model::Micros) -> String {
+pub fn ts_lit(m: crate::core::model::Micros) -> String {
     format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
 }
 
@@ -179,8 +184,8 @@ pub struct Store {
     dead_letters: Table,
     history: Table,
     llm_calls: Table,
-    pub graph: crate::graph::Graph,
-    pub feedback: crate::feedback::FeedbackBook,
+    pub graph: crate::store::graph::Graph,
+    pub feedback: feedback::FeedbackBook,
     job_runs: Table,
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
@@ -238,14 +243,14 @@ impl Store {
         ensure_indexes(&chunks).await?;
         let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
         let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
-        let llm_calls = open_or_create(&db, &names, LLM_CALLS, crate::llm::call_schema()).await?;
-        let graph = crate::graph::Graph::open(
-            open_or_create(&db, &names, ENTITIES, crate::graph::entity_schema()).await?,
-            open_or_create(&db, &names, EDGES, crate::graph::edge_schema()).await?,
+        let llm_calls = open_or_create(&db, &names, LLM_CALLS, llm_calls::call_schema()).await?;
+        let graph = crate::store::graph::Graph::open(
+            open_or_create(&db, &names, ENTITIES, crate::store::graph::entity_schema()).await?,
+            open_or_create(&db, &names, EDGES, crate::store::graph::edge_schema()).await?,
         )
         .await?;
-        let feedback = crate::feedback::FeedbackBook::open(
-            open_or_create(&db, &names, FEEDBACK, crate::feedback::schema()).await?,
+        let feedback = feedback::FeedbackBook::open(
+            open_or_create(&db, &names, FEEDBACK, feedback::schema()).await?,
         )
         .await?;
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
@@ -427,22 +432,22 @@ impl Store {
         if rows.is_empty() {
             return Ok(());
         }
-        let batch = crate::graph::rows_to_batch(history_schema(), &rows)?;
+        let batch = crate::store::graph::rows_to_batch(history_schema(), &rows)?;
         self.history.add(batch).execute().await?;
         Ok(())
     }
 
     /// Record one LLM call (tokens, cost, outcome).
-    pub async fn add_llm_call(&self, row: &crate::llm::LlmCall) -> Result<()> {
+    pub async fn add_llm_call(&self, row: &llm_calls::LlmCall) -> Result<()> {
         let batch =
-            crate::graph::rows_to_batch(crate::llm::call_schema(), std::slice::from_ref(row))?;
+            crate::store::graph::rows_to_batch(llm_calls::call_schema(), std::slice::from_ref(row))?;
         self.llm_calls.add(batch).execute().await?;
         Ok(())
     }
 
     /// Record one run of a scheduled or manual job.
-    pub async fn add_job_run(&self, run: &crate::jobs::scheduler::JobRun) -> Result<()> {
-        let batch = crate::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
+    pub async fn add_job_run(&self, run: &job_runs::JobRun) -> Result<()> {
+        let batch = crate::store::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
         self.job_runs.add(batch).execute().await?;
         Ok(())
     }
@@ -452,7 +457,7 @@ impl Store {
         &self,
         filter: Option<String>,
         limit: usize,
-    ) -> Result<Vec<crate::jobs::scheduler::JobRun>> {
+    ) -> Result<Vec<job_runs::JobRun>> {
         let mut q = self.job_runs.query();
         if let Some(f) = filter {
             q = q.only_if(f);
@@ -460,9 +465,9 @@ impl Store {
         let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
         let mut runs = Vec::new();
         for b in &batches {
-            let c = crate::model::Columns::new(b);
+            let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
-                runs.push(crate::jobs::scheduler::JobRun {
+                runs.push(job_runs::JobRun {
                     id: c.str("id", r).unwrap_or_default(),
                     job: c.str("job", r).unwrap_or_default(),
                     trigger: c.str("trigger", r).unwrap_or_default(),
@@ -484,7 +489,7 @@ impl Store {
     pub async fn latest_write_by_stream(
         &self,
         filter: &str,
-    ) -> Result<std::collections::BTreeMap<String, crate::model::Micros>> {
+    ) -> Result<std::collections::BTreeMap<String, crate::core::model::Micros>> {
         let batches: Vec<RecordBatch> = self
             .chunks
             .query()
@@ -496,7 +501,7 @@ impl Store {
             .await?;
         let mut out = std::collections::BTreeMap::new();
         for b in &batches {
-            let c = crate::model::Columns::new(b);
+            let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
                 if let (Some(s), Some(t)) = (c.str("stream", r), c.time("created_at", r)) {
                     let e = out.entry(s).or_insert(t);
@@ -508,7 +513,7 @@ impl Store {
     }
 
     /// Dollars the LLM calls of `stream` cost since `since`.
-    pub async fn llm_spent(&self, stream: &str, since: crate::model::Micros) -> Result<f64> {
+    pub async fn llm_spent(&self, stream: &str, since: crate::core::model::Micros) -> Result<f64> {
         let batches: Vec<RecordBatch> = self
             .llm_calls
             .query()
@@ -547,7 +552,7 @@ impl Store {
             .await?;
         let mut rows = Vec::new();
         for b in &batches {
-            let c = crate::model::Columns::new(b);
+            let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
                 rows.push(HistoryRow {
                     id: c.str("id", r).unwrap_or_default(),
@@ -600,7 +605,7 @@ impl Store {
             .await?;
         let mut out = Vec::new();
         for b in &batches {
-            let c = crate::model::Columns::new(b);
+            let c = crate::core::model::Columns::new(b);
             out.extend((0..b.num_rows()).filter_map(|r| c.str("id", r)));
         }
         Ok(out)
@@ -722,7 +727,7 @@ impl Store {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum AsOf {
     Version(u64),
-    Instant(crate::model::Micros),
+    Instant(crate::core::model::Micros),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -775,7 +780,7 @@ impl Store {
             .try_collect()
             .await?;
         for b in &batches {
-            let c = crate::model::Columns::new(b);
+            let c = crate::core::model::Columns::new(b);
             let dist = b
                 .column_by_name("_distance")
                 .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
@@ -811,6 +816,12 @@ pub fn column_in<S: AsRef<str>>(column: &str, values: impl IntoIterator<Item = S
     format!("{column} IN ({})", list.join(", "))
 }
 
+/// The predicate limiting rows to the streams `caller` may see (None: every
+/// stream).
+pub fn stream_filter(caller: &crate::core::Caller) -> Option<String> {
+    caller.streams.as_ref().map(|s| column_in("stream", s))
+}
+
 /// `id IN (…)` for a list of ids.
 pub fn id_in(ids: &[String]) -> String {
     column_in("id", ids)
@@ -839,7 +850,7 @@ pub struct Scored {
 fn scored(batches: &[RecordBatch], score_column: &str) -> Result<Vec<Scored>> {
     let mut out = Vec::new();
     for b in batches {
-        let c = crate::model::Columns::new(b);
+        let c = crate::core::model::Columns::new(b);
         let scores = b
             .column_by_name(score_column)
             .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
@@ -935,4 +946,10 @@ pub(crate) fn batch_reader(
     let batch = chunks_to_batch(chunks, dim)?;
     let schema = batch.schema();
     Ok(Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema)))
+}
+
+impl From<StoreError> for crate::core::Error {
+    fn from(e: StoreError) -> Self {
+        crate::core::Error::Internal(format!("storage error: {e}"))
+    }
 }

@@ -8,7 +8,7 @@ use lancedb::Table;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{batch_reader, Result, StoreError};
-use crate::model::Chunk;
+use crate::core::model::Chunk;
 
 /// A change applied to a chunk as it is when the writer reaches it; returns
 /// whether it changed anything.
@@ -267,7 +267,7 @@ async fn commit<'a>(
 
 #[cfg(test)]
 mod tests {
-    use crate::model::Chunk;
+    use crate::core::model::Chunk;
     use crate::store::Store;
 
     #[tokio::test]

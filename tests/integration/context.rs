@@ -45,7 +45,7 @@ async fn context_packs_never_exceed_the_budget() {
         let total = pack["total_tokens"].as_u64().unwrap() as usize;
         assert!(total <= budget, "{budget}: {total}");
         // The one tokenizer used everywhere agrees with the reported count.
-        assert_eq!(loomem::tokens::count(context), total);
+        assert_eq!(loomem::core::tokens::count(context), total);
         assert!(total >= previous_total, "a larger budget never holds less");
         previous_total = total;
         let sources = pack["sources"].as_array().unwrap();
@@ -147,7 +147,7 @@ async fn ambient_snippets_are_plain_and_budgeted() {
             .iter()
             .all(|t| !t.contains('\n') && !t.starts_with('#')));
         assert_eq!(
-            loomem::tokens::count(&texts.join("\n")),
+            loomem::core::tokens::count(&texts.join("\n")),
             a["total_tokens"].as_u64().unwrap() as usize
         );
         assert!(a["total_tokens"].as_u64().unwrap() as usize <= budget);

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use loomem::config::Config;
-use loomem::embed::{dot, Embedder, MiniLmEmbedder};
+use loomem::app::config::Config;
+use loomem::providers::embed::{dot, Embedder, MiniLmEmbedder};
 use serde_json::{json, Value};
 
 use crate::fixture::{repo_root, Daemon, Options};
@@ -119,7 +119,7 @@ async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
         data.path().display().to_string(),
     );
     let cfg = Config::load(&repo_root().join("config.toml"), &env).unwrap();
-    let err = loomem::engine::Engine::start(cfg, &env)
+    let err = loomem::app::Engine::start(cfg, &env)
         .await
         .err()
         .expect("must fail");

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use loomem::extract::eval::{evaluate, Case};
-use loomem::extract::RuleExtractor;
+use loomem::service::facts::eval::{evaluate, Case};
+use loomem::service::facts::RuleExtractor;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -18,7 +18,7 @@ fn cases(file: &str) -> Vec<Case> {
     .unwrap()
 }
 
-fn score(name: &str, cases: &[Case]) -> loomem::extract::eval::Report {
+fn score(name: &str, cases: &[Case]) -> loomem::service::facts::eval::Report {
     let rules = RuleExtractor::load(&root().join("pipelines/extract/facts.toml")).unwrap();
     let show = std::env::var_os("LOOMEM_EVAL_SHOW").is_some();
     let report = evaluate(&cases, |turns, date| {

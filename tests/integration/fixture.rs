@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use loomem::config::Config;
+use loomem::app::config::Config;
 
 use crate::nats::NatsServer;
 
@@ -128,7 +128,7 @@ impl Daemon {
         let (config_path, env) = daemon_env(data_dir, url.as_deref(), &opts);
         let mut cfg = Config::load(&config_path, &env).expect("config loads");
         if opts.auth {
-            cfg.server.tokens.push(loomem::config::ScopedToken {
+            cfg.server.tokens.push(loomem::service::auth::ScopedToken {
                 name: "agent-a".into(),
                 token_env: "TEST_TOKEN_A".into(),
                 streams: vec!["a".into(), "a2".into()],
@@ -140,7 +140,7 @@ impl Daemon {
         let addr = listener.local_addr().expect("addr");
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            loomem::server::serve(cfg, env, listener, async move {
+            loomem::api::server::serve(cfg, env, listener, async move {
                 let _ = stop_rx.await;
             })
             .await

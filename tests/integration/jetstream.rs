@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use loomem::bus::{jetstream::message_id, Envelope};
-use loomem::model::Chunk;
+use loomem::core::model::Chunk;
 
 use crate::fixture::{Daemon, Options};
 
@@ -123,7 +123,7 @@ async fn a_redelivered_write_never_duplicates_a_memory() {
         "The boiler was serviced in May".into(),
         1,
     );
-    chunk.created_at = loomem::model::now_micros();
+    chunk.created_at = loomem::core::model::now_micros();
     let env = Envelope {
         pipeline: "store".into(),
         chunk,

@@ -2,9 +2,9 @@
 //! through the real import pipeline into fresh streams, questions are searched
 //! in each mode, rankings are scored with the official metrics.
 
-use loomem::config::Config;
-use loomem::engine::Engine;
-use loomem::recall::run::{run, Roles, RunOptions};
+use loomem::app::config::Config;
+use loomem::app::Engine;
+use loomem::bench_recall::run::{run, Roles, RunOptions};
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Options};
@@ -49,7 +49,7 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
     let engine = Engine::start(Config::load(&path, &env).unwrap(), &env)
         .await
         .unwrap();
-    let (questions, skipped) = loomem::recall::load(&dataset()).unwrap();
+    let (questions, skipped) = loomem::bench_recall::load(&dataset()).unwrap();
     assert_eq!(questions.len(), 2);
     assert_eq!(skipped.len(), 1);
     assert_eq!(skipped[0].0, 2);
@@ -90,7 +90,7 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
             .unwrap();
         assert!(abs.abstention && abs.session.is_empty());
     }
-    let md = loomem::recall::run::markdown(&report);
+    let md = loomem::bench_recall::run::markdown(&report);
     assert!(
         md.contains("| bm25 | session | recall_any | 1.000 |"),
         "{md}"
@@ -123,20 +123,20 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
 #[test]
 fn the_shipped_dataset_is_its_ingredients_generated_and_complete() {
     let root = crate::fixture::repo_root().join("datasets/recall");
-    let ingredients: loomem::recall::gen::Ingredients =
+    let ingredients: loomem::bench_recall::gen::Ingredients =
         serde_json::from_str(&std::fs::read_to_string(root.join("ingredients.json")).unwrap())
             .unwrap();
     let shipped = std::fs::read_to_string(root.join("loomem_recall_s30.json")).unwrap();
-    let generated = loomem::recall::gen::generate(&ingredients, 30, 7).unwrap();
+    let generated = loomem::bench_recall::gen::generate(&ingredients, 30, 7).unwrap();
     assert_eq!(
         serde_json::from_str::<serde_json::Value>(&shipped).unwrap(),
         serde_json::Value::Array(generated),
         "regenerate with `loomem bench-recall gen --ingredients datasets/recall/ingredients.json --sessions 30 --seed 7 --out datasets/recall/loomem_recall_s30.json`"
     );
-    let (questions, skipped) = loomem::recall::load(&shipped).unwrap();
+    let (questions, skipped) = loomem::bench_recall::load(&shipped).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     assert!(questions.len() >= 60, "{}", questions.len());
-    for t in loomem::recall::QUESTION_TYPES {
+    for t in loomem::bench_recall::QUESTION_TYPES {
         assert!(
             questions
                 .iter()
@@ -187,7 +187,7 @@ async fn the_qa_mode_answers_from_the_retrieved_memories_and_judges_by_type() {
     let engine = Engine::start(Config::load(&path, &env).unwrap(), &env)
         .await
         .unwrap();
-    let (questions, _) = loomem::recall::load(&dataset()).unwrap();
+    let (questions, _) = loomem::bench_recall::load(&dataset()).unwrap();
     let report = run(
         &engine,
         &questions,
@@ -219,7 +219,7 @@ async fn the_qa_mode_answers_from_the_retrieved_memories_and_judges_by_type() {
     assert!(abstention.contains("Model response: Your greyhound is called Pixel."));
     let with_qa: Vec<_> = report.results.iter().filter(|r| r.qa.is_some()).collect();
     assert!(with_qa.iter().all(|r| r.mode == "hybrid"));
-    assert!(loomem::recall::run::markdown(&report).contains("| overall | 2 | 2 | 1.000 |"));
+    assert!(loomem::bench_recall::run::markdown(&report).contains("| overall | 2 | 2 | 1.000 |"));
     engine.shutdown().await;
 
     // Without an LLM the QA mode is refused up front.

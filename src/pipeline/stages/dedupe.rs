@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::model::Chunk;
+use crate::core::model::Chunk;
 use crate::pipeline::{
     ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage, StreamVectors,
 };
@@ -171,7 +171,7 @@ impl Stage for Dedupe {
                         let id = existing.id.clone();
                         remember(existing, &batch[i].chunk);
                         let mut updated = existing.clone();
-                        updated.updated_at = crate::model::now_micros();
+                        updated.updated_at = crate::core::model::now_micros();
                         batch[i].also_write.push(updated);
                         drop_as(&mut batch[i], "duplicate", &id);
                         continue;
@@ -215,7 +215,7 @@ impl Stage for Dedupe {
                             continue;
                         }
                         remember(&mut existing, &r.chunk);
-                        existing.updated_at = crate::model::now_micros();
+                        existing.updated_at = crate::core::model::now_micros();
                         r.also_write.push(existing);
                         drop_as(r, "near_duplicate", &id);
                         break;
@@ -252,7 +252,7 @@ impl Stage for Dedupe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embed::{Embedder, HashEmbedder};
+    use crate::providers::embed::{Embedder, HashEmbedder};
 
     async fn run(texts: &[&str], store_first: &[&str]) -> (Vec<Record>, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();

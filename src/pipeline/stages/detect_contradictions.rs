@@ -16,9 +16,9 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::graph::{entity_key, Dictionary, DictionaryEntry};
-use crate::llm::{Llm, LlmError};
-use crate::model::{now_micros, Chunk};
+use crate::store::graph::{entity_key, Dictionary, DictionaryEntry};
+use crate::providers::llm::{Llm, LlmError};
+use crate::core::model::{now_micros, Chunk};
 use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage};
 use crate::store::{id_in, sql_str, HistoryRow, Store};
 
@@ -389,14 +389,14 @@ impl DetectContradictions {
             .map(|(i, new, olds)| async move {
                 let mut prompt = format!(
                     "New memory (recorded {}): {}\n\nEarlier memories:\n",
-                    crate::time::to_rfc3339(new.created_at),
+                    crate::core::time::to_rfc3339(new.created_at),
                     new.content
                 );
                 for (k, old) in olds.iter().enumerate() {
                     prompt.push_str(&format!(
                         "[{}] (recorded {}) {}\n",
                         k + 1,
-                        crate::time::to_rfc3339(old.created_at),
+                        crate::core::time::to_rfc3339(old.created_at),
                         old.content
                     ));
                 }

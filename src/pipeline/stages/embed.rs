@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::embed::Embedder;
+use crate::providers::embed::Embedder;
 use crate::pipeline::{kept, BuildContext, PipelineError, Record, Stage};
 
 #[derive(Debug, Deserialize)]

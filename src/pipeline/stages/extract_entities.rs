@@ -12,7 +12,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
+use crate::store::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
 use crate::pipeline::{BuildContext, PendingWrite, PipelineError, Record, Stage};
 use crate::store::Store;
 
@@ -395,7 +395,7 @@ pub struct ExtractEntities {
     populate_graph: bool,
     max_cooccurrence: usize,
     /// The LLM entity queue kept memories also go to.
-    pub ner: Option<crate::ner::NerQueue>,
+    pub ner: Option<crate::pipeline::ner::NerQueue>,
     word: Regex,
     date: Regex,
     project: Regex,
@@ -742,7 +742,7 @@ impl Stage for ExtractEntities {
             // The graph merge runs beside the rest of the pipeline; `write`
             // waits for it before the batch is acknowledged.
             if let Some(ner) = &self.ner {
-                let kept: Vec<&crate::model::Chunk> = batch
+                let kept: Vec<&crate::core::model::Chunk> = batch
                     .iter()
                     .filter(|r| r.is_kept())
                     .map(|r| &r.chunk)
@@ -856,25 +856,25 @@ mod tests {
     async fn the_stage_fills_entities_subject_type_and_graph() {
         let (s, _t) = stage().await;
         let mut batch = vec![
-            Record::new(crate::model::Chunk::new(
+            Record::new(crate::core::model::Chunk::new(
                 "1".into(),
                 "st".into(),
                 "I prefer Cursor over VS Code".into(),
                 10,
             )),
-            Record::new(crate::model::Chunk::new(
+            Record::new(crate::core::model::Chunk::new(
                 "2".into(),
                 "st".into(),
                 "Alice uses Cursor IDE".into(),
                 20,
             )),
-            Record::new(crate::model::Chunk::new(
+            Record::new(crate::core::model::Chunk::new(
                 "3".into(),
                 "st".into(),
                 "My colleague Bob uses Vim, and I use Zed".into(),
                 30,
             )),
-            Record::new(crate::model::Chunk::new(
+            Record::new(crate::core::model::Chunk::new(
                 "4".into(),
                 "st".into(),
                 "My colleague Bob uses Vim at work".into(),

@@ -1,0 +1,291 @@
+//! The running engine: storage, embedder, bus, pipelines and the worker, wired
+//! together once. REST, MCP and the CLI all call into it.
+
+pub mod config;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::service::auth::Auth;
+use crate::service::{ServiceConfig, Services};
+use crate::bus::{Bus, Consumer, EmbeddedBus, JetStreamBus, Notifier};
+use crate::app::config::Config;
+use crate::bus::config::BusKind;
+use crate::providers::embed::{self, Embedder};
+use crate::service::facts::RuleExtractor;
+use crate::pipeline::worker::{Worker, WorkerConfig};
+use crate::providers::llm::Llm;
+use crate::pipeline::{BuildContext, Pipelines};
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("embedder: {0}")]
+    Embed(#[from] crate::providers::embed::EmbedError),
+    #[error("{0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
+    #[error("{0}")]
+    Bus(#[from] crate::bus::BusError),
+    #[error("llm: {0}")]
+    Llm(String),
+    #[error("ingest rules: {0}")]
+    Rules(String),
+}
+
+/// A running loomem: the shared [`Services`] plus what starts and stops them
+/// (the pipeline worker, the scheduler). Derefs to its services.
+pub struct Engine {
+    pub cfg: Config,
+    pub services: Arc<Services>,
+    stop_scheduler: watch::Sender<bool>,
+    stop_worker: watch::Sender<bool>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Services;
+    fn deref(&self) -> &Services {
+        &self.services
+    }
+}
+
+impl Engine {
+    /// Open the store, build the pipelines and start the pipeline worker.
+    pub async fn start(
+        cfg: Config,
+        env: &HashMap<String, String>,
+    ) -> Result<Arc<Engine>, StartError> {
+        let embedder = embed::from_config(&cfg.embed, env)?;
+        Engine::start_with(cfg, env, embedder).await
+    }
+
+    /// [`Engine::start`] with a given embedder (bench-recall wraps the
+    /// configured one in a cache).
+    pub async fn start_with(
+        cfg: Config,
+        env: &HashMap<String, String>,
+        embedder: Arc<dyn Embedder>,
+    ) -> Result<Arc<Engine>, StartError> {
+        let store = Arc::new(
+            Store::open_shared(
+                &cfg.data_dir(),
+                embedder.dim(),
+                cfg.storage.write_batch_max_rows,
+                Some(Duration::from_millis(cfg.storage.read_consistency_ms)),
+            )
+            .await?
+            .for_model(embedder.model()),
+        );
+        let stale = store
+            .count(Some(crate::service::reembed::stale_clause(embedder.model())))
+            .await?;
+        if stale > 0 {
+            tracing::warn!(
+                stale,
+                model = embedder.model(),
+                "chunks without a vector of the current embedding model: vector search skips them until POST /v1/embed-missing"
+            );
+        }
+        let llm = Llm::from_config(&cfg.llm, env, store.clone()).map_err(StartError::Llm)?;
+        let facts =
+            Arc::new(RuleExtractor::load(&cfg.ingest_rules_file()).map_err(StartError::Rules)?);
+        let ner = llm
+            .as_ref()
+            .filter(|_| cfg.llm.ner)
+            .map(|llm| crate::pipeline::ner::NerQueue::spawn(llm.clone(), store.clone()));
+        let ctx = BuildContext {
+            store: store.clone(),
+            embedder: embedder.clone(),
+            llm: llm.clone(),
+            ner: ner.clone(),
+            dir: cfg.pipelines_dir(),
+        };
+        let pipelines = Arc::new(Pipelines::load(
+            &cfg.pipelines_dir(),
+            &["store", "import", "ingest"],
+            &ctx,
+        )?);
+        let (stop_worker, stop_rx) = watch::channel(false);
+        let (bus, consumer, notifier) = match cfg.bus.kind {
+            BusKind::Embedded => {
+                let (bus, consumer) = EmbeddedBus::new(cfg.bus.queue_capacity);
+                (
+                    Bus::Embedded(bus),
+                    Consumer::Embedded(consumer),
+                    Notifier::Local(Default::default()),
+                )
+            }
+            BusKind::Jetstream => {
+                let (bus, consumer) = JetStreamBus::connect(&cfg.bus, stop_rx).await?;
+                let notifier = Notifier::Nats(bus.client().clone());
+                (Bus::JetStream(bus), Consumer::JetStream(consumer), notifier)
+            }
+        };
+        let worker = Worker {
+            pipelines: pipelines.clone(),
+            store: store.clone(),
+            notifier: notifier.clone(),
+            cfg: WorkerConfig {
+                batch_size: cfg.bus.batch_size,
+                batch_wait: Duration::from_millis(cfg.bus.batch_wait_ms),
+                max_deliver: cfg.bus.max_deliver,
+                keepalive: Duration::from_millis(cfg.bus.ack_wait_ms / 3),
+            },
+        };
+        let worker = tokio::spawn(worker.run(consumer));
+        let access = crate::service::search::access::AccessTracker::spawn(
+            store.clone(),
+            Duration::from_millis(cfg.search.access_flush_ms),
+        );
+        spawn_vector_indexer(store.clone(), cfg.search.vector_index_min_rows);
+        let auth = Auth::from_config(&cfg.server, Arc::new(cfg.namespaces.clone()), env);
+        if auth.passthrough() {
+            tracing::warn!(
+                var = %cfg.server.auth_token_env,
+                "no API key configured: local passthrough mode, every request is accepted as admin"
+            );
+        }
+        let services = Arc::new(Services {
+            cfg: ServiceConfig {
+                server: cfg.server.clone(),
+                embed: cfg.embed.clone(),
+                search: cfg.search.clone(),
+                sql: cfg.sql.clone(),
+                ingest: cfg.ingest.clone(),
+                scheduler_enabled: cfg.scheduler.enabled,
+            },
+            store,
+            embedder,
+            bus,
+            notifier,
+            pipelines,
+            auth,
+            llm,
+            facts,
+            ner,
+            jobs: Default::default(),
+            access,
+            profiles: Default::default(),
+            dreams: Default::default(),
+            workers: Default::default(),
+            started: Instant::now(),
+        });
+        let engine = Arc::new(Engine {
+            cfg,
+            services,
+            stop_scheduler: watch::channel(false).0,
+            stop_worker,
+            worker: Mutex::new(Some(worker)),
+        });
+        engine.start_scheduler();
+        Ok(engine)
+    }
+
+    /// Start the cron loop of the enabled jobs (when `[scheduler] enabled`).
+    pub fn start_scheduler(self: &Arc<Engine>) {
+        let idle = self.cfg.scheduler.dream_after_idle_secs;
+        if idle > 0 {
+            crate::jobs::idle::spawn(
+                Arc::downgrade(&self.services),
+                Duration::from_secs(idle),
+                self.stop_scheduler.subscribe(),
+            );
+        }
+        if !self.cfg.scheduler.enabled {
+            return;
+        }
+        let jobs: Vec<_> = self
+            .cfg
+            .scheduler
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.enabled)
+            .filter_map(|(name, j)| crate::jobs::scheduler::Scheduled::new(name, &j.cron).ok())
+            .collect();
+        tracing::info!(jobs = ?jobs.iter().map(|j| j.name.clone()).collect::<Vec<_>>(), "scheduler started");
+        crate::jobs::scheduler::spawn(
+            jobs,
+            crate::jobs::scheduler::Clock::system(),
+            crate::jobs::runner(self.job_env(), false),
+            Arc::new(crate::jobs::StoreRunLog(self.store.clone())),
+            self.workers.clone(),
+            self.stop_scheduler.subscribe(),
+        );
+    }
+
+    fn job_env(&self) -> crate::jobs::JobEnv {
+        crate::jobs::JobEnv {
+            services: Arc::downgrade(&self.services),
+            jobs: self.cfg.scheduler.jobs.clone(),
+            base_dir: self.cfg.base_dir.clone(),
+        }
+    }
+
+    /// Run a maintenance job now and record it (trigger `manual`).
+    pub async fn run_job(
+        self: &Arc<Engine>,
+        name: &str,
+        dry_run: bool,
+    ) -> crate::core::error::Result<crate::jobs::scheduler::JobRun> {
+        if !crate::jobs::JOB_NAMES.contains(&name) {
+            return Err(crate::core::error::Error::NotFound(format!(
+                "no job `{name}` (jobs: {})",
+                crate::jobs::JOB_NAMES.join(", ")
+            )));
+        }
+        Ok(crate::jobs::scheduler::run_and_record(
+            name,
+            crate::jobs::scheduler::Trigger::Manual,
+            dry_run,
+            crate::jobs::scheduler::Clock::system(),
+            crate::jobs::runner(self.job_env(), dry_run),
+            &crate::jobs::StoreRunLog(self.store.clone()),
+        )
+        .await)
+    }
+
+    /// Stop taking writes, let the worker finish (embedded: drain the queue;
+    /// JetStream: finish the batch in hand, the rest stays in the stream), flush
+    /// the writer.
+    pub async fn shutdown(&self) {
+        let _ = self.stop_scheduler.send(true);
+        if let Bus::Embedded(b) = &self.bus {
+            b.close();
+        }
+        let _ = self.stop_worker.send(true);
+        let worker = self.worker.lock().expect("worker lock").take();
+        if let Some(worker) = worker {
+            let _ = worker.await;
+        }
+        if let Err(e) = self.access.flush().await {
+            tracing::warn!(error = %e, "access counters lost at shutdown");
+        }
+        self.store.close().await;
+        tracing::info!("engine stopped; all accepted writes are committed");
+    }
+}
+
+/// Build the vector ANN index once the table is big enough: checked at start
+/// and then every minute, off the request path, until the index exists.
+fn spawn_vector_indexer(store: Arc<Store>, min_rows: usize) {
+    let weak = Arc::downgrade(&store);
+    drop(store);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            let Some(store) = weak.upgrade() else { break };
+            match store.ensure_vector_index(min_rows).await {
+                Ok(_) if store.has_vector_index().await => break,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "vector index not built; will retry"),
+            }
+        }
+    });
+}

@@ -1,0 +1,441 @@
+//! The bench-recall run: for each question, a fresh stream; its haystack goes
+//! through the real `import` pipeline (session id, turn index and the session
+//! date as the memory's time); the question is searched as of its date in each
+//! mode; the ranking maps back to turns and sessions and is scored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::metrics::{evaluate, sessions_of, Scores, Summary, KS};
+use super::Question;
+use crate::core::Caller;
+use crate::bus::Outcome;
+use crate::app::Engine;
+use crate::core::error::{Error, Result};
+use crate::service::search::SearchRequest;
+
+/// Which turns are indexed: the user's (as in the official setup) or all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Roles {
+    User,
+    All,
+}
+
+/// Which levels a report shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    Session,
+    Turn,
+    Both,
+}
+
+impl Granularity {
+    pub fn levels(self) -> &'static [&'static str] {
+        match self {
+            Granularity::Session => &["session"],
+            Granularity::Turn => &["turn"],
+            Granularity::Both => &["session", "turn"],
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Search modes to compare (`bm25`, `vector`, `hybrid`).
+    pub modes: Vec<String>,
+    pub roles: Roles,
+    /// The cut-offs scored (the official ones by default).
+    pub ks: Vec<usize>,
+    pub granularity: Granularity,
+    /// Also answer each question with the LLM from the memories the `hybrid`
+    /// search (else the first mode) retrieved, and judge the answer.
+    pub qa: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            modes: vec!["bm25".into(), "vector".into(), "hybrid".into()],
+            roles: Roles::User,
+            ks: KS.to_vec(),
+            granularity: Granularity::Both,
+            qa: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QuestionResult {
+    pub question_id: String,
+    pub question_type: String,
+    pub abstention: bool,
+    pub mode: String,
+    pub latency_us: u64,
+    /// Scores per k; empty for abstention questions.
+    pub session: BTreeMap<usize, Scores>,
+    pub turn: BTreeMap<usize, Scores>,
+    /// The first sessions retrieved, best first.
+    pub top_sessions: Vec<String>,
+    /// The QA mode's answer and verdict (for the mode it ran on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qa: Option<super::qa::QaResult>,
+}
+
+/// QA answers judged correct, of those judged.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QaTally {
+    pub correct: usize,
+    pub judged: usize,
+}
+
+impl QaTally {
+    pub fn accuracy(&self) -> f64 {
+        if self.judged == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.judged as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ModeSummary {
+    pub session: Summary,
+    pub turn: Summary,
+    pub by_type: BTreeMap<String, (Summary, Summary)>,
+    pub latency_us_p50: u64,
+    pub latency_us_p95: u64,
+    pub latency_us_p99: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunReport {
+    /// The cut-offs scored.
+    pub ks: Vec<usize>,
+    /// The levels shown: `session`, `turn`.
+    pub levels: Vec<&'static str>,
+    pub questions: usize,
+    pub turns_ingested: usize,
+    pub ingest_secs: f64,
+    pub ingest_turns_per_sec: f64,
+    pub modes: BTreeMap<String, ModeSummary>,
+    /// QA accuracy by question type (abstention counted as `abstention`), and
+    /// `overall`; empty without `--qa`.
+    pub qa: BTreeMap<String, QaTally>,
+    /// QA calls that failed (not judged).
+    pub qa_errors: usize,
+    pub results: Vec<QuestionResult>,
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Store one question's haystack in `stream`; returns each stored memory's
+/// turn ids (a duplicate turn counts for the memory that was kept).
+async fn ingest(
+    engine: &Engine,
+    caller: &Caller,
+    q: &Question,
+    stream: &str,
+    roles: Roles,
+) -> Result<HashMap<String, Vec<String>>> {
+    let mut chunks = Vec::new();
+    let mut turn_of = HashMap::new();
+    for t in &q.turns {
+        if roles == Roles::User && t.role != "user" {
+            continue;
+        }
+        let mut req = t.to_request();
+        req.stream = Some(stream.to_string());
+        req.id = Some(crate::service::import::derived_id(&[
+            stream,
+            &t.session_id,
+            &t.turn_index.to_string(),
+        ]));
+        let chunk = crate::service::memory::chunk_from_request(caller, req)?;
+        turn_of.insert(chunk.id.clone(), Question::turn_id(t));
+        chunks.push(chunk);
+    }
+    let mut sources: HashMap<String, Vec<String>> = HashMap::new();
+    for batch in chunks.chunks(engine.cfg.bus.batch_size.max(1)) {
+        let ids: Vec<String> = batch.iter().map(|c| c.id.clone()).collect();
+        let outcomes = crate::service::memory::publish_and_wait(
+            engine,
+            crate::pipeline::worker::envelopes("import", batch.to_vec(), true),
+        )
+        .await?;
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
+            let turn = turn_of[&id].clone();
+            let kept = match outcome {
+                Outcome::Stored { .. } => id,
+                Outcome::Duplicate { existing_id } => existing_id,
+                Outcome::Dropped { .. } => continue,
+                Outcome::Failed { error } => {
+                    return Err(Error::Internal(format!("turn {turn} not stored: {error}")))
+                }
+            };
+            sources.entry(kept).or_default().push(turn);
+        }
+    }
+    Ok(sources)
+}
+
+/// Run every question in every mode.
+pub async fn run(
+    engine: &Engine,
+    questions: &[Question],
+    opts: &RunOptions,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<RunReport> {
+    let caller = Caller::admin("bench-recall");
+    let qa_llm = match (opts.qa, &engine.llm) {
+        (false, _) => None,
+        (true, Some(llm)) => Some(llm.clone()),
+        (true, None) => {
+            return Err(Error::invalid(
+                "qa",
+                "the QA mode needs an [llm] endpoint in the configuration",
+            ))
+        }
+    };
+    let qa_mode = opts
+        .modes
+        .iter()
+        .find(|m| *m == "hybrid")
+        .or(opts.modes.first())
+        .cloned();
+    let mut ks = opts.ks.clone();
+    ks.sort_unstable();
+    ks.dedup();
+    let top_k = ks.last().copied().unwrap_or(10).max(1);
+    let mut report = RunReport {
+        ks: ks.clone(),
+        levels: opts.granularity.levels().to_vec(),
+        ..Default::default()
+    };
+    let mut latencies: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut ingest_time = 0.0;
+    for (n, q) in questions.iter().enumerate() {
+        let stream = format!(
+            "bench-{}",
+            q.id.chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                })
+                .collect::<String>()
+        );
+        let started = Instant::now();
+        let sources = ingest(engine, &caller, q, &stream, opts.roles).await?;
+        ingest_time += started.elapsed().as_secs_f64();
+        report.turns_ingested += sources.values().map(Vec::len).sum::<usize>();
+        let corpus_turns: Vec<String> = sources.values().flatten().cloned().collect();
+        let corpus_sessions = q.sessions();
+        let answer_turns = q.answer_turns();
+        let session_of: HashMap<String, &str> = q
+            .turns
+            .iter()
+            .map(|t| (Question::turn_id(t), t.session_id.as_str()))
+            .collect();
+        for mode in &opts.modes {
+            let started = Instant::now();
+            let found = crate::service::search::search(
+                engine,
+                &caller,
+                SearchRequest {
+                    query: q.question.clone(),
+                    top_k: Some(top_k),
+                    stream: Some(stream.clone()),
+                    mode: Some(mode.clone()),
+                    now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
+                    // Dates of the memories, for the QA mode's context.
+                    trace: qa_llm.is_some() && qa_mode.as_ref() == Some(mode),
+                    dry_run: true,
+                    ..Default::default()
+                },
+            )
+            .await?;
+            let latency_us = started.elapsed().as_micros() as u64;
+            latencies.entry(mode.clone()).or_default().push(latency_us);
+            let ranked_turns: Vec<String> = found
+                .results
+                .iter()
+                .flat_map(|r| sources.get(&r.chunk_id).cloned().unwrap_or_default())
+                .collect();
+            let ranked_sessions = sessions_of(&ranked_turns, |t| {
+                session_of.get(t).map(|s| s.to_string()).unwrap_or_default()
+            });
+            let mut result = QuestionResult {
+                question_id: q.id.clone(),
+                question_type: q.question_type.clone(),
+                abstention: q.abstention,
+                mode: mode.clone(),
+                latency_us,
+                session: BTreeMap::new(),
+                turn: BTreeMap::new(),
+                top_sessions: ranked_sessions.iter().take(10).cloned().collect(),
+                qa: None,
+            };
+            if let (Some(llm), true) = (&qa_llm, qa_mode.as_ref() == Some(mode)) {
+                let memories: Vec<(String, String)> = found
+                    .results
+                    .iter()
+                    .map(|r| {
+                        let at = r.trace_info.as_ref().map_or(0, |t| t.created_at);
+                        (r.content.clone(), crate::core::time::to_rfc3339(at * 1_000_000))
+                    })
+                    .collect();
+                let kind = if q.abstention {
+                    "abstention"
+                } else {
+                    q.question_type.as_str()
+                };
+                match super::qa::answer_and_judge(llm, &stream, q, &memories).await {
+                    Ok(qa) => {
+                        for key in [kind, "overall"] {
+                            let t = report.qa.entry(key.to_string()).or_default();
+                            t.judged += 1;
+                            t.correct += usize::from(qa.correct);
+                        }
+                        result.qa = Some(qa);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, question = %q.id, "QA mode: no verdict");
+                        report.qa_errors += 1;
+                    }
+                }
+            }
+            if !q.abstention {
+                for &k in &ks {
+                    result.session.insert(
+                        k,
+                        evaluate(&ranked_sessions, &q.answer_sessions, &corpus_sessions, k),
+                    );
+                    result
+                        .turn
+                        .insert(k, evaluate(&ranked_turns, &answer_turns, &corpus_turns, k));
+                }
+                let summary = report.modes.entry(mode.clone()).or_default();
+                summary.session.add(&result.session);
+                summary.turn.add(&result.turn);
+                let (s, t) = summary.by_type.entry(q.question_type.clone()).or_default();
+                s.add(&result.session);
+                t.add(&result.turn);
+            }
+            report.results.push(result);
+        }
+        engine
+            .store
+            .delete_where(format!("stream = {}", crate::store::sql_str(&stream)))
+            .await?;
+        report.questions += 1;
+        progress(n + 1, questions.len());
+    }
+    for (mode, mut l) in latencies {
+        l.sort_unstable();
+        let s = report.modes.entry(mode).or_default();
+        s.latency_us_p50 = percentile(&l, 0.50);
+        s.latency_us_p95 = percentile(&l, 0.95);
+        s.latency_us_p99 = percentile(&l, 0.99);
+    }
+    report.ingest_secs = ingest_time;
+    report.ingest_turns_per_sec = if ingest_time > 0.0 {
+        report.turns_ingested as f64 / ingest_time
+    } else {
+        0.0
+    };
+    Ok(report)
+}
+
+/// The report as markdown: per mode, session- and turn-level recall_any@k,
+/// recall_all@k and ndcg_any@k, then recall_any@k per question type, ingest
+/// throughput and search latency.
+pub fn markdown(report: &RunReport) -> String {
+    let mut md = String::new();
+    let ks = |f: &dyn Fn(usize) -> String| {
+        report
+            .ks
+            .iter()
+            .map(|&k| f(k))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    md.push_str(&format!(
+        "{} questions ({} scored turns ingested at {:.0} turns/s)\n\n",
+        report.questions, report.turns_ingested, report.ingest_turns_per_sec
+    ));
+    md.push_str(&format!(
+        "| mode | level | metric | {} | p50 / p95 search |\n|---|---|---|{}---|\n",
+        ks(&|k| format!("@{k}")),
+        "---|".repeat(report.ks.len())
+    ));
+    for (mode, s) in &report.modes {
+        for (level, summary) in [("session", &s.session), ("turn", &s.turn)] {
+            if !report.levels.contains(&level) {
+                continue;
+            }
+            for (metric, get) in [
+                (
+                    "recall_any",
+                    (|x: &Scores| x.recall_any) as fn(&Scores) -> f64,
+                ),
+                ("recall_all", |x: &Scores| x.recall_all),
+                ("ndcg_any", |x: &Scores| x.ndcg_any),
+            ] {
+                md.push_str(&format!(
+                    "| {mode} | {level} | {metric} | {} | {:.1} / {:.1} ms |\n",
+                    ks(&|k| summary
+                        .at
+                        .get(&k)
+                        .map_or("-".into(), |x| format!("{:.3}", get(x)))),
+                    s.latency_us_p50 as f64 / 1e3,
+                    s.latency_us_p95 as f64 / 1e3
+                ));
+            }
+        }
+    }
+    if !report.qa.is_empty() {
+        md.push_str(&format!(
+            "QA accuracy (LLM answer from the top {} memories, LLM judge; {} without a verdict)\n\n| type | correct | judged | accuracy |\n|---|---|---|---|\n",
+            super::qa::CONTEXT_MEMORIES,
+            report.qa_errors
+        ));
+        for (t, tally) in &report.qa {
+            md.push_str(&format!(
+                "| {t} | {} | {} | {:.3} |\n",
+                tally.correct,
+                tally.judged,
+                tally.accuracy()
+            ));
+        }
+        md.push('\n');
+    }
+    md.push_str(&format!(
+        "\nsession recall_any@k by question type\n\n| mode | type | n | {} |\n|---|---|---|{}\n",
+        ks(&|k| format!("@{k}")),
+        "---|".repeat(report.ks.len())
+    ));
+    for (mode, s) in &report.modes {
+        for (t, (session, _)) in &s.by_type {
+            md.push_str(&format!(
+                "| {mode} | {t} | {} | {} |\n",
+                session.questions,
+                ks(&|k| session
+                    .at
+                    .get(&k)
+                    .map_or("-".into(), |x| format!("{:.3}", x.recall_any)))
+            ));
+        }
+    }
+    md
+}

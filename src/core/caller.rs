@@ -1,0 +1,139 @@
+//! Who is asking: the result of authentication, with the streams the caller may
+//! see and the namespace labels it may name them by. Every service function
+//! takes one and scopes what it reads and writes to it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::core::error::{Error, Result};
+use crate::core::model::DEFAULT_STREAM;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    User,
+}
+
+/// Human-readable labels mapped to stream ids (`personal = "100"`).
+pub type Namespaces = Arc<BTreeMap<String, String>>;
+
+/// Who is calling, resolved from the bearer token.
+#[derive(Debug, Clone, Serialize)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+    /// None = every stream.
+    pub streams: Option<Vec<String>>,
+    /// The deployment's namespace labels, resolved into the caller at
+    /// authentication so services never need the config for them.
+    #[serde(skip)]
+    pub namespaces: Namespaces,
+}
+
+impl Caller {
+    pub fn admin(name: &str) -> Caller {
+        Caller {
+            name: name.to_string(),
+            role: Role::Admin,
+            streams: None,
+            namespaces: Namespaces::default(),
+        }
+    }
+
+    /// A caller limited to `streams` (the first is its default).
+    pub fn scoped(name: &str, streams: Vec<String>) -> Caller {
+        Caller {
+            name: name.to_string(),
+            role: Role::User,
+            streams: Some(streams),
+            namespaces: Namespaces::default(),
+        }
+    }
+
+    /// The same caller, naming streams through `namespaces`.
+    pub fn with_namespaces(mut self, namespaces: Namespaces) -> Caller {
+        self.namespaces = namespaces;
+        self
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+
+    pub fn default_stream(&self) -> &str {
+        self.streams
+            .as_ref()
+            .and_then(|s| s.first())
+            .map(String::as_str)
+            .unwrap_or(DEFAULT_STREAM)
+    }
+
+    pub fn can_see(&self, stream: &str) -> bool {
+        self.streams
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|x| x == stream))
+    }
+
+    /// The stream a request names (a namespace label or a stream id), or the
+    /// caller's default; refused when the caller may not use it.
+    pub fn resolve_stream(&self, requested: Option<&str>) -> Result<String> {
+        let stream = match requested.map(str::trim) {
+            None => self.default_stream().to_string(),
+            Some("") => return Err(Error::invalid("stream", "must not be empty")),
+            Some(s) => self
+                .namespaces
+                .get(s)
+                .cloned()
+                .unwrap_or_else(|| s.to_string()),
+        };
+        if stream.len() > 256 {
+            return Err(Error::invalid("stream", "must be at most 256 characters"));
+        }
+        if !self.can_see(&stream) {
+            return Err(Error::Forbidden(format!(
+                "stream `{stream}` is not accessible with this API key"
+            )));
+        }
+        Ok(stream)
+    }
+
+    pub fn require_admin(&self) -> Result<()> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(
+                "this endpoint needs the admin API key".into(),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_resolve_through_namespaces_and_scope() {
+        let ns = Arc::new(BTreeMap::from([(
+            "personal".to_string(),
+            "100".to_string(),
+        )]));
+        let scoped = Caller::scoped("a", vec!["100".into()]).with_namespaces(ns.clone());
+        assert_eq!(scoped.resolve_stream(Some("personal")).unwrap(), "100");
+        assert_eq!(scoped.resolve_stream(None).unwrap(), "100");
+        assert!(matches!(
+            scoped.resolve_stream(Some("200")),
+            Err(Error::Forbidden(_))
+        ));
+        assert_eq!(
+            Caller::admin("x")
+                .with_namespaces(ns)
+                .resolve_stream(None)
+                .unwrap(),
+            DEFAULT_STREAM
+        );
+    }
+}

@@ -1,0 +1,65 @@
+//! The error every service function returns; the REST layer maps it to an HTTP
+//! status in one place (`api::error`), the MCP layer to a tool result.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is well-formed but a field is wrong (HTTP 422).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// The request cannot be read at all (HTTP 400).
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("missing or invalid API key")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: &str, message: impl Into<String>) -> Error {
+        Error::Invalid {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A JSON body (or one JSONL line) as `T`: a wrong field is [`Error::Invalid`]
+/// naming its path, unreadable JSON is [`Error::BadRequest`]; blank is `{}`.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    let body = if bytes.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        bytes
+    };
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                let field = if path == "." {
+                    "body".to_string()
+                } else {
+                    path
+                };
+                Error::invalid(&field, inner.to_string())
+            }
+            _ => Error::BadRequest(format!("malformed JSON: {inner}")),
+        }
+    })
+}

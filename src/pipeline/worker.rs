@@ -1,0 +1,209 @@
+//! The pipeline worker: pulls batches off the bus, runs each through its
+//! pipeline (whose `write` stage commits once), then acknowledges. A failing
+//! message is retried with backoff until `max_deliver`, then kept in
+//! `dead_letters` with its last error and acknowledged: never silently dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::bus::{Consumer, Delivery, Envelope, Keepalive, Notifier, Outcome};
+use crate::core::model::{now_micros, DeadLetter};
+use crate::pipeline::{Disposition, Pipelines, Record};
+use crate::store::Store;
+
+pub struct WorkerConfig {
+    pub batch_size: usize,
+    pub batch_wait: Duration,
+    pub max_deliver: u32,
+    /// How often a held batch is reported in progress to the bus: well within
+    /// its ack deadline.
+    pub keepalive: Duration,
+}
+
+pub struct Worker {
+    pub pipelines: Arc<Pipelines>,
+    pub store: Arc<Store>,
+    pub notifier: Notifier,
+    pub cfg: WorkerConfig,
+}
+
+/// Delay before the `attempt`-th redelivery: 100 ms doubling, at most 10 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100 * 2u64.pow(attempt.saturating_sub(1).min(7)))
+        .min(Duration::from_secs(10))
+}
+
+impl Worker {
+    /// Run until the bus is closed (embedded: and drained) or the worker is stopped.
+    pub async fn run(self, mut consumer: Consumer) {
+        while let Some(batch) = consumer
+            .next_batch(self.cfg.batch_size, self.cfg.batch_wait)
+            .await
+        {
+            let _keepalive = Keepalive::start(&batch, self.cfg.keepalive);
+            let _gate = self.store.write_gate.read().await;
+            self.process(batch).await;
+        }
+        tracing::debug!("pipeline worker stopped");
+    }
+
+    async fn process(&self, batch: Vec<Delivery>) {
+        // Group by pipeline, keeping arrival order within each group.
+        let mut groups: Vec<(String, Vec<Delivery>)> = Vec::new();
+        for d in batch {
+            let name = match &d.envelope {
+                Ok(e) => e.pipeline.clone(),
+                Err(poison) => {
+                    let error = poison.error.clone();
+                    self.give_up(d, error).await;
+                    continue;
+                }
+            };
+            match groups.iter_mut().find(|(p, _)| *p == name) {
+                Some((_, g)) => g.push(d),
+                None => groups.push((name, vec![d])),
+            }
+        }
+        for (name, deliveries) in groups {
+            self.process_group(&name, deliveries).await;
+        }
+    }
+
+    async fn process_group(&self, name: &str, deliveries: Vec<Delivery>) {
+        let Some(pipeline) = self.pipelines.get(name) else {
+            for d in deliveries {
+                self.give_up(d, format!("no pipeline named `{name}`")).await;
+            }
+            return;
+        };
+        let mut records: Vec<Record> = deliveries
+            .iter()
+            .filter_map(|d| d.envelope.as_ref().ok())
+            .map(|e| Record::new(e.chunk.clone()))
+            .collect();
+        match pipeline.run(&mut records).await {
+            Ok(reports) => {
+                tracing::debug!(pipeline = %name, ?reports, "batch committed");
+                for (d, r) in deliveries.into_iter().zip(records) {
+                    match r.disposition {
+                        Disposition::Fail(error) => self.retry_or_give_up(d, error).await,
+                        Disposition::Keep => {
+                            let superseded = r
+                                .history
+                                .iter()
+                                .filter(|h| h.event == "supersedes" && h.chunk_id == r.chunk.id)
+                                .flat_map(|h| h.related_ids.iter().cloned())
+                                .collect();
+                            self.settle(d, Outcome::Stored { superseded }).await
+                        }
+                        Disposition::Drop {
+                            existing_id: Some(existing_id),
+                            ..
+                        } => self.settle(d, Outcome::Duplicate { existing_id }).await,
+                        Disposition::Drop { reason, .. } => {
+                            self.settle(
+                                d,
+                                Outcome::Dropped {
+                                    reason: reason.to_string(),
+                                },
+                            )
+                            .await
+                        }
+                    }
+                }
+            }
+            Err(e) if deliveries.len() > 1 => {
+                // One bad record must not take its batch-mates down: run each alone.
+                tracing::warn!(pipeline = %name, error = %e, size = deliveries.len(), "batch failed; retrying its records one by one");
+                for d in deliveries {
+                    Box::pin(self.process_group(name, vec![d])).await;
+                }
+            }
+            Err(e) => {
+                let error = e.to_string();
+                for d in deliveries {
+                    self.retry_or_give_up(d, error.clone()).await;
+                }
+            }
+        }
+    }
+
+    async fn settle(&self, d: Delivery, outcome: Outcome) {
+        if let Ok(e) = &d.envelope {
+            if e.notify {
+                self.notifier.notify(&e.chunk.id, &outcome).await;
+            }
+        }
+        d.ack().await;
+    }
+
+    async fn retry_or_give_up(&self, d: Delivery, error: String) {
+        if d.attempt < self.cfg.max_deliver {
+            let delay = backoff(d.attempt);
+            d.retry(delay).await;
+        } else {
+            self.give_up(d, error).await;
+        }
+    }
+
+    /// Keep the message in `dead_letters`, tell its writer, acknowledge it.
+    async fn give_up(&self, d: Delivery, error: String) {
+        let (memory_id, stream, pipeline, payload, notify) = match &d.envelope {
+            Ok(e) => (
+                Some(e.chunk.id.clone()),
+                Some(e.chunk.stream.clone()),
+                Some(e.pipeline.clone()),
+                serde_json::to_string(e).unwrap_or_default(),
+                e.notify,
+            ),
+            Err(p) => (None, None, None, p.raw.clone(), false),
+        };
+        tracing::error!(memory_id = ?memory_id, attempts = d.attempt, %error, "message dead-lettered");
+        let row = DeadLetter {
+            id: uuid::Uuid::new_v4().to_string(),
+            memory_id: memory_id.clone(),
+            stream,
+            pipeline,
+            payload,
+            error: error.clone(),
+            attempts: d.attempt as i32,
+            failed_at: now_micros(),
+        };
+        if let Err(e) = self.store.dead_letter(vec![row]).await {
+            // Without a dead-letter row the message must not be acknowledged.
+            tracing::error!(error = %e, "cannot write dead letter; leaving the message for redelivery");
+            let delay = backoff(d.attempt);
+            d.retry(delay).await;
+            return;
+        }
+        if let (Some(id), true) = (&memory_id, notify) {
+            self.notifier.notify(id, &Outcome::Failed { error }).await;
+        }
+        d.ack().await;
+    }
+}
+
+/// Envelopes for chunks that go through `pipeline`.
+pub fn envelopes(pipeline: &str, chunks: Vec<crate::core::model::Chunk>, notify: bool) -> Vec<Envelope> {
+    chunks
+        .into_iter()
+        .map(|chunk| Envelope {
+            pipeline: pipeline.to_string(),
+            chunk,
+            notify,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_millis(100));
+        assert_eq!(backoff(2), Duration::from_millis(200));
+        assert_eq!(backoff(4), Duration::from_millis(800));
+        assert_eq!(backoff(30), Duration::from_secs(10));
+    }
+}

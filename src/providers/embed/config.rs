@@ -1,0 +1,72 @@
+//! `[embed]`: which embedder turns text into vectors.
+
+#[allow(unused_imports)]
+use std::collections::BTreeMap;
+#[allow(unused_imports)]
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbedProvider {
+    /// sentence-transformers all-MiniLM-L6-v2, in-process (candle).
+    Minilm,
+    /// An OpenAI-compatible `/v1/embeddings` endpoint.
+    Openai,
+    /// Feature hashing; no model (tests, benches).
+    Hash,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedConfig {
+    pub provider: EmbedProvider,
+    /// Vector dimension; fixed for the life of a data directory.
+    pub dim: usize,
+    /// MiniLM: directory holding config.json, model.safetensors, tokenizer.json
+    /// (`~/` is the home directory).
+    #[serde(default = "default_model_dir")]
+    pub model_dir: PathBuf,
+    /// MiniLM: longer texts are truncated to this many tokens.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// Texts per forward pass (MiniLM) or per request (OpenAI).
+    #[serde(default = "default_embed_batch")]
+    pub batch_size: usize,
+    /// OpenAI: base URL, e.g. `https://api.openai.com/v1`.
+    #[serde(default)]
+    pub base_url: String,
+    /// OpenAI: model name sent with each request and recorded in `embed_model`.
+    #[serde(default)]
+    pub model: String,
+    /// OpenAI: environment variable holding the API key (empty = no key).
+    #[serde(default)]
+    pub api_key_env: String,
+    /// OpenAI: per-request timeout.
+    #[serde(default = "default_embed_timeout")]
+    pub timeout_ms: u64,
+    /// OpenAI: retries after a 429, a 5xx or a transport error.
+    #[serde(default = "default_embed_retries")]
+    pub max_retries: u32,
+}
+
+fn default_model_dir() -> PathBuf {
+    PathBuf::from("~/.cache/loomem/models/all-MiniLM-L6-v2")
+}
+
+fn default_max_tokens() -> usize {
+    256
+}
+
+fn default_embed_batch() -> usize {
+    32
+}
+
+fn default_embed_timeout() -> u64 {
+    30_000
+}
+
+fn default_embed_retries() -> u32 {
+    3
+}

@@ -1,0 +1,172 @@
+//! API keys and what each may see. The admin key (from `server.auth_token_env`)
+//! sees every stream; scoped keys (`[[server.tokens]]`) see only their streams.
+//! With no key configured the server runs in local passthrough mode.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::core::error::{Error, Result};
+use crate::core::caller::{Caller, Namespaces};
+
+/// The configured keys, compared in constant time via their SHA-256 digests.
+pub struct Auth {
+    keys: Vec<([u8; 32], Caller)>,
+    namespaces: Namespaces,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Equal digests, without an early exit that would leak where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Auth {
+    /// Keys read from `env` as the server config names them.
+    pub fn from_config(
+        cfg: &ServerConfig,
+        namespaces: Namespaces,
+        env: &HashMap<String, String>,
+    ) -> Auth {
+        let mut keys = Vec::new();
+        let set = |var: &str| {
+            env.get(var)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(token) = set(&cfg.auth_token_env) {
+            keys.push((
+                digest(&token),
+                Caller::admin("admin").with_namespaces(namespaces.clone()),
+            ));
+        }
+        for t in &cfg.tokens {
+            match set(&t.token_env) {
+                Some(token) => keys.push((
+                    digest(&token),
+                    Caller::scoped(&t.name, t.streams.clone()).with_namespaces(namespaces.clone()),
+                )),
+                None => {
+                    tracing::warn!(token = %t.name, var = %t.token_env, "scoped token variable is not set; token disabled")
+                }
+            }
+        }
+        Auth { keys, namespaces }
+    }
+
+    pub fn passthrough(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The caller an `Authorization` header value stands for.
+    pub fn authenticate(&self, header: Option<&str>) -> Result<Caller> {
+        if self.passthrough() {
+            return Ok(Caller::admin("local").with_namespaces(self.namespaces.clone()));
+        }
+        let token = header
+            .and_then(|h| {
+                h.strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .ok_or(Error::Unauthorized)?;
+        let d = digest(token);
+        let mut found = None;
+        for (key, caller) in &self.keys {
+            if same(key, &d) && found.is_none() {
+                found = Some(caller.clone());
+            }
+        }
+        found.ok_or(Error::Unauthorized)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use super::ScopedToken;
+
+    fn server_cfg() -> ServerConfig {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            auth_token_env: "ADMIN".into(),
+            max_body_bytes: 1 << 20,
+            store_timeout_ms: 1000,
+            tokens: vec![ScopedToken {
+                name: "a".into(),
+                token_env: "TOKEN_A".into(),
+                streams: vec!["100".into()],
+            }],
+            mcp_allowed_hosts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn keys_map_to_callers() {
+        let env = HashMap::from([
+            ("ADMIN".to_string(), "s3cret".to_string()),
+            ("TOKEN_A".to_string(), "aaa".to_string()),
+        ]);
+        let auth = Auth::from_config(&server_cfg(), Namespaces::default(), &env);
+        assert!(!auth.passthrough());
+        assert!(auth.authenticate(Some("Bearer s3cret")).unwrap().is_admin());
+        let a = auth.authenticate(Some("Bearer aaa")).unwrap();
+        assert_eq!(a.role, Role::User);
+        assert_eq!(a.default_stream(), "100");
+        assert!(matches!(
+            auth.authenticate(Some("Bearer nope")),
+            Err(Error::Unauthorized)
+        ));
+        assert!(matches!(
+            auth.authenticate(Some("s3cret")),
+            Err(Error::Unauthorized)
+        ));
+        assert!(matches!(auth.authenticate(None), Err(Error::Unauthorized)));
+    }
+
+    #[test]
+    fn no_keys_means_passthrough() {
+        let auth = Auth::from_config(&server_cfg(), Namespaces::default(), &HashMap::new());
+        assert!(auth.passthrough());
+        assert!(auth.authenticate(None).unwrap().is_admin());
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Name of the environment variable holding the admin API key.
+    pub auth_token_env: String,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long `/v1/store` waits for the pipeline to commit before answering 504.
+    pub store_timeout_ms: u64,
+    /// Tokens limited to some streams, each read from its own environment variable.
+    #[serde(default)]
+    pub tokens: Vec<ScopedToken>,
+    /// `Host` headers `/mcp` accepts (DNS-rebinding protection); `"*"` = any.
+    #[serde(default = "default_mcp_hosts")]
+    pub mcp_allowed_hosts: Vec<String>,
+}
+
+fn default_mcp_hosts() -> Vec<String> {
+    vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopedToken {
+    /// A label for logs and `/v1/whoami`.
+    pub name: String,
+    /// The environment variable that holds the token.
+    pub token_env: String,
+    /// The streams this token may read and write; the first is its default stream.
+    pub streams: Vec<String>,
+}

@@ -1,0 +1,497 @@
+//! Exports: the memory tables out as files (SQL + format), and the lossless
+//! form back in.
+//!
+//! `jsonl` without a query is the *lossless* form: a header line, then one
+//! line per row of `chunks` (every column, embedding included), `entities`,
+//! `edges`, `history` and `feedback`, limited to the caller's streams.
+//! [`restore`] writes such a file back row for row (upsert by id): no pipeline
+//! runs, so nothing is re-derived, re-redacted or re-embedded. Any other
+//! export is a query result (default [`DEFAULT_SQL`]) rendered as `jsonl`,
+//! `parquet`, `csv` or `markdown`, through the same stream-scoped SQL views
+//! as `/v1/sql`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use lancedb::datafusion::arrow::array::RecordBatch;
+use lancedb::datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+
+use crate::core::Caller;
+use crate::core::error::{Error, Result};
+use crate::service::import::ImportReport;
+use crate::core::model::{Chunk, Micros};
+use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
+
+/// The version of the lossless format this build writes and reads.
+const LOSSLESS_VERSION: u64 = 1;
+
+/// The tables of the lossless form besides `chunks`, in restore order.
+pub const SIDE_TABLES: &[&str] = &[ENTITIES, EDGES, HISTORY, FEEDBACK];
+
+/// What a query-less `parquet`, `csv` or `markdown` export holds.
+pub const DEFAULT_SQL: &str = "SELECT * FROM chunks ORDER BY stream, created_at, id";
+
+/// Rows restored per commit.
+const RESTORE_CHUNK: usize = 1000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    Jsonl,
+    Parquet,
+    Csv,
+    Markdown,
+}
+
+impl std::str::FromStr for ExportFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "jsonl" | "loomem-jsonl" => Ok(ExportFormat::Jsonl),
+            "parquet" => Ok(ExportFormat::Parquet),
+            "csv" => Ok(ExportFormat::Csv),
+            "markdown" | "md" => Ok(ExportFormat::Markdown),
+            _ => Err(format!(
+                "unknown export format `{s}`; use jsonl, parquet, csv or markdown"
+            )),
+        }
+    }
+}
+
+impl ExportFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            ExportFormat::Jsonl => "jsonl",
+            ExportFormat::Parquet => "parquet",
+            ExportFormat::Csv => "csv",
+            ExportFormat::Markdown => "markdown",
+        }
+    }
+
+    pub fn extension(self) -> &'static str {
+        match self {
+            ExportFormat::Markdown => "md",
+            other => other.name(),
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            ExportFormat::Jsonl => "application/x-ndjson",
+            ExportFormat::Parquet => "application/vnd.apache.parquet",
+            ExportFormat::Csv => "text/csv",
+            ExportFormat::Markdown => "text/markdown",
+        }
+    }
+}
+
+/// One export: a format, an optional query, an optional stream.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    pub format: String,
+    #[serde(default)]
+    pub sql: Option<String>,
+    /// Only this stream (else every stream the caller sees).
+    #[serde(default)]
+    pub stream: Option<String>,
+}
+
+/// The caller narrowed to one stream, when the request names one.
+pub fn narrow(caller: &Caller, stream: Option<&str>) -> Result<Caller> {
+    let Some(stream) = stream else {
+        return Ok(caller.clone());
+    };
+    if !caller.can_see(stream) {
+        return Err(Error::Forbidden(format!(
+            "stream `{stream}` is not accessible with this API key"
+        )));
+    }
+    Ok(Caller {
+        streams: Some(vec![stream.to_string()]),
+        ..caller.clone()
+    })
+}
+
+/// The bytes of one export for `caller` (already narrowed to its streams).
+pub async fn export(
+    store: &Store,
+    caller: &Caller,
+    limits: &crate::service::sql::SqlLimits,
+    format: ExportFormat,
+    sql: Option<&str>,
+) -> Result<Vec<u8>> {
+    if format == ExportFormat::Jsonl && sql.is_none() {
+        return lossless(store, caller).await;
+    }
+    let req = crate::service::sql::SqlRequest {
+        sql: sql.unwrap_or(DEFAULT_SQL).to_string(),
+        params: Vec::new(),
+        format: None,
+        max_rows: None,
+    };
+    // An export has no row cap: every row the query selects is written.
+    let result = crate::service::sql::query_all(store, caller, limits, &req).await?;
+    Ok(crate::service::sql::render(&result, format.name())?.1)
+}
+
+/// Sort a table's rows by `keys` so an export of the same rows is the same file.
+fn sorted(batches: Vec<RecordBatch>, key: &str) -> Result<Option<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(None);
+    };
+    let fail =
+        |e: lancedb::arrow::arrow_schema::ArrowError| Error::Internal(format!("export: {e}"));
+    let all = concat_batches(&first.schema(), &batches).map_err(fail)?;
+    let column = all
+        .column_by_name(key)
+        .ok_or_else(|| Error::Internal(format!("export: no `{key}` column")))?;
+    let order = sort_to_indices(column, None, None).map_err(fail)?;
+    Ok(Some(take_record_batch(&all, &order).map_err(fail)?))
+}
+
+/// The lossless JSONL form of every memory table, limited to `caller`'s streams.
+async fn lossless(store: &Store, caller: &Caller) -> Result<Vec<u8>> {
+    let filter = crate::store::stream_filter(caller).unwrap_or_else(|| "true".into());
+    let mut chunks = store.find(filter.clone(), None).await?;
+    chunks.sort_by(|a, b| (&a.stream, &a.id).cmp(&(&b.stream, &b.id)));
+    let mut body = Vec::new();
+    let mut rows = BTreeMap::from([(CHUNKS.to_string(), chunks.len())]);
+    for c in &chunks {
+        let line = serde_json::json!({"table": CHUNKS, "row": c});
+        serde_json::to_writer(&mut body, &line).map_err(|e| Error::Internal(e.to_string()))?;
+        body.push(b'\n');
+    }
+    let tables = store.tables();
+    for name in SIDE_TABLES {
+        let batches = crate::store::scan(&tables[name], &filter).await?;
+        let Some(batch) = sorted(batches, "id")? else {
+            rows.insert(name.to_string(), 0);
+            continue;
+        };
+        rows.insert(name.to_string(), batch.num_rows());
+        let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+        writer
+            .write(&batch)
+            .and_then(|()| writer.finish())
+            .map_err(|e| Error::Internal(format!("export: {e}")))?;
+        let prefix = format!("{{\"table\":\"{name}\",\"row\":");
+        for line in writer.into_inner().split(|b| *b == b'\n') {
+            if line.is_empty() {
+                continue;
+            }
+            body.extend_from_slice(prefix.as_bytes());
+            body.extend_from_slice(line);
+            body.extend_from_slice(b"}\n");
+        }
+    }
+    let header = serde_json::json!({
+        "loomem_export": LOSSLESS_VERSION,
+        "exported_at": crate::core::time::to_rfc3339(crate::core::model::now_micros()),
+        "embed_dim": store.dim(),
+        "rows": rows,
+    });
+    let mut out = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
+    out.push(b'\n');
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// The rows of a lossless export, checked and grouped by table.
+#[derive(Default)]
+struct Parsed {
+    chunks: Vec<Chunk>,
+    side: BTreeMap<&'static str, Vec<serde_json::Value>>,
+}
+
+fn bad_line(line: usize, message: impl std::fmt::Display) -> String {
+    format!("line {line}: {message}")
+}
+
+/// Check every line of a lossless export before anything is written.
+fn parse_lossless(text: &str, caller: &Caller, dim: usize) -> Result<Parsed> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l))
+        .filter(|(_, l)| !l.trim().is_empty());
+    let not_export = || {
+        Error::invalid(
+            "body",
+            "line 1: not a loomem export (the first line must be its {\"loomem_export\": 1, …} header)",
+        )
+    };
+    let (_, first) = lines.next().ok_or_else(not_export)?;
+    let header: serde_json::Value = serde_json::from_str(first).map_err(|_| not_export())?;
+    match header["loomem_export"].as_u64() {
+        Some(LOSSLESS_VERSION) => {}
+        Some(v) => {
+            return Err(Error::invalid(
+                "body",
+                format!(
+                "line 1: export format version {v}; this build reads version {LOSSLESS_VERSION}"
+            ),
+            ))
+        }
+        None => return Err(not_export()),
+    }
+    if let Some(d) = header["embed_dim"].as_u64() {
+        if d as usize != dim {
+            return Err(Error::invalid(
+                "body",
+                format!("line 1: the export holds {d}-dimensional embeddings, this data directory {dim}"),
+            ));
+        }
+    }
+    let mut parsed = Parsed::default();
+    let mut errors = Vec::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for (n, line) in lines {
+        #[derive(serde::Deserialize)]
+        struct Line {
+            table: String,
+            row: serde_json::Value,
+        }
+        let l: Line = match serde_json::from_str(line) {
+            Ok(l) => l,
+            Err(e) => {
+                errors.push(bad_line(
+                    n,
+                    format!("not a {{\"table\", \"row\"}} line: {e}"),
+                ));
+                continue;
+            }
+        };
+        *counts.entry(l.table.clone()).or_default() += 1;
+        let stream = l.row["stream"].as_str().unwrap_or_default();
+        if !caller.can_see(stream) {
+            return Err(Error::Forbidden(format!(
+                "line {n}: stream `{stream}` is not accessible with this API key"
+            )));
+        }
+        if l.table == CHUNKS {
+            match serde_json::from_value::<Chunk>(l.row) {
+                Ok(c) if c.embedding.as_ref().is_some_and(|e| e.len() != dim) => errors.push(
+                    bad_line(n, format!("chunk {} has a wrong-sized embedding", c.id)),
+                ),
+                Ok(c) => parsed.chunks.push(c),
+                Err(e) => errors.push(bad_line(n, format!("chunks row: {e}"))),
+            }
+        } else if let Some(name) = SIDE_TABLES.iter().find(|t| **t == l.table) {
+            parsed.side.entry(name).or_default().push(l.row);
+        } else {
+            errors.push(bad_line(n, format!("unknown table `{}`", l.table)));
+        }
+    }
+    // A cut-off file restores nothing: the header says how many rows follow.
+    if let Some(rows) = header["rows"].as_object() {
+        for (table, want) in rows {
+            let got = counts.get(table).copied().unwrap_or(0);
+            if want.as_u64() != Some(got as u64) {
+                errors.push(format!(
+                    "the header promises {want} `{table}` rows, the file holds {got} (truncated?)"
+                ));
+            }
+        }
+    }
+    if !errors.is_empty() {
+        let more = errors.len().saturating_sub(10);
+        errors.truncate(10);
+        if more > 0 {
+            errors.push(format!("and {more} more"));
+        }
+        return Err(Error::invalid("body", errors.join("; ")));
+    }
+    Ok(parsed)
+}
+
+/// Write a lossless export back, row for row (upsert by id, so a rerun is
+/// harmless). Every line is checked first: a bad file writes nothing.
+pub async fn restore(store: &Store, caller: &Caller, text: &str) -> Result<ImportReport> {
+    let parsed = parse_lossless(text, caller, store.dim())?;
+    let mut report = ImportReport::default();
+    let total = parsed.chunks.len();
+    let mut rest = parsed.chunks.into_iter().peekable();
+    while rest.peek().is_some() {
+        let part: Vec<Chunk> = rest.by_ref().take(RESTORE_CHUNK).collect();
+        store.upsert(part).await?;
+    }
+    report.read += total;
+    report.accepted += total;
+    let tables = store.tables();
+    for (name, rows) in parsed.side {
+        let table = &tables[name];
+        let schema = table
+            .schema()
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        for part in rows.chunks(RESTORE_CHUNK) {
+            let batch = crate::store::graph::rows_to_batch(schema.clone(), part)
+                .map_err(|e| Error::invalid("body", format!("`{name}` rows: {e}")))?;
+            crate::store::upsert_batch(table, batch).await?;
+        }
+        report.read += rows.len();
+        report.accepted += rows.len();
+    }
+    store.feedback.reload().await?;
+    Ok(report)
+}
+
+/// The streams a scheduled export writes one file each for.
+pub async fn streams(store: &Store, caller: &Caller) -> Result<Vec<String>> {
+    let mut streams: Vec<String> = store
+        .latest_write_by_stream(&crate::store::stream_filter(caller).unwrap_or_else(|| "true".into()))
+        .await?
+        .into_keys()
+        .collect();
+    streams.sort();
+    Ok(streams)
+}
+
+/// A path template with its placeholders filled: `{stream}`, `{date}`
+/// (YYYY-MM-DD), `{time}` (HHMMSS), `{format}` and `{ext}`.
+pub fn expand(template: &str, stream: Option<&str>, at: Micros, format: ExportFormat) -> PathBuf {
+    let stamp = crate::core::time::to_rfc3339(at);
+    let date = &stamp[..10];
+    let time: String = stamp[11..19].chars().filter(|c| *c != ':').collect();
+    let stream = stream.map(safe_segment).unwrap_or_else(|| "all".into());
+    PathBuf::from(
+        template
+            .replace("{stream}", &stream)
+            .replace("{date}", date)
+            .replace("{time}", &time)
+            .replace("{format}", format.name())
+            .replace("{ext}", format.extension()),
+    )
+}
+
+/// A stream name as one path segment: no separators, no `..`.
+fn safe_segment(s: &str) -> String {
+    let cleaned: String = s
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || "-_.@".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if cleaned.chars().all(|c| c == '.') {
+        cleaned.replace('.', "_")
+    } else {
+        cleaned
+    }
+}
+
+/// Write `bytes` to `path` so that a reader sees the old file or the whole new
+/// one, never a part: a temp file beside it, synced, then renamed over it.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_expand_and_stream_names_stay_one_segment() {
+        let at = crate::core::time::parse_instant_str("2026-11-22T09:05:07Z").unwrap();
+        assert_eq!(
+            expand(
+                "exports/{stream}/{date}.{ext}",
+                Some("team/../x"),
+                at,
+                ExportFormat::Markdown
+            ),
+            PathBuf::from("exports/team_.._x/2026-11-22.md")
+        );
+        assert_eq!(
+            expand(
+                "{stream}-{date}T{time}.{format}",
+                None,
+                at,
+                ExportFormat::Parquet
+            ),
+            PathBuf::from("all-2026-11-22T090507.parquet")
+        );
+        assert_eq!(safe_segment(".."), "__");
+    }
+
+    #[test]
+    fn atomic_writes_replace_whole_files_and_leave_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/out.jsonl");
+        write_atomically(&path, b"one\n").unwrap();
+        write_atomically(&path, b"two\n").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two\n");
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("out.jsonl")]);
+    }
+
+    #[test]
+    fn a_bad_or_cut_off_export_is_refused_whole_with_its_lines() {
+        let admin = Caller::admin("t");
+        let header = r#"{"loomem_export":1,"embed_dim":4,"rows":{"chunks":1,"history":2}}"#;
+        let chunk = Chunk::new("c1".into(), "s".into(), "hello".into(), 1);
+        let line = serde_json::json!({"table": "chunks", "row": chunk}).to_string();
+        let hist = r#"{"table":"history","row":{"id":"h1","stream":"s"}}"#;
+        let ok = format!("{header}\n{line}\n{hist}\n{hist}\n");
+        let p = parse_lossless(&ok, &admin, 4).unwrap();
+        assert_eq!((p.chunks.len(), p.side["history"].len()), (1, 2));
+
+        let cut = format!("{header}\n{line}\n{hist}\n");
+        let e = parse_lossless(&cut, &admin, 4).err().unwrap().to_string();
+        assert!(
+            e.contains("promises 2 `history` rows, the file holds 1"),
+            "{e}"
+        );
+
+        let bad = format!("{header}\n{line}\n{{oops\n{hist}\n{hist}\n");
+        let e = parse_lossless(&bad, &admin, 4).err().unwrap().to_string();
+        assert!(e.contains("line 3:"), "{e}");
+
+        let e = parse_lossless("{\"content\":\"x\"}\n", &admin, 4)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("line 1: not a loomem export"), "{e}");
+        let e = parse_lossless(&ok, &admin, 8).err().unwrap().to_string();
+        assert!(e.contains("4-dimensional"), "{e}");
+
+        let scoped = Caller {
+            streams: Some(vec!["other".into()]),
+            ..admin
+        };
+        assert!(matches!(
+            parse_lossless(&ok, &scoped, 4),
+            Err(Error::Forbidden(_))
+        ));
+    }
+}

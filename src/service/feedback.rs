@@ -1,0 +1,97 @@
+//! Feedback on recalled memories (`POST /v1/feedback`, MCP `memory_feedback`):
+//! every signal is a row of the `feedback` table; a per-memory tally kept in
+//! memory (rebuilt from the table at start) feeds search ranking.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use futures::TryStreamExt;
+use lancedb::query::ExecutableQuery;
+use lancedb::Table;
+use serde::{Deserialize, Serialize};
+
+use crate::core::Caller;
+pub use crate::store::feedback::{FeedbackBook, FeedbackRow, Tally};
+use crate::service::Services;
+use crate::core::error::{Error, Result};
+use crate::core::model::{now_micros, Columns, Micros};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackRequest {
+    pub chunk_id: String,
+    pub usefulness: i64,
+    #[serde(default)]
+    pub harmful: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FeedbackResponse {
+    pub feedback_id: String,
+    pub chunk_id: String,
+    pub usefulness: i32,
+    pub harmful: bool,
+    /// Every signal this memory has received.
+    pub tally: Tally,
+    /// The multiplier search now applies to this memory's score.
+    pub ranking_factor: f32,
+}
+
+/// Record one signal on a memory the caller can see.
+pub async fn record(
+    engine: &Services,
+    caller: &Caller,
+    req: FeedbackRequest,
+) -> Result<FeedbackResponse> {
+    if !(0..=4).contains(&req.usefulness) {
+        return Err(Error::invalid(
+            "usefulness",
+            "must be an integer from 0 (not useful) to 4 (crucial)",
+        ));
+    }
+    let chunk = crate::service::memory::visible(engine, caller, &req.chunk_id).await?;
+    let row = FeedbackRow {
+        id: uuid::Uuid::new_v4().to_string(),
+        stream: chunk.stream,
+        chunk_id: chunk.id,
+        usefulness: req.usefulness as i32,
+        harmful: req.harmful,
+        caller: caller.name.clone(),
+        created_at: now_micros(),
+    };
+    let tally = engine.store.feedback.add(&row).await?;
+    Ok(FeedbackResponse {
+        feedback_id: row.id,
+        chunk_id: row.chunk_id,
+        usefulness: row.usefulness,
+        harmful: row.harmful,
+        tally,
+        ranking_factor: tally.factor(engine.cfg.search.feedback_weight),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_move_the_factor_both_ways() {
+        let mut t = Tally::default();
+        for _ in 0..3 {
+            t.add(4, false);
+        }
+        assert!((t.factor(0.1) - 1.3).abs() < 1e-6);
+        let mut bad = Tally::default();
+        bad.add(0, false);
+        bad.add(3, true);
+        assert!((bad.factor(0.1) - 0.7).abs() < 1e-6);
+        assert_eq!(bad.harmful, 1);
+        let mut many = Tally::default();
+        for _ in 0..100 {
+            many.add(0, true);
+        }
+        assert_eq!(many.factor(0.1), 0.1);
+    }
+}

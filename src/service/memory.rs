@@ -1,0 +1,471 @@
+//! Writing and removing memories: the service functions behind `/v1/store`,
+//! `/v1/delete`, `DELETE /api/memories/{id}` and `/v1/purge-namespace`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::Caller;
+use crate::bus::{Envelope, Outcome};
+use crate::service::Services;
+use crate::core::error::{Error, Result};
+use crate::core::model::{now_micros, Chunk};
+use crate::store::sql_str;
+use crate::core::time::parse_instant;
+
+/// Longest memory accepted, in characters.
+pub const MAX_CONTENT_CHARS: usize = 1_000_000;
+
+/// The body of `POST /v1/store`: the reference fields plus the rest of the record's
+/// writable columns.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreRequest {
+    pub content: String,
+    pub stream: Option<String>,
+    pub level: Option<i32>,
+    pub metadata: Option<serde_json::Value>,
+    pub user_id: Option<String>,
+    pub app_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub session_id: Option<String>,
+    pub title: Option<String>,
+    pub memory_type: Option<String>,
+    pub subject: Option<String>,
+    pub source: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub importance: Option<f32>,
+    pub confidence: Option<f32>,
+    pub pinned: Option<bool>,
+    pub immutable: Option<bool>,
+    pub expires_at: Option<serde_json::Value>,
+    pub valid_from: Option<serde_json::Value>,
+    pub valid_until: Option<serde_json::Value>,
+    /// When the memory was recorded; defaults to now (imports of dated
+    /// conversations set it to the conversation's time).
+    pub created_at: Option<serde_json::Value>,
+    /// A caller-chosen id (idempotent re-stores); a fresh UUID otherwise.
+    pub id: Option<String>,
+    /// Wait until the memory is committed (default) or answer once the bus
+    /// has accepted it (`"status": "accepted"`).
+    pub wait: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StoreResponse {
+    pub id: String,
+    pub status: &'static str,
+}
+
+fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "id",
+            "must be 1-128 characters of letters, digits, - _ . :",
+        ))
+    }
+}
+
+fn unit_interval(field: &str, v: Option<f32>, default: f32, max: f32) -> Result<f32> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && (0.0..=max).contains(&x) => Ok(x),
+        Some(_) => Err(Error::invalid(
+            field,
+            format!("must be between 0 and {max}"),
+        )),
+    }
+}
+
+/// Validate a store request into the chunk that goes on the bus.
+pub fn chunk_from_request(caller: &Caller, req: StoreRequest) -> Result<Chunk> {
+    let chars = req.content.chars().count();
+    if chars > MAX_CONTENT_CHARS {
+        return Err(Error::TooLarge(format!(
+            "content: {chars} characters; at most {MAX_CONTENT_CHARS} are accepted"
+        )));
+    }
+    if req.content.trim().is_empty() {
+        return Err(Error::invalid("content", "must not be empty"));
+    }
+    let stream = caller.resolve_stream(req.stream.as_deref())?;
+    let id = match req.id {
+        Some(id) => {
+            check_id(&id)?;
+            id
+        }
+        None => uuid::Uuid::new_v4().to_string(),
+    };
+    let level = req.level.unwrap_or(0);
+    if !(0..=1).contains(&level) {
+        return Err(Error::invalid(
+            "level",
+            "must be 0 (raw) or 1 (consolidated)",
+        ));
+    }
+    let metadata = match req.metadata {
+        None | Some(serde_json::Value::Null) => None,
+        Some(m @ serde_json::Value::Object(_)) => Some(m.to_string()),
+        Some(_) => return Err(Error::invalid("metadata", "must be a JSON object")),
+    };
+    let created_at = match &req.created_at {
+        Some(v) => parse_instant("created_at", v)?,
+        None => now_micros(),
+    };
+    let mut chunk = Chunk::new(id, stream, req.content, created_at);
+    chunk.level = level;
+    chunk.metadata = metadata;
+    chunk.user_id = req.user_id;
+    chunk.app_id = req.app_id;
+    chunk.agent_id = req.agent_id;
+    chunk.session_id = req.session_id;
+    chunk.title = req.title;
+    chunk.subject = req.subject.filter(|s| !s.trim().is_empty());
+    chunk.source = req.source;
+    chunk.tags = req.tags;
+    if let Some(t) = req.memory_type {
+        let t = t.trim().to_lowercase();
+        if t.is_empty() || t.len() > 64 {
+            return Err(Error::invalid("memory_type", "must be 1-64 characters"));
+        }
+        chunk.memory_type = t;
+    }
+    chunk.importance = unit_interval("importance", req.importance, 1.0, 10.0)?;
+    chunk.confidence = unit_interval("confidence", req.confidence, 1.0, 1.0)?;
+    chunk.pinned = req.pinned.unwrap_or(false);
+    chunk.immutable = req.immutable.unwrap_or(false);
+    chunk.expires_at = req
+        .expires_at
+        .as_ref()
+        .map(|v| parse_instant("expires_at", v))
+        .transpose()?;
+    chunk.valid_from = req
+        .valid_from
+        .as_ref()
+        .map(|v| parse_instant("valid_from", v))
+        .transpose()?;
+    chunk.valid_until = req
+        .valid_until
+        .as_ref()
+        .map(|v| parse_instant("valid_until", v))
+        .transpose()?;
+    if let (Some(from), Some(until)) = (chunk.valid_from, chunk.valid_until) {
+        if until <= from {
+            return Err(Error::invalid("valid_until", "must be after valid_from"));
+        }
+    }
+    Ok(chunk)
+}
+
+/// Store one memory and wait until the pipeline has committed it.
+pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Result<StoreResponse> {
+    let caller_chose_id = req.id.is_some();
+    let wait = req.wait.unwrap_or(true);
+    let chunk = chunk_from_request(caller, req)?;
+    if caller_chose_id {
+        // An id names one memory in one stream: never let a write move or
+        // overwrite another stream's memory.
+        if let Some(existing) = engine.store.get(&chunk.id).await? {
+            if existing.stream != chunk.stream {
+                return Err(Error::Conflict(format!(
+                    "id `{}` is taken in another stream",
+                    chunk.id
+                )));
+            }
+        }
+    }
+    let id = chunk.id.clone();
+    let envelope = Envelope {
+        pipeline: "store".into(),
+        chunk,
+        notify: wait,
+    };
+    if !wait {
+        engine.bus.publish(vec![envelope]).await?;
+        return Ok(StoreResponse {
+            id,
+            status: "accepted",
+        });
+    }
+    let outcome = publish_and_wait(engine, vec![envelope]).await?.remove(0);
+    match outcome {
+        Outcome::Stored { .. } => Ok(StoreResponse {
+            id,
+            status: "stored",
+        }),
+        Outcome::Duplicate { existing_id } => Ok(StoreResponse {
+            id: existing_id,
+            status: "stored",
+        }),
+        Outcome::Dropped { reason } => Err(Error::invalid(
+            "content",
+            format!("nothing to store ({reason})"),
+        )),
+        Outcome::Failed { error } => Err(Error::Internal(format!(
+            "the memory was not stored and is kept in dead_letters: {error}"
+        ))),
+    }
+}
+
+fn not_committed(id: &str, timeout: Duration) -> Error {
+    Error::Timeout(format!(
+        "memory {id} was accepted but not committed within {} ms; it will still be stored",
+        timeout.as_millis()
+    ))
+}
+
+/// How waiting for one write ended.
+enum Waited {
+    Told(Outcome),
+    /// The notifier went away (the worker stopped).
+    Gone,
+    TimedOut,
+}
+
+/// Wait for the outcome of `id`. A write the bus had already accepted (a
+/// client retry) is not processed again, so nobody will tell its outcome:
+/// then the table is watched too.
+async fn wait_for(
+    engine: &Services,
+    id: &str,
+    watch: crate::bus::Watch,
+    deadline: tokio::time::Instant,
+    republished: bool,
+) -> Result<Waited> {
+    let told = watch.outcome();
+    tokio::pin!(told);
+    loop {
+        let poll = tokio::time::sleep(Duration::from_millis(20));
+        tokio::select! {
+            o = &mut told => return Ok(o.map_or(Waited::Gone, Waited::Told)),
+            _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
+            _ = poll, if republished => {
+                if engine.store.get(id).await?.is_some() {
+                    return Ok(Waited::Told(Outcome::Stored { superseded: Vec::new() }));
+                }
+            }
+        }
+    }
+}
+
+/// Publish `envelopes` (each with `notify`) and wait until every one has an
+/// outcome, or the store timeout passes (then the write is reported as not
+/// yet committed; it will still be stored).
+pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Result<Vec<Outcome>> {
+    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
+    let ids: Vec<String> = envelopes.iter().map(|e| e.chunk.id.clone()).collect();
+    let mut watches = Vec::with_capacity(ids.len());
+    for id in &ids {
+        watches.push(engine.notifier.watch(id).await?);
+    }
+    let forget = || ids.iter().for_each(|id| engine.notifier.forget(id));
+    let republished = match engine.bus.publish(envelopes).await {
+        Ok(already) => already > 0,
+        Err(e) => {
+            forget();
+            return Err(e.into());
+        }
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut outcomes = Vec::with_capacity(ids.len());
+    for (id, watch) in ids.iter().zip(watches) {
+        match wait_for(engine, id, watch, deadline, republished).await? {
+            Waited::Told(o) => outcomes.push(o),
+            // Stored by a process whose answer was missed.
+            _ if engine.store.get(id).await?.is_some() => outcomes.push(Outcome::Stored {
+                superseded: Vec::new(),
+            }),
+            Waited::Gone => {
+                forget();
+                return Err(Error::Internal(format!(
+                    "the pipeline worker stopped before storing memory {id}"
+                )));
+            }
+            Waited::TimedOut => {
+                forget();
+                return Err(not_committed(id, timeout));
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+fn not_found(id: &str) -> Error {
+    Error::NotFound(format!("no memory with id `{id}`"))
+}
+
+/// The memory with this id when the caller may see it; NotFound otherwise, so
+/// another stream's ids are indistinguishable from ids that do not exist.
+pub async fn visible(engine: &Services, caller: &Caller, id: &str) -> Result<Chunk> {
+    if id.trim().is_empty() {
+        return Err(Error::invalid("chunk_id", "must not be empty"));
+    }
+    match engine.store.get(id).await? {
+        Some(chunk) if caller.can_see(&chunk.stream) => Ok(chunk),
+        _ => Err(not_found(id)),
+    }
+}
+
+/// Delete one memory the caller can see; NotFound otherwise (also when it lives
+/// in a stream the caller may not see, or outside `only_stream` when given).
+pub async fn delete(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    only_stream: Option<&str>,
+) -> Result<()> {
+    if id.trim().is_empty() {
+        return Err(Error::invalid("id", "must not be empty"));
+    }
+    let chunk = visible(engine, caller, id).await?;
+    if only_stream.is_some_and(|s| s != chunk.stream) {
+        return Err(not_found(id));
+    }
+    let n = engine
+        .store
+        .delete_where(format!("id = {}", sql_str(id)))
+        .await?;
+    if n == 0 {
+        return Err(not_found(id));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeRequest {
+    pub stream: Option<String>,
+    #[serde(default = "yes")]
+    pub dry_run: bool,
+    #[serde(default)]
+    pub confirmed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Serialize)]
+pub struct PurgeResponse {
+    pub status: &'static str,
+    pub stream: String,
+    pub dry_run: bool,
+    pub deleted_count: usize,
+    pub deleted_ids: Vec<String>,
+}
+
+/// List (dry run) or delete every memory of a stream.
+pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Result<PurgeResponse> {
+    let stream = caller.resolve_stream(req.stream.as_deref())?;
+    if !req.dry_run && !req.confirmed {
+        return Err(Error::invalid(
+            "confirmed",
+            "must be true to delete (with dry_run: false)",
+        ));
+    }
+    let predicate = format!("stream = {}", sql_str(&stream));
+    let mut ids = engine.store.ids(predicate.clone()).await?;
+    ids.sort();
+    if !req.dry_run {
+        engine.store.delete_where(predicate).await?;
+        tracing::info!(%stream, count = ids.len(), "stream purged");
+    }
+    Ok(PurgeResponse {
+        status: "ok",
+        stream,
+        dry_run: req.dry_run,
+        deleted_count: ids.len(),
+        deleted_ids: ids,
+    })
+}
+
+/// One version in a fact's chain.
+#[derive(Debug, Serialize)]
+pub struct Version {
+    pub chunk_id: String,
+    pub version: i32,
+    pub content: String,
+    pub created_at: String,
+    pub valid_from: Option<String>,
+    pub valid_until: Option<String>,
+    pub superseded_by: Option<String>,
+    pub is_current: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct History {
+    pub chunk_id: String,
+    /// Oldest first; the current version has `is_current: true`.
+    pub versions: Vec<Version>,
+    /// Every recorded change to these versions, with its reason, oldest first.
+    pub events: Vec<crate::store::HistoryRow>,
+}
+
+/// The version chain of a memory (through `supersedes` / `superseded_by`),
+/// oldest first, with the recorded reasons. At most `limit` versions, the newest.
+pub async fn history(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    limit: Option<usize>,
+) -> Result<History> {
+    let start = visible(engine, caller, id).await?;
+    const MAX_CHAIN: usize = 1000;
+    let mut chain = vec![start];
+    // Back to the first version …
+    while let Some(prev) = chain[0].supersedes.clone() {
+        if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == prev) {
+            break;
+        }
+        match engine.store.get(&prev).await? {
+            Some(c) => chain.insert(0, c),
+            None => break,
+        }
+    }
+    // … and forward to the current one.
+    while let Some(next) = chain.last().and_then(|c| c.superseded_by.clone()) {
+        if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == next) {
+            break;
+        }
+        match engine.store.get(&next).await? {
+            Some(c) => chain.push(c),
+            None => break,
+        }
+    }
+    if let Some(limit) = limit.filter(|l| *l > 0) {
+        let skip = chain.len().saturating_sub(limit);
+        chain.drain(..skip);
+    }
+    let mut events = Vec::new();
+    for c in &chain {
+        events.extend(engine.store.history_of(&c.id).await?);
+    }
+    events.sort_by_key(|e| e.created_at);
+    events.dedup_by(|a, b| a.id == b.id);
+    use crate::core::time::to_rfc3339;
+    Ok(History {
+        chunk_id: id.to_string(),
+        versions: chain
+            .into_iter()
+            .map(|c| Version {
+                is_current: c.superseded_by.is_none(),
+                chunk_id: c.id,
+                version: c.version,
+                content: c.content,
+                created_at: to_rfc3339(c.created_at),
+                valid_from: c.valid_from.map(to_rfc3339),
+                valid_until: c.valid_until.map(to_rfc3339),
+                superseded_by: c.superseded_by,
+            })
+            .collect(),
+        events,
+    })
+}

@@ -1,0 +1,82 @@
+//! One module per behaviour. Each service function takes the narrow handles it
+//! uses (often the shared [`Services`] handles, or just the store) and the
+//! [`Caller`](crate::core::Caller); the edges (REST, MCP, CLI) only parse, call
+//! one of these and shape the answer.
+
+pub mod associate;
+pub mod auth;
+pub mod context;
+pub mod conversation;
+pub mod dream;
+pub mod export;
+pub mod facts;
+pub mod feedback;
+pub mod graph;
+pub mod import;
+pub mod maintenance;
+pub mod memory;
+pub mod reembed;
+pub mod reflect;
+pub mod search;
+pub mod snapshot;
+pub mod sql;
+pub mod status;
+pub mod tasks;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::bus::{Bus, Notifier};
+use crate::pipeline::ner::NerQueue;
+use crate::pipeline::Pipelines;
+use crate::providers::embed::config::EmbedConfig;
+use crate::providers::embed::Embedder;
+use crate::providers::llm::Llm;
+use crate::store::Store;
+
+/// The configuration sections services read, copied out of the daemon config.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub server: auth::ServerConfig,
+    pub embed: EmbedConfig,
+    pub search: search::config::SearchConfig,
+    pub sql: sql::SqlConfig,
+    pub ingest: conversation::IngestConfig,
+    /// Whether the cron scheduler runs (shown in `/v1/status`).
+    pub scheduler_enabled: bool,
+}
+
+/// The shared handles and caches of a running loomem: what service functions
+/// take. The composition root (`app`) builds one and owns its lifecycle.
+pub struct Services {
+    pub cfg: ServiceConfig,
+    pub store: Arc<Store>,
+    pub embedder: Arc<dyn Embedder>,
+    pub bus: Bus,
+    pub notifier: Notifier,
+    pub pipelines: Arc<Pipelines>,
+    pub auth: auth::Auth,
+    /// The configured LLM, if any.
+    pub llm: Option<Arc<Llm>>,
+    /// The rule extractor of `POST /v1/ingest`.
+    pub facts: Arc<facts::RuleExtractor>,
+    /// The LLM entity queue, when the LLM does NER.
+    pub ner: Option<NerQueue>,
+    /// Background tasks started through the API.
+    pub jobs: tasks::Tasks,
+    /// Buffered access counters of recalled memories.
+    pub access: search::access::AccessTracker,
+    /// Cached profiles per stream (see [`context`]).
+    pub profiles: context::ProfileCache,
+    /// Streams a dream is running on.
+    pub dreams: dream::Running,
+    /// Pauses background maintenance (`/admin/workers/pause`; not persisted).
+    pub workers: tasks::Pause,
+    pub started: Instant,
+}
+
+impl Services {
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+}

@@ -1,0 +1,110 @@
+//! `[search]`: fusion weights, ranking factors and the access counters.
+
+#[allow(unused_imports)]
+use std::collections::BTreeMap;
+#[allow(unused_imports)]
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Reciprocal-rank-fusion constant k.
+    pub rrf_k: f32,
+    pub bm25_weight: f32,
+    pub vector_weight: f32,
+    /// Candidates each leg returns before fusion.
+    pub candidates: usize,
+    /// Vector hits less similar than this (cosine) are not candidates.
+    pub min_similarity: f32,
+    /// Fusion weight of the entity-graph leg (entities named in the query).
+    #[serde(default = "default_graph_weight")]
+    pub graph_weight: f32,
+    /// How much age counts: a result's score is multiplied by
+    /// `(1 - decay_weight) + decay_weight * 0.5^(age / half_life)`; pinned
+    /// memories are exempt. 0 turns decay off.
+    #[serde(default = "default_decay_weight")]
+    pub decay_weight: f32,
+    /// Half-life in days per memory type; `default` covers the unlisted ones.
+    #[serde(default = "default_half_lives")]
+    pub half_life_days: BTreeMap<String, f64>,
+    /// Score multiplied by `importance ^ importance_weight`.
+    #[serde(default = "default_importance_weight")]
+    pub importance_weight: f32,
+    /// Each feedback signal moves the score by this fraction (usefulness 4:
+    /// `+w`, 0: `-w`, harmful: `-2w`), within [0.1, 3].
+    #[serde(default = "default_feedback_weight")]
+    pub feedback_weight: f32,
+    /// Implicit boost of recalled memories: `1 + access_boost * ln(1 + access_count)`.
+    #[serde(default = "default_access_boost")]
+    pub access_boost: f32,
+    /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
+    #[serde(default = "default_near_duplicate")]
+    pub near_duplicate: f32,
+    /// Access counters are buffered and written in one commit this often.
+    #[serde(default = "default_access_flush_ms")]
+    pub access_flush_ms: u64,
+    /// Above this many embedded rows the vector leg uses an ANN index (IVF-HNSW-SQ),
+    /// built in the background; below it the search is exact.
+    #[serde(default = "default_vector_index_min_rows")]
+    pub vector_index_min_rows: usize,
+}
+
+impl SearchConfig {
+    /// The half-life of a memory type, in days.
+    pub fn half_life(&self, memory_type: &str) -> f64 {
+        self.half_life_days
+            .get(memory_type)
+            .or_else(|| self.half_life_days.get("default"))
+            .copied()
+            .unwrap_or(60.0)
+    }
+}
+
+fn default_graph_weight() -> f32 {
+    0.5
+}
+
+fn default_decay_weight() -> f32 {
+    0.3
+}
+
+fn default_importance_weight() -> f32 {
+    0.1
+}
+
+fn default_feedback_weight() -> f32 {
+    0.1
+}
+
+fn default_access_boost() -> f32 {
+    0.02
+}
+
+fn default_near_duplicate() -> f32 {
+    0.9
+}
+
+fn default_access_flush_ms() -> u64 {
+    2000
+}
+
+fn default_vector_index_min_rows() -> usize {
+    100_000
+}
+
+fn default_half_lives() -> BTreeMap<String, f64> {
+    [
+        ("correction", 180.0),
+        ("preference", 180.0),
+        ("decision", 90.0),
+        ("general", 60.0),
+        ("project", 30.0),
+        ("observation", 14.0),
+        ("default", 60.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}

@@ -1,0 +1,653 @@
+//! Hybrid recall: a BM25 leg (Lance full-text index), a vector leg and an
+//! entity-graph leg run concurrently over the same prefilter, then fuse by
+//! weighted reciprocal rank. The fused score is then weighed by the memory's
+//! standing (decay, importance, feedback, recall count, see [`rank`]) and
+//! near-identical results collapse. Every filter is pushed down into Lance, so
+//! a filter never empties a truncated top-k.
+
+pub mod access;
+pub mod config;
+pub mod graph_leg;
+pub mod rank;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use chrono::{Datelike, Duration as ChronoDuration, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::core::Caller;
+use crate::service::Services;
+use crate::core::error::{Error, Result};
+use crate::core::model::{now_micros, Chunk, Micros};
+use crate::store::{column_in, sql_str, ts_lit, AsOf, AsOfError, Hit};
+use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
+use rank::Factors;
+
+/// Largest `top_k` accepted.
+pub const MAX_TOP_K: usize = 1000;
+/// `top_k` for aggregation questions ("how many …").
+const AGGREGATION_TOP_K: usize = 30;
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchRequest {
+    pub query: String,
+    pub top_k: Option<usize>,
+    pub stream: Option<String>,
+    pub streams: Option<Vec<String>>,
+    pub date_from: Option<serde_json::Value>,
+    pub date_to: Option<serde_json::Value>,
+    pub entity: Option<String>,
+    #[serde(default)]
+    pub trace: bool,
+    #[serde(default)]
+    pub dry_run: bool,
+    pub valid_at: Option<serde_json::Value>,
+    #[serde(default)]
+    pub include_superseded: bool,
+    pub fact_type: Option<String>,
+    pub subject: Option<String>,
+    pub min_confidence: Option<f64>,
+    /// `today`, `this_week` or `this_month` (MCP `memory_search`).
+    pub time_filter: Option<String>,
+    /// Which legs run: `hybrid` (default), `bm25` or `vector`.
+    pub mode: Option<String>,
+    /// The instant relative filters (`time_filter`) and decay count from;
+    /// default now (a benchmark asks as of the question's date).
+    pub now: Option<serde_json::Value>,
+    /// Search the store as it was: a table version (a number) or an instant
+    /// (a date or RFC 3339 string: the last version committed by then).
+    pub as_of: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchResponse {
+    pub results: Vec<SearchResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_metadata: Option<TraceMetadata>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SearchResult {
+    pub chunk_id: String,
+    pub content: String,
+    pub score_final: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_info: Option<TraceInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceInfo {
+    pub level: String,
+    pub source: Option<String>,
+    pub is_latest: bool,
+    pub created_at: i64,
+    pub memory_type: String,
+    pub importance: f32,
+    pub access_count: i64,
+    pub version: i32,
+    pub superseded_by: Option<String>,
+    pub stream: String,
+    /// 1-based rank and raw score in each leg that found it (BM25 score,
+    /// cosine distance, graph weight).
+    pub legs: HashMap<&'static str, LegTrace>,
+    /// The fused (RRF) score before the factors.
+    pub rrf: f32,
+    /// What the memory's standing multiplied the fused score by.
+    pub factors: Factors,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LegTrace {
+    pub rank: usize,
+    pub score: f32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TraceMetadata {
+    pub total_results_before_topk: usize,
+    pub dedup_removed: usize,
+    pub search_latency_us: u64,
+    pub query_complexity: &'static str,
+    pub top_k: usize,
+    pub streams: Vec<String>,
+    pub filter: String,
+    /// The table version searched, when `as_of` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of_version: Option<u64>,
+}
+
+/// The streams a search covers: `streams` when given, else `stream`, else the caller's default.
+fn resolve_streams(engine: &Services, caller: &Caller, req: &SearchRequest) -> Result<Vec<String>> {
+    match &req.streams {
+        Some(list) if !list.is_empty() => {
+            let mut out = Vec::new();
+            for s in list {
+                let s = caller.resolve_stream(Some(s))?;
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+            Ok(out)
+        }
+        _ => Ok(vec![caller.resolve_stream(req.stream.as_deref())?]),
+    }
+}
+
+/// The Lance SQL prefilter for a request.
+pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Result<String> {
+    let mut clauses = vec![column_in("stream", streams)];
+    clauses.push(format!(
+        "(expires_at IS NULL OR expires_at > {})",
+        ts_lit(now)
+    ));
+    if !req.include_superseded {
+        clauses.push("superseded_by IS NULL".into());
+    }
+    if let Some(v) = &req.date_from {
+        clauses.push(format!(
+            "created_at >= {}",
+            ts_lit(parse_instant("date_from", v)?)
+        ));
+    }
+    if let Some(v) = &req.date_to {
+        let mut t = parse_instant("date_to", v)?;
+        // A bare date includes the whole day.
+        if v.as_str().is_some_and(is_date_only) {
+            t += DAY_MICROS;
+            clauses.push(format!("created_at < {}", ts_lit(t)));
+        } else {
+            clauses.push(format!("created_at <= {}", ts_lit(t)));
+        }
+    }
+    if let Some(v) = &req.valid_at {
+        let t = ts_lit(parse_instant("valid_at", v)?);
+        clauses.push(format!(
+            "(valid_from IS NULL OR valid_from <= {t}) AND (valid_until IS NULL OR valid_until > {t})"
+        ));
+    }
+    if let Some(e) = req
+        .entity
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        clauses.push(format!(
+            "array_has(entities, {})",
+            sql_str(&e.to_lowercase())
+        ));
+    }
+    if let Some(t) = req
+        .fact_type
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        clauses.push(format!("memory_type = {}", sql_str(&t.to_lowercase())));
+    }
+    if let Some(s) = req
+        .subject
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        clauses.push(format!("lower(subject) = {}", sql_str(&s.to_lowercase())));
+    }
+    if let Some(c) = req.min_confidence {
+        if !c.is_finite() {
+            return Err(Error::invalid("min_confidence", "must be a number"));
+        }
+        clauses.push(format!("confidence >= {c}"));
+    }
+    if let Some(tf) = &req.time_filter {
+        clauses.push(format!(
+            "created_at >= {}",
+            ts_lit(time_filter_start(tf, now)?)
+        ));
+    }
+    Ok(clauses.join(" AND "))
+}
+
+fn time_filter_start(tf: &str, now: Micros) -> Result<Micros> {
+    let now = Utc
+        .timestamp_micros(now)
+        .single()
+        .ok_or_else(|| Error::Internal("clock".into()))?;
+    let today = now.date_naive();
+    let day = match tf {
+        "today" => today,
+        "this_week" => {
+            today - ChronoDuration::days(i64::from(today.weekday().num_days_from_monday()))
+        }
+        "this_month" => today.with_day(1).expect("day 1 exists"),
+        _ => {
+            return Err(Error::invalid(
+                "time_filter",
+                "must be one of today, this_week, this_month",
+            ))
+        }
+    };
+    Ok(day
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc()
+        .timestamp_micros())
+}
+
+fn is_aggregation(query: &str) -> bool {
+    let q = query.to_lowercase();
+    [
+        "how many",
+        "how much",
+        "how often",
+        "count of",
+        "number of",
+        "list all",
+        "total ",
+    ]
+    .iter()
+    .any(|p| q.contains(p))
+}
+
+fn complexity(query: &str) -> &'static str {
+    match query.split_whitespace().count() {
+        0..=3 => "simple",
+        4..=10 => "medium",
+        _ => "complex",
+    }
+}
+
+struct Fused {
+    chunk: Chunk,
+    score: f32,
+    legs: HashMap<&'static str, LegTrace>,
+}
+
+/// One recalled memory: fused score, factors, final score.
+pub struct Ranked {
+    pub chunk: Chunk,
+    pub score: f32,
+    pub rrf: f32,
+    pub factors: Factors,
+    pub legs: HashMap<&'static str, LegTrace>,
+}
+
+/// What a search found and how.
+pub struct Recall {
+    pub results: Vec<Ranked>,
+    pub total_before_top_k: usize,
+    pub dedup_removed: usize,
+    pub top_k: usize,
+    pub streams: Vec<String>,
+    pub filter: String,
+    pub as_of_version: Option<u64>,
+}
+
+fn parse_as_of(v: &serde_json::Value) -> Result<AsOf> {
+    match v {
+        serde_json::Value::Number(n) => n.as_u64().map(AsOf::Version).ok_or_else(|| {
+            Error::invalid("as_of", "a number must be a table version (a whole number)")
+        }),
+        serde_json::Value::String(_) => Ok(AsOf::Instant(parse_instant("as_of", v)?)),
+        _ => Err(Error::invalid(
+            "as_of",
+            "must be a table version (number) or a date/timestamp (string)",
+        )),
+    }
+}
+
+/// Weighted reciprocal-rank fusion of the legs, best first; score_final in (0, 1].
+fn fuse(legs: Vec<(&'static str, f32, Vec<Hit>)>, k: f32) -> Vec<Fused> {
+    let max: f32 = legs.iter().map(|(_, w, _)| w / (k + 1.0)).sum();
+    let mut by_id: HashMap<String, Fused> = HashMap::new();
+    for (leg, weight, hits) in legs {
+        for (i, hit) in hits.into_iter().enumerate() {
+            let rank = i + 1;
+            let e = by_id.entry(hit.chunk.id.clone()).or_insert_with(|| Fused {
+                chunk: hit.chunk,
+                score: 0.0,
+                legs: HashMap::new(),
+            });
+            e.score += weight / (k + rank as f32);
+            e.legs.insert(
+                leg,
+                LegTrace {
+                    rank,
+                    score: hit.score,
+                },
+            );
+        }
+    }
+    let mut out: Vec<Fused> = by_id.into_values().collect();
+    for f in &mut out {
+        if max > 0.0 {
+            f.score /= max;
+        }
+    }
+    out.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| b.chunk.created_at.cmp(&a.chunk.created_at))
+            .then_with(|| a.chunk.id.cmp(&b.chunk.id))
+    });
+    out
+}
+
+pub async fn search(
+    engine: &Services,
+    caller: &Caller,
+    req: SearchRequest,
+) -> Result<SearchResponse> {
+    let started = Instant::now();
+    let recall = recall(engine, caller, &req).await?;
+    let query = req.query.trim();
+    Ok(SearchResponse {
+        trace_metadata: req.trace.then(|| TraceMetadata {
+            total_results_before_topk: recall.total_before_top_k,
+            dedup_removed: recall.dedup_removed,
+            search_latency_us: started.elapsed().as_micros() as u64,
+            query_complexity: complexity(query),
+            top_k: recall.top_k,
+            streams: recall.streams,
+            filter: recall.filter,
+            as_of_version: recall.as_of_version,
+        }),
+        results: recall
+            .results
+            .into_iter()
+            .map(|r| result(r, req.trace))
+            .collect(),
+    })
+}
+
+/// Run a search: the legs, fusion, ranking, collapse, top-k; and (unless
+/// `dry_run` or `as_of`) count an access to every returned memory.
+pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> Result<Recall> {
+    let query = req.query.trim().to_string();
+    if query.is_empty() {
+        return Err(Error::invalid("query", "must not be empty"));
+    }
+    let mut top_k = req.top_k.unwrap_or(10);
+    if top_k == 0 || top_k > MAX_TOP_K {
+        return Err(Error::invalid(
+            "top_k",
+            format!("must be between 1 and {MAX_TOP_K}"),
+        ));
+    }
+    if is_aggregation(&query) {
+        top_k = top_k.max(AGGREGATION_TOP_K);
+    }
+    let streams = resolve_streams(engine, caller, req)?;
+    let now = match &req.now {
+        Some(v) => parse_instant("now", v)?,
+        None => now_micros(),
+    };
+    let filter = build_filter(&streams, req, now)?;
+    let s = &engine.cfg.search;
+    let (bm25_weight, vector_weight, graph_weight) = match req.mode.as_deref().map(str::trim) {
+        None | Some("hybrid") => (s.bm25_weight, s.vector_weight, s.graph_weight),
+        Some("bm25") => (s.bm25_weight.max(f32::MIN_POSITIVE), 0.0, 0.0),
+        Some("vector") => (0.0, s.vector_weight.max(f32::MIN_POSITIVE), 0.0),
+        Some("graph") => (0.0, 0.0, s.graph_weight.max(f32::MIN_POSITIVE)),
+        Some(other) => {
+            return Err(Error::invalid(
+                "mode",
+                format!("`{other}`: must be hybrid, bm25, vector or graph"),
+            ))
+        }
+    };
+    let snapshot = match &req.as_of {
+        Some(v) => {
+            let at = parse_as_of(v)?;
+            let table = engine.store.chunks_as_of(at).await.map_err(|e| match e {
+                AsOfError::NoVersion(m) => Error::invalid("as_of", m),
+                AsOfError::Lance(e) => Error::from(crate::store::StoreError::from(e)),
+            })?;
+            let version = table
+                .version()
+                .await
+                .map_err(crate::store::StoreError::from)?;
+            Some((table, version))
+        }
+        None => None,
+    };
+    let at = snapshot.as_ref().map(|(t, _)| t);
+    let candidates = s.candidates.max(top_k);
+
+    let texts = [query.clone()];
+    let bm25 = async {
+        if bm25_weight > 0.0 {
+            Ok(engine
+                .store
+                .search_text(at, &query, &filter, candidates)
+                .await?)
+        } else {
+            Ok::<_, Error>(Vec::new())
+        }
+    };
+    let vector = async {
+        if vector_weight > 0.0 {
+            let v = engine.embedder.embed(&texts).await?;
+            let v = v
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Internal("no query vector".into()))?;
+            let mut hits = engine
+                .store
+                .search_vector(at, &v, &filter, candidates)
+                .await?;
+            // `_distance` is cosine distance: similarity = 1 - distance.
+            hits.retain(|h| 1.0 - h.score >= s.min_similarity);
+            Ok::<_, Error>(hits)
+        } else {
+            Ok(Vec::new())
+        }
+    };
+    let graph = async {
+        if graph_weight > 0.0 {
+            Ok(graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates).await?)
+        } else {
+            Ok::<_, Error>(Vec::new())
+        }
+    };
+    let (bm25, vector, graph) = tokio::join!(bm25, vector, graph);
+    let (bm25, vector, graph) = (bm25?, vector?, graph?);
+    // The BM25 and vector legs return ids only; their memories are read once,
+    // together (reading every column of each leg's candidates cost more than
+    // the searches themselves).
+    let mut rows: HashMap<String, Chunk> = graph
+        .iter()
+        .map(|h| (h.chunk.id.clone(), h.chunk.clone()))
+        .collect();
+    let missing: Vec<String> = bm25
+        .iter()
+        .chain(&vector)
+        .map(|x| x.id.clone())
+        .filter(|id| !rows.contains_key(id))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !missing.is_empty() {
+        for h in engine
+            .store
+            .read_hits(at, &crate::store::id_in(&missing), missing.len())
+            .await?
+        {
+            rows.insert(h.chunk.id.clone(), h.chunk);
+        }
+    }
+    let as_hits = |leg: Vec<crate::store::Scored>| -> Vec<Hit> {
+        leg.into_iter()
+            .filter_map(|x| {
+                rows.get(&x.id).map(|c| Hit {
+                    chunk: c.clone(),
+                    score: x.score,
+                })
+            })
+            .collect()
+    };
+    let fused = fuse(
+        vec![
+            ("bm25", bm25_weight, as_hits(bm25)),
+            ("vector", vector_weight, as_hits(vector)),
+            ("graph", graph_weight, graph),
+        ],
+        s.rrf_k,
+    );
+    let total_before_top_k = fused.len();
+
+    let mut ranked: Vec<Ranked> = fused
+        .into_iter()
+        .map(|f| {
+            let factors = Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
+            Ranked {
+                score: f.score * factors.product(),
+                rrf: f.score,
+                factors,
+                legs: f.legs,
+                chunk: f.chunk,
+            }
+        })
+        .collect();
+    ranked.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| b.chunk.created_at.cmp(&a.chunk.created_at))
+            .then_with(|| a.chunk.id.cmp(&b.chunk.id))
+    });
+
+    // Collapse near-identical results: the best of each group stays.
+    let mut kept: Vec<(Ranked, std::collections::HashSet<String>)> = Vec::new();
+    let mut dedup_removed = 0;
+    for r in ranked {
+        let words = rank::word_set(&r.chunk.content);
+        let duplicate = kept.iter().any(|(k, w)| {
+            k.chunk.content_hash == r.chunk.content_hash
+                || rank::jaccard(w, &words) >= s.near_duplicate
+        });
+        if duplicate {
+            dedup_removed += 1;
+        } else {
+            kept.push((r, words));
+        }
+    }
+    let results: Vec<Ranked> = kept.into_iter().take(top_k).map(|(r, _)| r).collect();
+    if !req.dry_run && snapshot.is_none() {
+        engine
+            .access
+            .record(results.iter().map(|r| r.chunk.id.clone()), now_micros());
+    }
+    Ok(Recall {
+        results,
+        total_before_top_k,
+        dedup_removed,
+        top_k,
+        streams,
+        filter,
+        as_of_version: snapshot.map(|(_, v)| v),
+    })
+}
+
+fn result(r: Ranked, trace: bool) -> SearchResult {
+    let c = r.chunk;
+    let content = if c.superseded_by.is_some() {
+        format!("[UPDATED] {}", c.content)
+    } else {
+        c.content.clone()
+    };
+    SearchResult {
+        chunk_id: c.id.clone(),
+        content,
+        score_final: r.score,
+        trace_info: trace.then(|| TraceInfo {
+            level: format!("L{}", c.level),
+            source: c.source.clone(),
+            is_latest: c.superseded_by.is_none(),
+            created_at: to_secs(c.created_at),
+            memory_type: c.memory_type.clone(),
+            importance: c.importance,
+            access_count: c.access_count,
+            version: c.version,
+            superseded_by: c.superseded_by.clone(),
+            stream: c.stream.clone(),
+            legs: r.legs,
+            rrf: r.rrf,
+            factors: r.factors,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit(id: &str) -> Hit {
+        Hit {
+            chunk: Chunk::new(id.into(), "s".into(), id.into(), 0),
+            score: 0.5,
+        }
+    }
+
+    #[test]
+    fn rrf_rewards_agreement_between_legs() {
+        let fused = fuse(
+            vec![
+                ("bm25", 1.0, vec![hit("a"), hit("b"), hit("c")]),
+                ("vector", 1.0, vec![hit("b"), hit("d"), hit("a")]),
+            ],
+            60.0,
+        );
+        let ids: Vec<&str> = fused.iter().map(|f| f.chunk.id.as_str()).collect();
+        // b: ranks 2 and 1; a: 1 and 3; d: 2 in one leg; c: 3 in one leg.
+        assert_eq!(ids, vec!["b", "a", "d", "c"]);
+        assert!(fused[0].score <= 1.0 && fused[0].score > 0.9);
+        assert_eq!(fused[0].legs["bm25"].rank, 2);
+        assert_eq!(fused[0].legs["vector"].rank, 1);
+    }
+
+    #[test]
+    fn weights_tilt_the_fusion() {
+        let fused = fuse(
+            vec![
+                ("bm25", 0.0, vec![hit("a")]),
+                ("vector", 1.0, vec![hit("b")]),
+            ],
+            60.0,
+        );
+        assert_eq!(fused[0].chunk.id, "b");
+        assert_eq!(fused[1].score, 0.0);
+    }
+
+    #[test]
+    fn filter_pushes_every_condition_down() {
+        let req = SearchRequest {
+            query: "q".into(),
+            date_from: Some(serde_json::json!("2026-01-01")),
+            date_to: Some(serde_json::json!("2026-01-31")),
+            entity: Some("Cursor".into()),
+            fact_type: Some("preference".into()),
+            min_confidence: Some(0.5),
+            valid_at: Some(serde_json::json!(1_700_000_000)),
+            ..Default::default()
+        };
+        let f = build_filter(&["a'b".into()], &req, 0).unwrap();
+        assert!(f.starts_with("stream IN ('a''b')"), "{f}");
+        for part in [
+            "superseded_by IS NULL",
+            "array_has(entities, 'cursor')",
+            "memory_type = 'preference'",
+            "confidence >= 0.5",
+            "valid_from IS NULL OR valid_from <=",
+            "created_at < arrow_cast(1769904000000000",
+        ] {
+            assert!(f.contains(part), "missing {part} in {f}");
+        }
+    }
+
+    #[test]
+    fn aggregation_questions_are_recognised() {
+        assert!(is_aggregation("How many books did I buy?"));
+        assert!(!is_aggregation("What IDE do I use?"));
+    }
+}

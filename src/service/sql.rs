@@ -1,0 +1,611 @@
+//! Read-only SQL over the memory tables with DataFusion (the version lancedb
+//! re-exports). A caller never sees a raw table: each table is registered as a
+//! view already filtered to the caller's streams, and DDL, DML, COPY and other
+//! statements are refused before planning. Time travel comes as table
+//! functions: `chunks_valid_at(ts)` (bitemporal validity) and
+//! `chunks_as_of(version_or_timestamp)` (the table as it was, a Lance version).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lancedb::datafusion::arrow::array::RecordBatch;
+use lancedb::datafusion::arrow::datatypes::SchemaRef;
+use lancedb::datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
+use lancedb::datafusion::common::{ParamValues, ScalarValue};
+use lancedb::datafusion::error::DataFusionError;
+use lancedb::datafusion::execution::memory_pool::GreedyMemoryPool;
+use lancedb::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use lancedb::datafusion::logical_expr::Expr;
+use lancedb::datafusion::prelude::{col, lit, DataFrame, SessionConfig, SessionContext};
+use lancedb::datafusion::sql::sqlparser::ast::Statement;
+use lancedb::table::datafusion::BaseTableAdapter;
+use lancedb::Table;
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::core::Caller;
+use crate::core::error::{Error, Result};
+use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS};
+use crate::core::time::parse_instant_str;
+
+/// Tables every caller can query (as stream-scoped views).
+pub const TABLES: &[&str] = &[
+    CHUNKS,
+    ENTITIES,
+    EDGES,
+    HISTORY,
+    DEAD_LETTERS,
+    LLM_CALLS,
+    FEEDBACK,
+];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlRequest {
+    pub sql: String,
+    /// Values for `$1`, `$2`, … placeholders.
+    #[serde(default)]
+    pub params: Vec<serde_json::Value>,
+    /// `json` (default), `csv`, `arrow` (IPC stream) or `parquet`.
+    pub format: Option<String>,
+    /// Most rows returned (default and cap from `[sql]`).
+    pub max_rows: Option<usize>,
+}
+
+/// Limits that bound one query.
+#[derive(Debug, Clone)]
+pub struct SqlLimits {
+    pub timeout: Duration,
+    pub memory_bytes: usize,
+    pub default_max_rows: usize,
+    pub max_rows_cap: usize,
+}
+
+pub struct SqlResult {
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+    pub truncated: bool,
+}
+
+fn sql_err(e: DataFusionError) -> Error {
+    Error::BadRequest(format!("SQL: {}", e.strip_backtrace()))
+}
+
+fn to_scalar(i: usize, v: &serde_json::Value) -> Result<ScalarValue> {
+    Ok(match v {
+        serde_json::Value::Null => ScalarValue::Null,
+        serde_json::Value::Bool(b) => ScalarValue::Boolean(Some(*b)),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => ScalarValue::Int64(Some(i)),
+            None => ScalarValue::Float64(n.as_f64()),
+        },
+        serde_json::Value::String(s) => ScalarValue::Utf8(Some(s.clone())),
+        _ => {
+            return Err(Error::invalid(
+                &format!("params[{i}]"),
+                "must be null, a boolean, a number or a string",
+            ))
+        }
+    })
+}
+
+/// A table as a DataFrame limited to the caller's streams.
+async fn scoped(
+    ctx: &SessionContext,
+    table: &Table,
+    caller: &Caller,
+    hide_embedding: bool,
+) -> Result<DataFrame> {
+    let provider = BaseTableAdapter::try_new(table.base_table().clone())
+        .await
+        .map_err(|e| Error::Internal(format!("SQL provider: {e}")))?;
+    let mut df = ctx.read_table(Arc::new(provider)).map_err(sql_err)?;
+    if let Some(streams) = &caller.streams {
+        let list: Vec<Expr> = streams.iter().map(|s| lit(s.clone())).collect();
+        df = df
+            .filter(col("stream").in_list(list, false))
+            .map_err(sql_err)?;
+    }
+    if hide_embedding && df.schema().has_column_with_unqualified_name("embedding") {
+        df = df.drop_columns(&["embedding"]).map_err(sql_err)?;
+    }
+    Ok(df)
+}
+
+/// An instant from a table-function argument: Unix seconds or a timestamp string.
+fn instant_arg(e: &Expr) -> Option<i64> {
+    match e {
+        Expr::Literal(ScalarValue::Int64(Some(s)), _) => Some(s * 1_000_000),
+        Expr::Literal(ScalarValue::Float64(Some(s)), _) => Some((s * 1e6) as i64),
+        Expr::Literal(ScalarValue::Utf8(Some(s)), _) => parse_instant_str(s),
+        _ => None,
+    }
+}
+
+/// `chunks_valid_at(ts)`: latest-or-not chunks whose validity covers `ts`.
+#[derive(Debug)]
+struct ValidAt {
+    chunks: DataFrame,
+}
+
+impl TableFunctionImpl for ValidAt {
+    fn call_with_args(
+        &self,
+        args: TableFunctionArgs,
+    ) -> lancedb::datafusion::error::Result<Arc<dyn TableProvider>> {
+        let t = match args.exprs() {
+            [e] => instant_arg(e),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            DataFusionError::Plan(
+                "chunks_valid_at takes one argument: Unix seconds or a timestamp string".into(),
+            )
+        })?;
+        let t = lit(ScalarValue::TimestampMicrosecond(Some(t), None));
+        let df = self.chunks.clone().filter(
+            (col("valid_from")
+                .is_null()
+                .or(col("valid_from").lt_eq(t.clone())))
+            .and(col("valid_until").is_null().or(col("valid_until").gt(t))),
+        )?;
+        Ok(df.into_view())
+    }
+}
+
+/// `chunks_as_of(v)`: the chunks table at a Lance version (or the last version at
+/// or before a time); versions are opened before planning and looked up here.
+#[derive(Debug)]
+struct AsOf {
+    by_arg: HashMap<String, DataFrame>,
+}
+
+fn as_of_key(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Literal(ScalarValue::Int64(Some(v)), _) => Some(v.to_string()),
+        Expr::Literal(ScalarValue::Utf8(Some(s)), _) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl TableFunctionImpl for AsOf {
+    fn call_with_args(
+        &self,
+        args: TableFunctionArgs,
+    ) -> lancedb::datafusion::error::Result<Arc<dyn TableProvider>> {
+        let key = match args.exprs() {
+            [e] => as_of_key(e),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            DataFusionError::Plan(
+                "chunks_as_of takes one literal: a version number or a timestamp".into(),
+            )
+        })?;
+        let df = self.by_arg.get(&key).ok_or_else(|| {
+            DataFusionError::Plan(format!("chunks_as_of({key}): no such version"))
+        })?;
+        Ok(df.clone().into_view())
+    }
+}
+
+/// The Lance version `arg` names: a version number (small integers), Unix
+/// seconds or a timestamp string (the last version committed at or before it).
+async fn resolve_version(table: &Table, arg: &str) -> Result<u64> {
+    let versions = table
+        .list_versions()
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let at = match arg.parse::<i64>() {
+        Ok(v) if v < 1_000_000_000 => {
+            return versions
+                .iter()
+                .find(|x| x.version == v as u64)
+                .map(|x| x.version)
+                .ok_or_else(|| {
+                    Error::invalid("sql", format!("chunks_as_of({v}): no such version"))
+                });
+        }
+        Ok(secs) => secs * 1_000_000,
+        Err(_) => parse_instant_str(arg).ok_or_else(|| {
+            Error::invalid(
+                "sql",
+                format!("chunks_as_of('{arg}'): not a version or timestamp"),
+            )
+        })?,
+    };
+    versions
+        .iter()
+        .filter(|x| x.timestamp.timestamp_micros() <= at)
+        .map(|x| x.version)
+        .max()
+        .ok_or_else(|| {
+            Error::invalid(
+                "sql",
+                format!("chunks_as_of({arg}): the table did not exist yet"),
+            )
+        })
+}
+
+/// Run one read-only query for `caller`: at most `max_rows` rows (the
+/// request's, else `limits.default_max_rows`).
+pub async fn query(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+) -> Result<SqlResult> {
+    execute(store, caller, limits, req, true).await
+}
+
+/// [`query`] without a row cap: every row the query selects (exports).
+pub async fn query_all(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+) -> Result<SqlResult> {
+    execute(store, caller, limits, req, false).await
+}
+
+async fn execute(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+    capped: bool,
+) -> Result<SqlResult> {
+    let sql = req.sql.trim();
+    if sql.is_empty() {
+        return Err(Error::invalid("sql", "must not be empty"));
+    }
+    let max_rows = match req.max_rows.unwrap_or(limits.default_max_rows) {
+        _ if !capped => None,
+        m if m == 0 || m > limits.max_rows_cap => {
+            return Err(Error::invalid(
+                "max_rows",
+                format!("must be between 1 and {}", limits.max_rows_cap),
+            ))
+        }
+        m => Some(m),
+    };
+    let params = req
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, v)| to_scalar(i, v))
+        .collect::<Result<Vec<_>>>()?;
+
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(GreedyMemoryPool::new(limits.memory_bytes)))
+        .build_arc()
+        .map_err(sql_err)?;
+    let ctx = SessionContext::new_with_config_rt(
+        SessionConfig::new().with_information_schema(false),
+        runtime,
+    );
+
+    // Parse first: only one plain query is allowed, whatever the planner would accept.
+    let dialect = lancedb::datafusion::sql::sqlparser::dialect::GenericDialect {};
+    let statements = lancedb::datafusion::sql::sqlparser::parser::Parser::parse_sql(&dialect, sql)
+        .map_err(|e| Error::BadRequest(format!("SQL: {e}")))?;
+    match statements.as_slice() {
+        [Statement::Query(_)] => {}
+        [_] => {
+            return Err(Error::BadRequest(
+                "SQL: only read-only queries (SELECT, WITH …) are allowed".into(),
+            ))
+        }
+        _ => {
+            return Err(Error::BadRequest(
+                "SQL: exactly one statement is allowed".into(),
+            ))
+        }
+    }
+
+    let wants_embedding = Regex::new(r"(?i)\bembedding\b")
+        .expect("static regex")
+        .is_match(sql);
+    let tables = store.tables();
+    for name in TABLES {
+        let df = scoped(
+            &ctx,
+            &tables[name],
+            caller,
+            *name == CHUNKS && !wants_embedding,
+        )
+        .await?;
+        ctx.register_table(*name, df.into_view()).map_err(sql_err)?;
+    }
+    let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
+    ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
+
+    let as_of =
+        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
+    let mut by_arg = HashMap::new();
+    for caps in as_of.captures_iter(sql) {
+        let arg = caps
+            .get(1)
+            .or_else(|| caps.get(2))
+            .expect("one group")
+            .as_str()
+            .to_string();
+        if by_arg.contains_key(&arg) {
+            continue;
+        }
+        let version = resolve_version(&tables[CHUNKS], &arg).await?;
+        let old = store
+            .connection()
+            .open_table(CHUNKS)
+            .execute()
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        old.checkout(version)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        by_arg.insert(arg, scoped(&ctx, &old, caller, !wants_embedding).await?);
+    }
+    ctx.register_udtf("chunks_as_of", Arc::new(AsOf { by_arg }));
+
+    let options = lancedb::datafusion::execution::context::SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    let run = async {
+        let mut df = ctx.sql_with_options(sql, options).await.map_err(sql_err)?;
+        if !params.is_empty() {
+            df = df
+                .with_param_values(ParamValues::List(
+                    params.into_iter().map(Into::into).collect(),
+                ))
+                .map_err(sql_err)?;
+        }
+        if let Some(max_rows) = max_rows {
+            df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
+        }
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await.map_err(sql_err)?;
+        Ok::<_, Error>((schema, batches))
+    };
+    let (schema, mut batches) =
+        tokio::time::timeout(limits.timeout, run)
+            .await
+            .map_err(|_| {
+                Error::Timeout(format!(
+                    "SQL: the query ran past {} ms",
+                    limits.timeout.as_millis()
+                ))
+            })??;
+    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let truncated = max_rows.is_some_and(|m| total > m);
+    if let (true, Some(max_rows)) = (truncated, max_rows) {
+        let mut keep = max_rows;
+        let mut cut = Vec::new();
+        for b in batches {
+            if keep == 0 {
+                break;
+            }
+            let n = b.num_rows().min(keep);
+            cut.push(b.slice(0, n));
+            keep -= n;
+        }
+        batches = cut;
+    }
+    Ok(SqlResult {
+        schema,
+        batches,
+        truncated,
+    })
+}
+
+/// The JSON shape of a result.
+#[derive(Debug, Serialize)]
+pub struct JsonResult {
+    pub columns: Vec<String>,
+    pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub row_count: usize,
+    pub truncated: bool,
+}
+
+/// Render a result: (content type, body).
+pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>)> {
+    use lancedb::datafusion::arrow::{csv, ipc, json};
+    let fail = |e: lancedb::datafusion::arrow::error::ArrowError| {
+        Error::Internal(format!("rendering: {e}"))
+    };
+    match format {
+        "json" => {
+            let mut writer = json::ArrayWriter::new(Vec::new());
+            for b in &result.batches {
+                writer.write(b).map_err(fail)?;
+            }
+            writer.finish().map_err(fail)?;
+            let bytes = writer.into_inner();
+            let rows: Vec<serde_json::Map<String, serde_json::Value>> = if bytes.is_empty() {
+                Vec::new()
+            } else {
+                serde_json::from_slice(&bytes).map_err(|e| Error::Internal(e.to_string()))?
+            };
+            let body = JsonResult {
+                columns: result
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect(),
+                row_count: rows.len(),
+                rows,
+                truncated: result.truncated,
+            };
+            Ok((
+                "application/json",
+                serde_json::to_vec(&body).map_err(|e| Error::Internal(e.to_string()))?,
+            ))
+        }
+        "csv" => {
+            let mut writer = csv::WriterBuilder::new()
+                .with_header(true)
+                .build(Vec::new());
+            for b in &result.batches {
+                writer.write(&nested_as_text(b)?).map_err(fail)?;
+            }
+            let mut out = writer.into_inner();
+            if result.batches.is_empty() {
+                let header: Vec<String> = result
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().clone())
+                    .collect();
+                out = format!("{}\n", header.join(",")).into_bytes();
+            }
+            Ok(("text/csv", out))
+        }
+        "jsonl" => {
+            let mut writer = json::LineDelimitedWriter::new(Vec::new());
+            for b in &result.batches {
+                writer.write(b).map_err(fail)?;
+            }
+            writer.finish().map_err(fail)?;
+            Ok(("application/x-ndjson", writer.into_inner()))
+        }
+        "markdown" => Ok(("text/markdown", markdown(result)?.into_bytes())),
+        "arrow" => {
+            let mut writer =
+                ipc::writer::StreamWriter::try_new(Vec::new(), &result.schema).map_err(fail)?;
+            for b in &result.batches {
+                writer.write(b).map_err(fail)?;
+            }
+            writer.finish().map_err(fail)?;
+            Ok((
+                "application/vnd.apache.arrow.stream",
+                writer.into_inner().map_err(fail)?,
+            ))
+        }
+        "parquet" => {
+            let mut out = Vec::new();
+            let mut writer =
+                parquet::arrow::ArrowWriter::try_new(&mut out, result.schema.clone(), None)
+                    .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
+            for b in &result.batches {
+                writer
+                    .write(b)
+                    .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
+            }
+            writer
+                .close()
+                .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
+            Ok(("application/vnd.apache.parquet", out))
+        }
+        other => Err(Error::invalid(
+            "format",
+            format!("`{other}`: use json, jsonl, csv, markdown, arrow or parquet"),
+        )),
+    }
+}
+
+/// CSV has no lists: list columns (tags, entities, embeddings) become their
+/// display text, `[a, b]`.
+fn nested_as_text(batch: &RecordBatch) -> Result<RecordBatch> {
+    use lancedb::datafusion::arrow::array::{ArrayRef, StringArray};
+    use lancedb::datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use lancedb::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let fail = |e: lancedb::datafusion::arrow::error::ArrowError| {
+        Error::Internal(format!("rendering: {e}"))
+    };
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type().is_nested())
+    {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default().with_null("");
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if !f.data_type().is_nested() {
+            fields.push(f.as_ref().clone());
+            columns.push(c.clone());
+            continue;
+        }
+        let formatter = ArrayFormatter::try_new(c.as_ref(), &options).map_err(fail)?;
+        let text: StringArray = (0..c.len())
+            .map(|r| (!c.is_null(r)).then(|| formatter.value(r).to_string()))
+            .collect();
+        fields.push(Field::new(f.name(), DataType::Utf8, true));
+        columns.push(Arc::new(text));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(fail)
+}
+
+/// A GitHub-flavoured Markdown table; cells keep their text on one line.
+fn markdown(result: &SqlResult) -> Result<String> {
+    use lancedb::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let cell = |s: &str| s.replace('|', "\\|").replace('\n', "<br>");
+    let names: Vec<String> = result
+        .schema
+        .fields()
+        .iter()
+        .map(|f| cell(f.name()))
+        .collect();
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
+    let options = FormatOptions::default().with_null("");
+    for b in &result.batches {
+        let formatters = b
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
+        for r in 0..b.num_rows() {
+            let cells: Vec<String> = formatters
+                .iter()
+                .map(|f| cell(&f.value(r).to_string()))
+                .collect();
+            out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        }
+    }
+    Ok(out)
+}
+
+/// A plain-text table, for the CLI.
+pub fn pretty(result: &SqlResult) -> Result<String> {
+    let mut s = lancedb::datafusion::arrow::util::pretty::pretty_format_batches(&result.batches)
+        .map_err(|e| Error::Internal(e.to_string()))?
+        .to_string();
+    if result.truncated {
+        s.push_str("\n(truncated at max_rows)");
+    }
+    Ok(s)
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlConfig {
+    /// A query running longer is cancelled (504).
+    pub timeout_ms: u64,
+    /// Memory a query may use for sorts, joins and aggregations.
+    pub memory_limit_mb: usize,
+    /// Rows returned when a request names no `max_rows`.
+    pub default_max_rows: usize,
+    /// The largest `max_rows` accepted.
+    pub max_rows_cap: usize,
+}
+
+impl SqlConfig {
+    pub fn limits(&self) -> crate::service::sql::SqlLimits {
+        crate::service::sql::SqlLimits {
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            memory_bytes: self.memory_limit_mb * 1024 * 1024,
+            default_max_rows: self.default_max_rows,
+            max_rows_cap: self.max_rows_cap,
+        }
+    }
+}

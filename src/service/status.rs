@@ -1,0 +1,184 @@
+//! Daemon-wide information: status, the caller's identity, namespaces.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::core::{Caller, Role};
+use crate::service::Services;
+use crate::core::error::Result;
+use crate::pipeline::StageStatsSnapshot;
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub status: &'static str,
+    pub uptime_secs: u64,
+    pub config_summary: ConfigSummary,
+    pub chunks: usize,
+    pub dead_letters: usize,
+    pub bus: BusStatus,
+    pub embedder: EmbedderStatus,
+    pub llm: LlmStatus,
+    /// Cumulative per-stage counts and timings, by pipeline.
+    pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
+}
+
+/// The optional LLM: whether one is configured, its model, and the entity
+/// queue's counters (queued, enriched, skipped for the budget, dropped when
+/// full, failed calls).
+#[derive(Debug, Serialize)]
+pub struct LlmStatus {
+    pub configured: bool,
+    pub model: Option<String>,
+    pub ner: Option<crate::pipeline::ner::NerStats>,
+}
+
+/// The reference's summary keys; `rocksdb_keys` and `tantivy_docs` count the
+/// chunks and the full-text-searchable chunks (every chunk: unindexed rows are
+/// scored flat until the index is refreshed).
+#[derive(Debug, Serialize)]
+pub struct ConfigSummary {
+    pub vector_enabled: bool,
+    pub tantivy_enabled: bool,
+    pub scheduler_enabled: bool,
+    pub rocksdb_keys: usize,
+    pub tantivy_docs: usize,
+    pub embeddings_count: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BusStatus {
+    pub kind: &'static str,
+    pub connected: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EmbedderStatus {
+    pub provider: crate::providers::embed::config::EmbedProvider,
+    pub model: String,
+    pub dim: usize,
+    /// Chunks without a vector of this model (none, or another model's): vector
+    /// search skips them until `POST /v1/embed-missing`.
+    pub stale: usize,
+    /// The embedding job running now, if any.
+    pub job: Option<crate::service::tasks::TaskView>,
+}
+
+impl Status {
+    /// The flat shape of MCP `memory_status`, plus the bus and embedder.
+    pub fn for_mcp(&self) -> serde_json::Value {
+        let c = &self.config_summary;
+        serde_json::json!({
+            "status": self.status,
+            "uptime_secs": self.uptime_secs,
+            "rocksdb_keys": c.rocksdb_keys,
+            "tantivy_docs": c.tantivy_docs,
+            "embeddings_count": c.embeddings_count,
+            "vector": c.vector_enabled,
+            "tantivy": c.tantivy_enabled,
+            "scheduler": c.scheduler_enabled,
+            "dead_letters": self.dead_letters,
+            "bus": self.bus,
+            "embedder": {"provider": self.embedder.provider, "model": self.embedder.model, "stale": self.embedder.stale},
+        })
+    }
+}
+
+fn and(a: &Option<String>, b: &str) -> String {
+    match a {
+        Some(a) => format!("({a}) AND {b}"),
+        None => b.to_string(),
+    }
+}
+
+pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
+    let scope = crate::store::stream_filter(caller);
+    let chunks = engine.store.count(scope.clone()).await?;
+    let embedded = engine
+        .store
+        .count(Some(and(&scope, &engine.store.vector_clause())))
+        .await?;
+    Ok(Status {
+        status: "ok",
+        uptime_secs: engine.uptime().as_secs(),
+        config_summary: ConfigSummary {
+            vector_enabled: engine.cfg.search.vector_weight > 0.0,
+            tantivy_enabled: engine.cfg.search.bm25_weight > 0.0,
+            scheduler_enabled: engine.cfg.scheduler_enabled,
+            rocksdb_keys: chunks,
+            tantivy_docs: chunks,
+            embeddings_count: embedded,
+        },
+        chunks,
+        dead_letters: engine.store.count_dead_letters(scope.clone()).await?,
+        bus: BusStatus {
+            kind: engine.bus.kind(),
+            connected: engine.bus.connected(),
+        },
+        embedder: EmbedderStatus {
+            provider: engine.cfg.embed.provider,
+            model: engine.embedder.model().to_string(),
+            dim: engine.embedder.dim(),
+            stale: engine
+                .store
+                .count(Some(and(
+                    &scope,
+                    &crate::service::reembed::stale_clause(engine.embedder.model()),
+                )))
+                .await?,
+            job: engine.jobs.running(crate::service::reembed::GROUP).map(|j| j.view()),
+        },
+        llm: LlmStatus {
+            configured: engine.llm.is_some(),
+            model: engine.llm.as_ref().map(|l| l.model().to_string()),
+            ner: engine.ner.as_ref().map(|q| q.stats()),
+        },
+        pipelines: engine
+            .pipelines
+            .all()
+            .map(|p| (p.name.clone(), p.stats()))
+            .collect(),
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct WhoAmI {
+    pub name: String,
+    pub role: Role,
+    pub active_stream: String,
+    /// `["*"]` for a key that sees every stream.
+    pub accessible_streams: Vec<String>,
+    pub auth_mode: &'static str,
+}
+
+pub fn whoami(engine: &Services, caller: &Caller) -> WhoAmI {
+    WhoAmI {
+        name: caller.name.clone(),
+        role: caller.role,
+        active_stream: caller.default_stream().to_string(),
+        accessible_streams: caller.streams.clone().unwrap_or_else(|| vec!["*".into()]),
+        auth_mode: if engine.auth.passthrough() {
+            "passthrough"
+        } else {
+            "token"
+        },
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Namespaces {
+    pub namespaces: BTreeMap<String, String>,
+}
+
+/// The configured namespace labels whose streams the caller may see.
+pub fn namespaces(engine: &Services, caller: &Caller) -> Namespaces {
+    Namespaces {
+        namespaces: engine
+            .cfg
+            .namespaces
+            .iter()
+            .filter(|(_, stream)| caller.can_see(stream))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}

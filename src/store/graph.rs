@@ -1,0 +1,498 @@
+//! The per-stream entity graph: `entities` (one row per stream and entity key:
+//! type, aliases, the chunks that mention it) and `edges` (co-occurrence and
+//! verb relations such as "alice -uses-> cursor").
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use lancedb::Table;
+use serde::{Deserialize, Serialize};
+
+use crate::core::model::{Columns, Micros};
+use crate::store::{column_in, sql_str, Result, StoreError};
+
+/// Most chunk ids kept per entity or edge (the most recent win).
+const MAX_CHUNK_REFS: usize = 2000;
+
+/// The lookup key of an entity name: lower case, letters and digits only, so
+/// "VS Code", "VSCode" and "vscode" are one entity.
+pub fn entity_key(name: &str) -> String {
+    name.chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EntityRow {
+    pub id: String,
+    pub stream: String,
+    pub key: String,
+    pub name: String,
+    pub entity_type: String,
+    pub aliases: Vec<String>,
+    pub chunk_ids: Vec<String>,
+    pub chunk_count: i64,
+    pub first_seen: Micros,
+    pub last_seen: Micros,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EdgeRow {
+    pub id: String,
+    pub stream: String,
+    pub source: String,
+    pub target: String,
+    pub relation: String,
+    pub weight: i64,
+    pub chunk_ids: Vec<String>,
+    pub updated_at: Micros,
+}
+
+fn ts() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, None)
+}
+
+fn str_list() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
+}
+
+pub fn entity_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("key", DataType::Utf8, false),
+        Field::new("name", DataType::Utf8, false),
+        Field::new("entity_type", DataType::Utf8, false),
+        Field::new("aliases", str_list(), true),
+        Field::new("chunk_ids", str_list(), true),
+        Field::new("chunk_count", DataType::Int64, false),
+        Field::new("first_seen", ts(), false),
+        Field::new("last_seen", ts(), false),
+    ]))
+}
+
+pub fn edge_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("stream", DataType::Utf8, false),
+        Field::new("source", DataType::Utf8, false),
+        Field::new("target", DataType::Utf8, false),
+        Field::new("relation", DataType::Utf8, false),
+        Field::new("weight", DataType::Int64, false),
+        Field::new("chunk_ids", str_list(), true),
+        Field::new("updated_at", ts(), false),
+    ]))
+}
+
+/// Rows of any serialisable struct as a record batch of `schema`.
+pub fn rows_to_batch<T: Serialize>(schema: SchemaRef, rows: &[T]) -> Result<RecordBatch> {
+    let mut decoder = arrow_json::ReaderBuilder::new(schema)
+        .build_decoder()
+        .map_err(crate::core::model::ModelError::from)?;
+    decoder
+        .serialize(rows)
+        .map_err(crate::core::model::ModelError::from)?;
+    decoder
+        .flush()
+        .map_err(crate::core::model::ModelError::from)?
+        .ok_or_else(|| StoreError::Model(crate::core::model::ModelError::Column("no rows".into())))
+}
+
+fn entity_rows(batch: &RecordBatch) -> Vec<EntityRow> {
+    let c = Columns::new(batch);
+    (0..batch.num_rows())
+        .map(|r| EntityRow {
+            id: c.str("id", r).unwrap_or_default(),
+            stream: c.str("stream", r).unwrap_or_default(),
+            key: c.str("key", r).unwrap_or_default(),
+            name: c.str("name", r).unwrap_or_default(),
+            entity_type: c.str("entity_type", r).unwrap_or_default(),
+            aliases: c.str_list("aliases", r),
+            chunk_ids: c.str_list("chunk_ids", r),
+            chunk_count: c.i64("chunk_count", r).unwrap_or(0),
+            first_seen: c.time("first_seen", r).unwrap_or(0),
+            last_seen: c.time("last_seen", r).unwrap_or(0),
+        })
+        .collect()
+}
+
+fn edge_rows(batch: &RecordBatch) -> Vec<EdgeRow> {
+    let c = Columns::new(batch);
+    (0..batch.num_rows())
+        .map(|r| EdgeRow {
+            id: c.str("id", r).unwrap_or_default(),
+            stream: c.str("stream", r).unwrap_or_default(),
+            source: c.str("source", r).unwrap_or_default(),
+            target: c.str("target", r).unwrap_or_default(),
+            relation: c.str("relation", r).unwrap_or_default(),
+            weight: c.i64("weight", r).unwrap_or(0),
+            chunk_ids: c.str_list("chunk_ids", r),
+            updated_at: c.time("updated_at", r).unwrap_or(0),
+        })
+        .collect()
+}
+
+/// One entity found in one chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mention {
+    pub stream: String,
+    pub key: String,
+    pub name: String,
+    pub entity_type: String,
+    /// The text as it appeared.
+    pub surface: String,
+    pub chunk_id: String,
+    pub at: Micros,
+}
+
+/// One relation found in one chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Relation {
+    pub stream: String,
+    pub source: String,
+    pub target: String,
+    pub relation: String,
+    pub chunk_id: String,
+    pub at: Micros,
+}
+
+pub struct Graph {
+    pub entities: Table,
+    pub edges: Table,
+    /// Rows upserted since the `id` indexes were last refreshed.
+    unindexed: std::sync::atomic::AtomicUsize,
+}
+
+/// Graph rows written between two refreshes of the `id` indexes (rows added
+/// since the last refresh are looked up by a scan).
+const GRAPH_INDEX_REFRESH_ROWS: usize = 10_000;
+
+async fn read_where<T>(
+    table: &Table,
+    filter: String,
+    f: fn(&RecordBatch) -> Vec<T>,
+) -> Result<Vec<T>> {
+    let batches = crate::store::scan(table, &filter).await?;
+    Ok(batches.iter().flat_map(f).collect())
+}
+
+async fn upsert<T: Serialize>(table: &Table, schema: SchemaRef, rows: &[T]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    crate::store::upsert_batch(table, rows_to_batch(schema, rows)?).await
+}
+
+fn push_ref(list: &mut Vec<String>, id: &str) {
+    if !list.iter().any(|x| x == id) {
+        list.push(id.to_string());
+        if list.len() > MAX_CHUNK_REFS {
+            list.remove(0);
+        }
+    }
+}
+
+impl Graph {
+    /// Open the graph over its two tables, with a BTree index on each `id`
+    /// (every batch reads and merges by id).
+    pub async fn open(entities: Table, edges: Table) -> Result<Graph> {
+        for table in [&entities, &edges] {
+            let indexed = table
+                .list_indices()
+                .await?
+                .iter()
+                .any(|i| i.columns.iter().any(|c| c == "id"));
+            if !indexed {
+                table
+                    .create_index(&["id"], lancedb::index::Index::BTree(Default::default()))
+                    .execute()
+                    .await?;
+            }
+        }
+        Ok(Graph {
+            entities,
+            edges,
+            unindexed: Default::default(),
+        })
+    }
+
+    /// Count written rows; past the threshold, fold them into the indexes.
+    async fn written(&self, rows: usize) {
+        use std::sync::atomic::Ordering;
+        let total = self.unindexed.fetch_add(rows, Ordering::Relaxed) + rows;
+        if total < GRAPH_INDEX_REFRESH_ROWS {
+            return;
+        }
+        self.unindexed.store(0, Ordering::Relaxed);
+        for table in [&self.entities, &self.edges] {
+            if let Err(e) = table
+                .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+                .await
+            {
+                tracing::warn!(error = %e, "graph index refresh failed; will retry");
+            }
+        }
+    }
+
+    /// Fold a batch's mentions and relations into the tables (one commit each).
+    pub async fn record(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
+        if !mentions.is_empty() {
+            let ids: BTreeSet<String> = mentions
+                .iter()
+                .map(|m| format!("{}/{}", m.stream, m.key))
+                .collect();
+            let mut rows: HashMap<String, EntityRow> =
+                read_where(&self.entities, column_in("id", &ids), entity_rows)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id.clone(), r))
+                    .collect();
+            for m in mentions {
+                let id = format!("{}/{}", m.stream, m.key);
+                let row = rows.entry(id.clone()).or_insert_with(|| EntityRow {
+                    id,
+                    stream: m.stream.clone(),
+                    key: m.key.clone(),
+                    name: m.name.clone(),
+                    entity_type: m.entity_type.clone(),
+                    aliases: Vec::new(),
+                    chunk_ids: Vec::new(),
+                    chunk_count: 0,
+                    first_seen: m.at,
+                    last_seen: m.at,
+                });
+                if m.surface != row.name
+                    && !row.aliases.contains(&m.surface)
+                    && row.aliases.len() < 50
+                {
+                    row.aliases.push(m.surface.clone());
+                }
+                if !row.chunk_ids.contains(&m.chunk_id) {
+                    row.chunk_count += 1;
+                }
+                push_ref(&mut row.chunk_ids, &m.chunk_id);
+                row.first_seen = row.first_seen.min(m.at);
+                row.last_seen = row.last_seen.max(m.at);
+            }
+            let rows: Vec<EntityRow> = rows.into_values().collect();
+            upsert(&self.entities, entity_schema(), &rows).await?;
+            self.written(rows.len()).await;
+        }
+        if !relations.is_empty() {
+            let id_of =
+                |r: &Relation| format!("{}/{}/{}/{}", r.stream, r.source, r.relation, r.target);
+            let ids: BTreeSet<String> = relations.iter().map(id_of).collect();
+            let mut rows: HashMap<String, EdgeRow> =
+                read_where(&self.edges, column_in("id", &ids), edge_rows)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.id.clone(), r))
+                    .collect();
+            for r in relations {
+                let id = id_of(r);
+                let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
+                    id,
+                    stream: r.stream.clone(),
+                    source: r.source.clone(),
+                    target: r.target.clone(),
+                    relation: r.relation.clone(),
+                    weight: 0,
+                    chunk_ids: Vec::new(),
+                    updated_at: r.at,
+                });
+                if !row.chunk_ids.contains(&r.chunk_id) {
+                    row.weight += 1;
+                }
+                push_ref(&mut row.chunk_ids, &r.chunk_id);
+                row.updated_at = row.updated_at.max(r.at);
+            }
+            let rows: Vec<EdgeRow> = rows.into_values().collect();
+            upsert(&self.edges, edge_schema(), &rows).await?;
+            self.written(rows.len()).await;
+        }
+        Ok(())
+    }
+
+    /// The entity a name or any alias seen for it stands for in a stream.
+    pub async fn entity(&self, stream: &str, name: &str) -> Result<Option<EntityRow>> {
+        let key = entity_key(name);
+        let mut rows = read_where(
+            &self.entities,
+            format!("id = {}", sql_str(&format!("{stream}/{key}"))),
+            entity_rows,
+        )
+        .await?;
+        if let Some(row) = rows.pop() {
+            return Ok(Some(row));
+        }
+        let all = read_where(
+            &self.entities,
+            format!("stream = {}", sql_str(stream)),
+            entity_rows,
+        )
+        .await?;
+        Ok(all
+            .into_iter()
+            .find(|e| e.aliases.iter().any(|a| entity_key(a) == key)))
+    }
+
+    /// The entities of these streams whose key is one of `keys` (one indexed read).
+    pub async fn by_keys(&self, streams: &[String], keys: &[String]) -> Result<Vec<EntityRow>> {
+        let ids: Vec<String> = streams
+            .iter()
+            .flat_map(|s| keys.iter().map(move |k| format!("{s}/{k}")))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        read_where(&self.entities, column_in("id", &ids), entity_rows).await
+    }
+
+    /// Edges touching an entity key in a stream.
+    pub async fn edges_of(&self, stream: &str, key: &str) -> Result<Vec<EdgeRow>> {
+        read_where(
+            &self.edges,
+            format!(
+                "stream = {} AND (source = {k} OR target = {k})",
+                sql_str(stream),
+                k = sql_str(key)
+            ),
+            edge_rows,
+        )
+        .await
+    }
+
+    /// Drop the entity and edge rows matching a filter (a stream scope);
+    /// returns how many went.
+    pub async fn delete_where(&self, filter: &str) -> Result<usize> {
+        let mut n = 0;
+        for table in [&self.entities, &self.edges] {
+            n += table.count_rows(Some(filter.to_string())).await?;
+            table.delete(filter).await?;
+        }
+        Ok(n)
+    }
+
+    /// Entities and edges counted over the given streams (None = all).
+    pub async fn stats(&self, scope: Option<String>) -> Result<(usize, usize, i64)> {
+        let entities = read_where(
+            &self.entities,
+            scope.clone().unwrap_or_else(|| "true".into()),
+            entity_rows,
+        )
+        .await?;
+        let edges = self.edges.count_rows(scope).await?;
+        let refs: i64 = entities.iter().map(|e| e.chunk_count).sum();
+        Ok((entities.len(), edges, refs))
+    }
+}
+
+/// A dictionary entry: canonical name, type, optional category and aliases.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DictionaryEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub entity_type: String,
+    /// A group of interchangeable things ("editor", "language"), used to spot updates.
+    #[serde(default)]
+    pub category: Option<String>,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+}
+
+/// The entity dictionary keyed by normalised surface form.
+#[derive(Debug, Clone, Default)]
+pub struct Dictionary {
+    pub by_key: BTreeMap<String, Arc<DictionaryEntry>>,
+    /// The longest surface form, in words (for n-gram lookup).
+    pub max_words: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DictionaryFile {
+    entity: Vec<DictionaryEntry>,
+}
+
+impl Dictionary {
+    /// The entries of `file` (relative to `dir`, `[[entity]]` tables) plus `inline`.
+    pub fn load(
+        dir: &std::path::Path,
+        file: Option<&str>,
+        inline: Vec<DictionaryEntry>,
+    ) -> Result<Dictionary, String> {
+        let mut entries = inline;
+        if let Some(file) = file {
+            let path = dir.join(file);
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let parsed: DictionaryFile =
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            entries.extend(parsed.entity);
+        }
+        Ok(Dictionary::new(entries))
+    }
+
+    pub fn new(entries: Vec<DictionaryEntry>) -> Dictionary {
+        let mut d = Dictionary::default();
+        for e in entries {
+            let e = Arc::new(e);
+            for surface in std::iter::once(&e.name).chain(&e.aliases) {
+                d.max_words = d.max_words.max(surface.split_whitespace().count());
+                d.by_key.insert(entity_key(surface), e.clone());
+            }
+        }
+        d
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Arc<DictionaryEntry>> {
+        self.by_key.get(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_fold_case_spacing_and_punctuation() {
+        assert_eq!(entity_key("VS Code"), "vscode");
+        assert_eq!(entity_key("VSCode"), "vscode");
+        assert_eq!(entity_key("vscode"), "vscode");
+        assert_eq!(entity_key("Node.js"), "nodejs");
+        assert_ne!(entity_key("Alice"), entity_key("Alicia"));
+    }
+
+    #[test]
+    fn dictionary_maps_aliases_to_their_entry() {
+        let d = Dictionary::new(vec![DictionaryEntry {
+            name: "VS Code".into(),
+            entity_type: "TECHNOLOGY".into(),
+            category: Some("editor".into()),
+            aliases: vec!["Visual Studio Code".into()],
+        }]);
+        assert_eq!(d.get("visualstudiocode").unwrap().name, "VS Code");
+        assert_eq!(d.get("vscode").unwrap().name, "VS Code");
+        assert_eq!(d.max_words, 3);
+    }
+
+    #[test]
+    fn rows_serialise_into_the_schema() {
+        let row = EdgeRow {
+            id: "s/a/uses/b".into(),
+            stream: "s".into(),
+            source: "a".into(),
+            target: "b".into(),
+            relation: "uses".into(),
+            weight: 2,
+            chunk_ids: vec!["c1".into()],
+            updated_at: 1_700_000_000_000_000,
+        };
+        let batch = rows_to_batch(edge_schema(), std::slice::from_ref(&row)).unwrap();
+        assert_eq!(edge_rows(&batch), vec![row]);
+    }
+}
