@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use loomem::core::{Caller, Role};
+use loomem::core::Caller;
 use loomem::core::model::{chunks_to_batch, Chunk};
 use loomem::service::sql::{query, SqlLimits, SqlRequest};
 use loomem::store::Store;
@@ -60,11 +60,7 @@ fn bench_sql(c: &mut Criterion) {
         max_rows_cap: 1_000_000,
     };
     let admin = Caller::admin("bench");
-    let scoped = Caller {
-        name: "s3".into(),
-        role: Role::User,
-        streams: Some(vec!["s3".into()]),
-    };
+    let scoped = Caller::scoped("s3", vec!["s3".into()]);
     let mut group = c.benchmark_group("sql_1m");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(10);

@@ -488,7 +488,7 @@ impl MemoryServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let (caller, _) = who!(self, ctx);
-        json(&crate::service::status::namespaces(&self.engine, &caller))
+        json(&crate::service::status::namespaces(&caller))
     }
 }
 

@@ -18,7 +18,7 @@ impl Error {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

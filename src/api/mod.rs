@@ -75,7 +75,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/whoami", get(whoami))
         .route_layer(middleware::from_fn_with_state(
             engine.clone(),
-            extract::require_auth,
+            request::require_auth,
         ));
     Router::new()
         .route("/health", get(health))
@@ -142,16 +142,16 @@ async fn export_handler(
         .into_response())
 }
 
-async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<admin::Status>> {
-    Ok(Json(admin::status(&engine, &caller).await?))
+async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<status::Status>> {
+    Ok(Json(status::status(&engine, &caller).await?))
 }
 
-async fn namespaces(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<admin::Namespaces> {
-    Json(admin::namespaces(&engine, &caller))
+async fn namespaces(caller: Caller) -> Json<status::Namespaces> {
+    Json(status::namespaces(&caller))
 }
 
-async fn whoami(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<admin::WhoAmI> {
-    Json(admin::whoami(&engine, &caller))
+async fn whoami(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<status::WhoAmI> {
+    Json(status::whoami(&engine, &caller))
 }
 
 async fn embed_missing(
@@ -179,7 +179,7 @@ async fn embed_job(
 ) -> Result<axum::response::Response> {
     use axum::response::IntoResponse;
     let wait = req.wait.unwrap_or(true);
-    let job = reembed::start(&engine, &caller, scope).await?;
+    let job = reembed::start(&engine.services, &caller, scope).await?;
     if !wait {
         let body = Json(reembed::EmbedJobResponse::from_job(&job));
         return Ok((axum::http::StatusCode::ACCEPTED, body).into_response());

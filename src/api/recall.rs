@@ -88,7 +88,7 @@ pub async fn graph_entity(
     ApiQuery(q): ApiQuery<GraphQuery>,
 ) -> Result<Json<EntityView>> {
     Ok(Json(
-        graph_query::entity(&engine, &caller, &name, q.stream.as_deref()).await?,
+        graph::entity(&engine, &caller, &name, q.stream.as_deref()).await?,
     ))
 }
 
@@ -98,7 +98,7 @@ pub async fn graph_stats(
     ApiQuery(q): ApiQuery<GraphQuery>,
 ) -> Result<Json<GraphStats>> {
     Ok(Json(
-        graph_query::stats(&engine, &caller, q.stream.as_deref()).await?,
+        graph::stats(&engine, &caller, q.stream.as_deref()).await?,
     ))
 }
 

@@ -104,10 +104,6 @@ pub struct Config {
     pub base_dir: PathBuf,
 }
 
-fn yes() -> bool {
-    true
-}
-
 impl Config {
     /// Read `path`, apply overrides from `env`, validate.
     pub fn load(path: &Path, env: &HashMap<String, String>) -> Result<Config, ConfigError> {

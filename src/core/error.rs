@@ -25,6 +25,9 @@ pub enum Error {
     Timeout(String),
     #[error("{0}")]
     Internal(String),
+    /// A storage failure, with the store's own error kept as the source.
+    #[error("storage error: {0}")]
+    Storage(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Error {

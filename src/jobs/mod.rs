@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use crate::service::Services;
 
 
-use crate::core::model::{now_micros, Micros};
+use crate::core::model::Micros;
 
 /// What a maintenance job reports (JSON, kept as text in `job_runs.report`).
 pub type JobReport = serde_json::Value;

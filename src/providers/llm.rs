@@ -8,8 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::core::model::{now_micros, Micros};
 use crate::providers::openai_compat::OpenAiHttp;

@@ -88,6 +88,7 @@ impl Auth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::Role;
     use super::ScopedToken;
 
     fn server_cfg() -> ServerConfig {

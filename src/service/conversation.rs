@@ -6,6 +6,8 @@
 //! daily budget), validating its answer; the rule extractor is the default and
 //! the fallback, so ingestion never depends on the LLM.
 
+use std::path::PathBuf;
+
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
@@ -66,7 +68,7 @@ pub struct FactOut {
     pub existing_id: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub supersedes: Vec<String>,
-    pub source: extract::Source,
+    pub source: facts::Source,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -177,10 +179,10 @@ async fn extract_facts(
         .chat_json(
             stream,
             "ingest",
-            extract::llm::SYSTEM_PROMPT,
-            &extract::llm::prompt(turns, date),
-            extract::llm::SCHEMA_NAME,
-            extract::llm::schema(),
+            facts::llm::SYSTEM_PROMPT,
+            &facts::llm::prompt(turns, date),
+            facts::llm::SCHEMA_NAME,
+            facts::llm::schema(),
         )
         .await;
     let reply = match reply {
@@ -196,7 +198,7 @@ async fn extract_facts(
         completion_tokens: reply.completion_tokens,
         cost_usd: reply.cost_usd,
     };
-    match extract::llm::validate(reply.json, turns) {
+    match facts::llm::validate(reply.json, turns) {
         Ok(facts) => Ok(Extraction {
             facts,
             extractor: "llm",
@@ -215,7 +217,6 @@ async fn extract_facts(
 
 /// What every fact of one conversation shares.
 struct Conversation<'a> {
-    engine: &'a Services,
     caller: &'a Caller,
     req: &'a IngestRequest,
     extraction: &'a Extraction,
@@ -229,7 +230,6 @@ impl Conversation<'_> {
         let (req, extraction, created_at, conversation_date) =
             (self.req, self.extraction, self.created_at, &self.date);
         let mut chunk = crate::service::memory::chunk_from_request(
-            self.engine,
             self.caller,
             crate::service::memory::StoreRequest {
                 content: fact.content.clone(),
@@ -305,7 +305,6 @@ pub async fn ingest(
             .join("\n"),
     );
     let conversation = Conversation {
-        engine,
         caller,
         req: &req,
         extraction: &extraction,

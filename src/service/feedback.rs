@@ -2,21 +2,14 @@
 //! every signal is a row of the `feedback` table; a per-memory tally kept in
 //! memory (rebuilt from the table at start) feeds search ranking.
 
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
 
-use arrow_array::RecordBatch;
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use futures::TryStreamExt;
-use lancedb::query::ExecutableQuery;
-use lancedb::Table;
 use serde::{Deserialize, Serialize};
 
 use crate::core::Caller;
 pub use crate::store::feedback::{FeedbackBook, FeedbackRow, Tally};
 use crate::service::Services;
 use crate::core::error::{Error, Result};
-use crate::core::model::{now_micros, Columns, Micros};
+use crate::core::model::now_micros;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -70,28 +63,4 @@ pub async fn record(
         tally,
         ranking_factor: tally.factor(engine.cfg.search.feedback_weight),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signals_move_the_factor_both_ways() {
-        let mut t = Tally::default();
-        for _ in 0..3 {
-            t.add(4, false);
-        }
-        assert!((t.factor(0.1) - 1.3).abs() < 1e-6);
-        let mut bad = Tally::default();
-        bad.add(0, false);
-        bad.add(3, true);
-        assert!((bad.factor(0.1) - 0.7).abs() < 1e-6);
-        assert_eq!(bad.harmful, 1);
-        let mut many = Tally::default();
-        for _ in 0..100 {
-            many.add(0, true);
-        }
-        assert_eq!(many.factor(0.1), 0.1);
-    }
 }

@@ -3,7 +3,7 @@
 //! the batch onto the bus without waiting for storage. Ids derive from the
 //! source, so re-running an interrupted import resumes without duplicates.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 

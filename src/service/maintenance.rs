@@ -61,7 +61,7 @@ pub struct Report {
 }
 
 /// The Lance filter for the request's scope.
-fn scope(engine: &Services, caller: &Caller, req: &ScopeRequest) -> Result<String> {
+fn scope(caller: &Caller, req: &ScopeRequest) -> Result<String> {
     match &req.stream {
         Some(s) => Ok(format!(
             "stream = {}",
@@ -179,7 +179,7 @@ async fn rerun_stage(
 
 /// `POST /v1/retag-all`.
 pub async fn retag_all(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
-    let filter = scope(engine, caller, &req)?;
+    let filter = scope(caller, &req)?;
     rerun_stage(
         engine,
         filter,
@@ -208,7 +208,7 @@ fn pre_surprise(c: &Chunk) -> Option<f32> {
 pub async fn score_all(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
     let filter = format!(
         "({}) AND NOT immutable AND {}",
-        scope(engine, caller, &req)?,
+        scope(caller, &req)?,
         engine.store.vector_clause()
     );
     rerun_stage(
@@ -255,7 +255,7 @@ pub async fn reset_importance(
     caller: &Caller,
     req: ScopeRequest,
 ) -> Result<Report> {
-    let filter = format!("({}) AND NOT immutable", scope(engine, caller, &req)?);
+    let filter = format!("({}) AND NOT immutable", scope(caller, &req)?);
     rewrite(engine, filter, |c| {
         let scored = c
             .annotation("surprise")
@@ -280,20 +280,20 @@ pub async fn reset_importance(
 pub async fn reset_backfill(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
     let filter = format!(
         "({}) AND extraction_meta LIKE '%\"llm_ner\"%'",
-        scope(engine, caller, &req)?
+        scope(caller, &req)?
     );
     rewrite(engine, filter, |c| c.remove_annotation("llm_ner")).await
 }
 
 /// `POST /v1/build-graph`.
 pub async fn build_graph(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
-    let filter = scope(engine, caller, &req)?;
+    let filter = scope(caller, &req)?;
     let graph = &engine.store.graph;
     // No pipeline batch adds to the graph between the drop and the rebuild.
     let _gate = engine.store.write_gate.write().await;
     let dropped = graph.delete_where(&filter).await?;
     let mut report = rerun_stage(engine, filter, "extract_entities", |_| {}, |_, _| false).await?;
-    let (entities, edges, _) = graph.stats(Some(scope(engine, caller, &req)?)).await?;
+    let (entities, edges, _) = graph.stats(Some(scope(caller, &req)?)).await?;
     report.updated = entities + edges;
     report.extra.insert("entities".into(), json!(entities));
     report.extra.insert("edges".into(), json!(edges));
@@ -314,7 +314,7 @@ pub async fn extract_entities(
     })?;
     let filter = format!(
         "({}) AND (extraction_meta IS NULL OR extraction_meta NOT LIKE '%\"llm_ner\"%')",
-        scope(engine, caller, &req)?
+        scope(caller, &req)?
     );
     let ids = engine.store.ids(filter).await?;
     let before = ner.stats().dropped_full;

@@ -60,7 +60,7 @@ pub struct EmbedJobResponse {
 }
 
 impl EmbedJobResponse {
-    pub fn from_job(job: &Job) -> EmbedJobResponse {
+    pub fn from_job(job: &Task) -> EmbedJobResponse {
         let v = job.view();
         EmbedJobResponse {
             status: match v.state {

@@ -171,10 +171,9 @@ pub struct Namespaces {
 }
 
 /// The configured namespace labels whose streams the caller may see.
-pub fn namespaces(engine: &Services, caller: &Caller) -> Namespaces {
+pub fn namespaces(caller: &Caller) -> Namespaces {
     Namespaces {
-        namespaces: engine
-            .cfg
+        namespaces: caller
             .namespaces
             .iter()
             .filter(|(_, stream)| caller.can_see(stream))

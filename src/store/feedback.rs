@@ -135,3 +135,27 @@ impl FeedbackBook {
             .unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_move_the_factor_both_ways() {
+        let mut t = Tally::default();
+        for _ in 0..3 {
+            t.add(4, false);
+        }
+        assert!((t.factor(0.1) - 1.3).abs() < 1e-6);
+        let mut bad = Tally::default();
+        bad.add(0, false);
+        bad.add(3, true);
+        assert!((bad.factor(0.1) - 0.7).abs() < 1e-6);
+        assert_eq!(bad.harmful, 1);
+        let mut many = Tally::default();
+        for _ in 0..100 {
+            many.add(0, true);
+        }
+        assert_eq!(many.factor(0.1), 0.1);
+    }
+}

@@ -950,6 +950,6 @@ pub(crate) fn batch_reader(
 
 impl From<StoreError> for crate::core::Error {
     fn from(e: StoreError) -> Self {
-        crate::core::Error::Internal(format!("storage error: {e}"))
+        crate::core::Error::Storage(Box::new(e))
     }
 }

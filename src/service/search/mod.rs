@@ -119,7 +119,7 @@ pub struct TraceMetadata {
 }
 
 /// The streams a search covers: `streams` when given, else `stream`, else the caller's default.
-fn resolve_streams(engine: &Services, caller: &Caller, req: &SearchRequest) -> Result<Vec<String>> {
+fn resolve_streams(caller: &Caller, req: &SearchRequest) -> Result<Vec<String>> {
     match &req.streams {
         Some(list) if !list.is_empty() => {
             let mut out = Vec::new();
@@ -378,7 +378,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     if is_aggregation(&query) {
         top_k = top_k.max(AGGREGATION_TOP_K);
     }
-    let streams = resolve_streams(engine, caller, req)?;
+    let streams = resolve_streams(caller, req)?;
     let now = match &req.now {
         Some(v) => parse_instant("now", v)?,
         None => now_micros(),
