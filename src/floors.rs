@@ -106,6 +106,33 @@ mod tests {
         }
     }
 
+    /// Lance predicates are written in `store` only (`store::Filter`); a
+    /// service never hands the store a SQL string.
+    #[test]
+    fn no_lance_predicate_is_written_outside_the_store() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut found = Vec::new();
+        for file in &files {
+            let rel = file.strip_prefix(&src).unwrap();
+            if rel.starts_with("store") || rel == Path::new("floors.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            // Test modules may assert on a rendered filter.
+            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            for (n, line) in code.lines().enumerate() {
+                for pattern in [".only_if(", "superseded_by IS", "arrow_cast("] {
+                    if line.contains(pattern) {
+                        found.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "predicates outside the store:\n{}", found.join("\n"));
+    }
+
     #[test]
     fn no_module_imports_a_floor_above_its_own() {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -63,13 +63,13 @@ pub async fn runs(
     if limit == 0 || limit > 1000 {
         return Err(Error::invalid("limit", "must be between 1 and 1000"));
     }
-    let filter = q
-        .job
-        .as_deref()
-        .map(|j| format!("job = {}", crate::store::sql_str(j)));
+    let filter = match q.job.as_deref() {
+        Some(job) => crate::store::Filter::new().job(job),
+        None => crate::store::Filter::new(),
+    };
     let runs: Vec<RunView> = engine
         .store
-        .job_runs(filter, limit)
+        .job_runs(&filter, limit)
         .await?
         .into_iter()
         .map(RunView::from)

@@ -83,7 +83,7 @@ impl Engine {
             .for_model(embedder.model()),
         );
         let stale = store
-            .count(Some(crate::service::reembed::stale_clause(embedder.model())))
+            .count(&crate::store::Filter::new().stale_for(embedder.model()))
             .await?;
         if stale > 0 {
             tracing::warn!(

@@ -336,7 +336,7 @@ pub async fn run(
         }
         engine
             .store
-            .delete_where(format!("stream = {}", crate::store::sql_str(&stream)))
+            .delete(&crate::store::Filter::new().stream(&stream))
             .await?;
         report.questions += 1;
         progress(n + 1, questions.len());

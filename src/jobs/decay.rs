@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
 use crate::core::model::{now_micros, Chunk};
-use crate::store::ts_lit;
+use crate::store::Filter;
 use crate::core::time::DAY_MICROS;
 
 /// Memories changed per commit.
@@ -37,7 +37,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let cfg = engine.cfg.search.clone();
     let ids = engine
         .store
-        .ids("superseded_by IS NULL AND NOT pinned AND NOT immutable".into())
+        .ids(&Filter::new().current().unpinned().mutable())
         .await?;
     let mut decayed = 0;
     for batch in ids.chunks(BATCH) {
@@ -74,14 +74,11 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             )
             .await?;
     }
-    let expired = format!(
-        "expires_at IS NOT NULL AND expires_at <= {} AND NOT immutable",
-        ts_lit(now)
-    );
+    let expired = Filter::new().expired(now).mutable();
     let deleted = if ctx.dry_run {
-        engine.store.count(Some(expired)).await? as u64
+        engine.store.count(&expired).await? as u64
     } else {
-        engine.store.delete_where(expired).await?
+        engine.store.delete(&expired).await?
     };
     Ok(json!({ "decayed": decayed, "expired_deleted": deleted, "min_importance": floor }))
 }

@@ -26,7 +26,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let idle = float(ctx, "idle_minutes").unwrap_or(30.0);
     let newest: BTreeMap<String, i64> = engine
         .store
-        .latest_write_by_stream("level = 0 AND superseded_by IS NULL")
+        .latest_write_by_stream(&crate::store::Filter::new().level(0).current())
         .await?;
     let quiet_since = now_micros() - (idle * 60e6) as i64;
     let caller = Caller::admin("scheduler");

@@ -112,10 +112,10 @@ impl scheduler::RunLog for StoreRunLog {
     }
 
     fn last_start(&self, job: &str) -> futures::future::BoxFuture<'_, Option<Micros>> {
-        let filter = format!("job = {}", crate::store::sql_str(job));
+        let filter = crate::store::Filter::new().job(job);
         Box::pin(async move {
             self.0
-                .job_runs(Some(filter), 1)
+                .job_runs(&filter, 1)
                 .await
                 .ok()
                 .and_then(|r| r.first().map(|r| r.started_at))

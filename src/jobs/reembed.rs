@@ -14,7 +14,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     if ctx.dry_run {
         let missing = engine
             .store
-            .count(Some(reembed::stale_clause(engine.embedder.model())))
+            .count(&crate::store::Filter::new().stale_for(engine.embedder.model()))
             .await?;
         return Ok(json!({ "total_missing": missing, "embedded": 0, "failed": 0 }));
     }

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use crate::store::graph::{entity_key, Mention};
 use crate::providers::llm::{Llm, LlmError};
 use crate::core::model::Chunk;
-use crate::store::{id_in, Store};
+use crate::store::{Filter, Store};
 
 /// Memories per LLM call.
 const BATCH: usize = 8;
@@ -217,7 +217,7 @@ async fn enrich(
     // Only committed memories whose text is unchanged; the rest come back later.
     let ids: Vec<String> = items.iter().map(|i| i.id.clone()).collect();
     let stored = store
-        .find(id_in(&ids), Some(ids.len()))
+        .find(&Filter::new().ids(&ids), Some(ids.len()))
         .await
         .map_err(|e| e.to_string())?;
     let hash_of: HashMap<&str, &str> = stored

@@ -19,7 +19,7 @@ use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{Chunk, Micros};
 use crate::service::search::{self, graph_leg::query_keys, SearchRequest};
-use crate::store::{id_in, sql_str, ts_lit};
+use crate::store::Filter;
 
 const SEEDS: usize = 5;
 /// Direct hits (this many) are the obvious answers and never associations.
@@ -181,18 +181,13 @@ pub async fn associate(
 
     // Temporal co-occurrence: the same session, or the same half hour.
     for s in &seeds {
-        let near = match s.session_id.as_deref().filter(|x| !x.is_empty()) {
-            Some(session) => format!("session_id = {}", sql_str(session)),
-            None => format!(
-                "created_at >= {} AND created_at <= {}",
-                ts_lit(s.created_at - WINDOW),
-                ts_lit(s.created_at + WINDOW)
-            ),
+        let filter = Filter::new().stream(&stream).current();
+        let filter = match s.session_id.as_deref().filter(|x| !x.is_empty()) {
+            Some(session) => filter.session(session),
+            None => filter
+                .created_since(s.created_at - WINDOW)
+                .created_until(s.created_at + WINDOW),
         };
-        let filter = format!(
-            "stream = {} AND superseded_by IS NULL AND {near}",
-            sql_str(&stream)
-        );
         for h in store.read_hits(None, &filter, 50).await? {
             if obvious.contains(&h.chunk.id) {
                 continue;
@@ -207,7 +202,9 @@ pub async fn associate(
     // Semantic adjacency: related, not the same.
     let seed_ids: Vec<String> = seeds.iter().map(|s| s.id.clone()).collect();
     if !seed_ids.is_empty() {
-        let full = store.find(id_in(&seed_ids), None).await?;
+        let full = store
+            .find(&Filter::new().stream(&stream).ids(&seed_ids), None)
+            .await?;
         let with_vectors: Vec<&Chunk> = full.iter().filter(|c| c.embedding.is_some()).collect();
         let vectors: Vec<&[f32]> = with_vectors
             .iter()
@@ -236,7 +233,7 @@ pub async fn associate(
         HashMap::new()
     } else {
         store
-            .read_hits(None, &id_in(&ids), ids.len())
+            .read_hits(None, &Filter::new().stream(&stream).ids(&ids), ids.len())
             .await?
             .into_iter()
             .map(|h| (h.chunk.id, h.chunk.content))

@@ -15,7 +15,7 @@ use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk, Micros};
 use crate::service::search::{self, rank::Factors, SearchRequest};
-use crate::store::{sql_str, ts_lit};
+use crate::store::Filter;
 use crate::core::time::{parse_instant, to_rfc3339, DAY_MICROS};
 use crate::core::tokens;
 
@@ -32,13 +32,12 @@ const SCAN_LIMIT: usize = 50_000;
 const TRANSIENT_TYPES: &[&str] = &["event", "plan", "observation", "project"];
 
 /// The latest, unexpired memories of a stream (no embeddings), at most `limit`.
-async fn latest(engine: &Services, stream: &str, extra: &str, limit: usize) -> Result<Vec<Chunk>> {
-    let now = now_micros();
-    let filter = format!(
-        "stream = {} AND superseded_by IS NULL AND (expires_at IS NULL OR expires_at > {}){extra}",
-        sql_str(stream),
-        ts_lit(now)
-    );
+async fn latest(engine: &Services, stream: &str, extra: Filter, limit: usize) -> Result<Vec<Chunk>> {
+    let filter = Filter::new()
+        .stream(stream)
+        .current()
+        .unexpired(now_micros())
+        .with(extra);
     Ok(engine
         .store
         .read_hits(None, &filter, limit)
@@ -50,7 +49,7 @@ async fn latest(engine: &Services, stream: &str, extra: &str, limit: usize) -> R
 
 /// The `limit` newest of the stream's latest, unexpired memories, newest first.
 pub async fn newest(engine: &Services, stream: &str, limit: usize) -> Result<Vec<Chunk>> {
-    let mut all = latest(engine, stream, "", SCAN_LIMIT).await?;
+    let mut all = latest(engine, stream, Filter::new(), SCAN_LIMIT).await?;
     all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(a.id.cmp(&b.id)));
     all.truncate(limit);
     Ok(all)
@@ -170,7 +169,7 @@ pub async fn profile(engine: &Services, caller: &Caller, stream: Option<&str>) -
 
 async fn build_profile(engine: &Services, stream: &str) -> Result<Profile> {
     let now = now_micros();
-    let all = latest(engine, stream, "", SCAN_LIMIT).await?;
+    let all = latest(engine, stream, Filter::new(), SCAN_LIMIT).await?;
     let considered = all.len();
     let recent_since = now - RECENT_DAYS * DAY_MICROS;
     let mut recent: Vec<&Chunk> = all
@@ -478,11 +477,7 @@ pub async fn context_pack(
         let mut items = latest(
             engine,
             &stream,
-            &format!(
-                " AND created_at >= {} AND created_at <= {}",
-                ts_lit(since),
-                ts_lit(now)
-            ),
+            Filter::new().created_since(since).created_until(now),
             SCAN_LIMIT,
         )
         .await?;
@@ -791,7 +786,7 @@ pub async fn memory_md(engine: &Services, caller: &Caller, q: MemoryMdQuery) -> 
     }
     let stream = caller.resolve_stream(q.stream.as_deref())?;
     let now = now_micros();
-    let mut scored: Vec<(f32, Chunk)> = latest(engine, &stream, "", SCAN_LIMIT)
+    let mut scored: Vec<(f32, Chunk)> = latest(engine, &stream, Filter::new(), SCAN_LIMIT)
         .await?
         .into_iter()
         .map(|c| (standing(engine, &c, now), c))

@@ -27,7 +27,7 @@ use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::store::graph::Mention;
 use crate::core::model::{content_hash, now_micros, Chunk};
-use crate::store::{sql_str, HistoryRow};
+use crate::store::{Filter, HistoryRow};
 use crate::core::tokens;
 
 const SINGLE_VALUED: &[&str] = &["preference", "decision", "correction"];
@@ -219,11 +219,12 @@ pub async fn dream(engine: &Services, caller: &Caller, req: DreamRequest) -> Res
     let mut pool: Vec<Chunk> = engine
         .store
         .find(
-            format!(
-                "stream = {} AND level = 0 AND superseded_by IS NULL AND NOT immutable AND (expires_at IS NULL OR expires_at > {})",
-                sql_str(&stream),
-                crate::store::ts_lit(now)
-            ),
+            &Filter::new()
+                .stream(&stream)
+                .level(0)
+                .current()
+                .mutable()
+                .unexpired(now),
             None,
         )
         .await?;

@@ -21,7 +21,7 @@ use crate::core::Caller;
 use crate::core::error::{Error, Result};
 use crate::service::import::ImportReport;
 use crate::core::model::{Chunk, Micros};
-use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
+use crate::store::{Filter, Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
 
 /// The version of the lossless format this build writes and reads.
 const LOSSLESS_VERSION: u64 = 1;
@@ -153,8 +153,8 @@ fn sorted(batches: Vec<RecordBatch>, key: &str) -> Result<Option<RecordBatch>> {
 
 /// The lossless JSONL form of every memory table, limited to `caller`'s streams.
 async fn lossless(store: &Store, caller: &Caller) -> Result<Vec<u8>> {
-    let filter = crate::store::stream_filter(caller).unwrap_or_else(|| "true".into());
-    let mut chunks = store.find(filter.clone(), None).await?;
+    let filter = Filter::new().visible_to(caller);
+    let mut chunks = store.find(&filter, None).await?;
     chunks.sort_by(|a, b| (&a.stream, &a.id).cmp(&(&b.stream, &b.id)));
     let mut body = Vec::new();
     let mut rows = BTreeMap::from([(CHUNKS.to_string(), chunks.len())]);
@@ -341,7 +341,7 @@ pub async fn restore(store: &Store, caller: &Caller, text: &str) -> Result<Impor
 /// The streams a scheduled export writes one file each for.
 pub async fn streams(store: &Store, caller: &Caller) -> Result<Vec<String>> {
     let mut streams: Vec<String> = store
-        .latest_write_by_stream(&crate::store::stream_filter(caller).unwrap_or_else(|| "true".into()))
+        .latest_write_by_stream(&Filter::new().visible_to(caller))
         .await?
         .into_keys()
         .collect();

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::Caller;
 use crate::service::Services;
 use crate::core::error::{Error, Result};
-use crate::store::sql_str;
+use crate::store::Filter;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,13 +132,10 @@ pub struct GraphStats {
 /// Totals over one stream, or over every stream the caller may see.
 pub async fn stats(engine: &Services, caller: &Caller, stream: Option<&str>) -> Result<GraphStats> {
     let scope = match stream {
-        Some(s) => Some(format!(
-            "stream = {}",
-            sql_str(&caller.resolve_stream(Some(s))?)
-        )),
-        None => crate::store::stream_filter(caller),
+        Some(s) => Filter::new().stream(&caller.resolve_stream(Some(s))?),
+        None => Filter::new().visible_to(caller),
     };
-    let (entities, edges, refs) = engine.store.graph.stats(scope).await?;
+    let (entities, edges, refs) = engine.store.graph.stats(&scope).await?;
     Ok(GraphStats {
         total_entities: entities,
         total_edges: edges,

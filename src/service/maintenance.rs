@@ -26,7 +26,7 @@ use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk};
 use crate::pipeline::Record;
-use crate::store::{id_in, sql_str, HistoryRow};
+use crate::store::{Filter, HistoryRow};
 
 /// Memories read and rewritten at a time.
 const BATCH: usize = 256;
@@ -60,14 +60,11 @@ pub struct Report {
     pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
-/// The Lance filter for the request's scope.
-fn scope(caller: &Caller, req: &ScopeRequest) -> Result<String> {
+/// The rows in the request's scope: its stream, else every stream the caller sees.
+fn scope(caller: &Caller, req: &ScopeRequest) -> Result<Filter> {
     match &req.stream {
-        Some(s) => Ok(format!(
-            "stream = {}",
-            sql_str(&caller.resolve_stream(Some(s))?)
-        )),
-        None => Ok(crate::store::stream_filter(caller).unwrap_or_else(|| "true".into())),
+        Some(s) => Ok(Filter::new().stream(&caller.resolve_stream(Some(s))?)),
+        None => Ok(Filter::new().visible_to(caller)),
     }
 }
 
@@ -116,7 +113,7 @@ pub async fn boost(
 /// keep what `apply` takes from the result.
 async fn rerun_stage(
     engine: &Services,
-    filter: String,
+    filter: Filter,
     stage: &str,
     prepare: fn(&mut Chunk),
     apply: fn(&Chunk, &mut Chunk) -> bool,
@@ -130,7 +127,7 @@ async fn rerun_stage(
             "the `store` pipeline has no `{stage}` stage to rerun"
         )));
     }
-    let ids = engine.store.ids(filter).await?;
+    let ids = engine.store.ids(&filter).await?;
     let mut report = Report {
         status: "ok",
         processed: 0,
@@ -138,7 +135,7 @@ async fn rerun_stage(
         extra: Default::default(),
     };
     for part in ids.chunks(BATCH) {
-        let chunks = engine.store.find(id_in(part), None).await?;
+        let chunks = engine.store.find(&Filter::new().ids(part), None).await?;
         let mut batch: Vec<Record> = chunks
             .into_iter()
             .map(|mut c| {
@@ -206,11 +203,7 @@ fn pre_surprise(c: &Chunk) -> Option<f32> {
 
 /// `POST /v1/score-all`.
 pub async fn score_all(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
-    let filter = format!(
-        "({}) AND NOT immutable AND {}",
-        scope(caller, &req)?,
-        engine.store.vector_clause()
-    );
+    let filter = engine.store.with_vectors(scope(caller, &req)?.mutable());
     rerun_stage(
         engine,
         filter,
@@ -235,8 +228,8 @@ pub async fn score_all(engine: &Services, caller: &Caller, req: ScopeRequest) ->
 }
 
 /// Rewrite every memory in scope with `f` (true = changed), a batch a commit.
-async fn rewrite(engine: &Services, filter: String, f: fn(&mut Chunk) -> bool) -> Result<Report> {
-    let ids = engine.store.ids(filter).await?;
+async fn rewrite(engine: &Services, filter: Filter, f: fn(&mut Chunk) -> bool) -> Result<Report> {
+    let ids = engine.store.ids(&filter).await?;
     let mut updated = 0;
     for part in ids.chunks(BATCH) {
         updated += engine.store.modify(part.to_vec(), Box::new(f)).await?;
@@ -255,7 +248,7 @@ pub async fn reset_importance(
     caller: &Caller,
     req: ScopeRequest,
 ) -> Result<Report> {
-    let filter = format!("({}) AND NOT immutable", scope(caller, &req)?);
+    let filter = scope(caller, &req)?.mutable();
     rewrite(engine, filter, |c| {
         let scored = c
             .annotation("surprise")
@@ -278,10 +271,7 @@ pub async fn reset_importance(
 
 /// `POST /v1/reset-backfill`.
 pub async fn reset_backfill(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
-    let filter = format!(
-        "({}) AND extraction_meta LIKE '%\"llm_ner\"%'",
-        scope(caller, &req)?
-    );
+    let filter = scope(caller, &req)?.annotated("llm_ner");
     rewrite(engine, filter, |c| c.remove_annotation("llm_ner")).await
 }
 
@@ -291,9 +281,9 @@ pub async fn build_graph(engine: &Services, caller: &Caller, req: ScopeRequest) 
     let graph = &engine.store.graph;
     // No pipeline batch adds to the graph between the drop and the rebuild.
     let _gate = engine.store.write_gate.write().await;
-    let dropped = graph.delete_where(&filter).await?;
+    let dropped = graph.delete(&filter).await?;
     let mut report = rerun_stage(engine, filter, "extract_entities", |_| {}, |_, _| false).await?;
-    let (entities, edges, _) = graph.stats(Some(scope(caller, &req)?)).await?;
+    let (entities, edges, _) = graph.stats(&scope(caller, &req)?).await?;
     report.updated = entities + edges;
     report.extra.insert("entities".into(), json!(entities));
     report.extra.insert("edges".into(), json!(edges));
@@ -312,14 +302,11 @@ pub async fn extract_entities(
             "LLM entity extraction needs [llm] with ner = true; rule-based entities are refreshed by POST /v1/retag-all".into(),
         )
     })?;
-    let filter = format!(
-        "({}) AND (extraction_meta IS NULL OR extraction_meta NOT LIKE '%\"llm_ner\"%')",
-        scope(caller, &req)?
-    );
-    let ids = engine.store.ids(filter).await?;
+    let filter = scope(caller, &req)?.not_annotated("llm_ner");
+    let ids = engine.store.ids(&filter).await?;
     let before = ner.stats().dropped_full;
     for part in ids.chunks(BATCH) {
-        let chunks = engine.store.find(id_in(part), None).await?;
+        let chunks = engine.store.find(&Filter::new().ids(part), None).await?;
         ner.push(&chunks.iter().collect::<Vec<_>>());
     }
     let dropped = ner.stats().dropped_full - before;

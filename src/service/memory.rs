@@ -10,7 +10,7 @@ use crate::bus::{Envelope, Outcome};
 use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk};
-use crate::store::sql_str;
+use crate::store::Filter;
 use crate::core::time::parse_instant;
 
 /// Longest memory accepted, in characters.
@@ -331,7 +331,7 @@ pub async fn delete(
     }
     let n = engine
         .store
-        .delete_where(format!("id = {}", sql_str(id)))
+        .delete(&Filter::new().id(id))
         .await?;
     if n == 0 {
         return Err(not_found(id));
@@ -371,11 +371,11 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
             "must be true to delete (with dry_run: false)",
         ));
     }
-    let predicate = format!("stream = {}", sql_str(&stream));
-    let mut ids = engine.store.ids(predicate.clone()).await?;
+    let filter = Filter::new().stream(&stream);
+    let mut ids = engine.store.ids(&filter).await?;
     ids.sort();
     if !req.dry_run {
-        engine.store.delete_where(predicate).await?;
+        engine.store.delete(&filter).await?;
         tracing::info!(%stream, count = ids.len(), "stream purged");
     }
     Ok(PurgeResponse {

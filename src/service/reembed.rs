@@ -13,7 +13,7 @@ use crate::core::Caller;
 use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::service::tasks::{Task, TaskState};
-use crate::store::{id_in, sql_str};
+use crate::store::Filter;
 
 /// Jobs in this group never overlap.
 pub const GROUP: &str = "embed";
@@ -78,25 +78,13 @@ impl EmbedJobResponse {
     }
 }
 
-/// The predicate of chunks a job over `scope` must (re)embed, within the caller's streams.
-pub fn stale_filter(engine: &Services, caller: &Caller, scope: Scope) -> String {
-    let mut clauses: Vec<String> = crate::store::stream_filter(caller).into_iter().collect();
-    if scope == Scope::Missing {
-        clauses.push(stale_clause(engine.embedder.model()));
+/// The chunks a job over `scope` must (re)embed, within the caller's streams.
+pub fn stale_filter(engine: &Services, caller: &Caller, scope: Scope) -> Filter {
+    let filter = Filter::new().visible_to(caller);
+    match scope {
+        Scope::Missing => filter.stale_for(engine.embedder.model()),
+        Scope::All => filter,
     }
-    if clauses.is_empty() {
-        "true".into()
-    } else {
-        clauses.join(" AND ")
-    }
-}
-
-/// Chunks without a vector of `model`.
-pub fn stale_clause(model: &str) -> String {
-    format!(
-        "(embedding IS NULL OR embed_model IS NULL OR embed_model != {})",
-        sql_str(model)
-    )
 }
 
 /// Start a job (or 409 when one is running) and return it.
@@ -111,7 +99,7 @@ pub async fn start(engine: &Arc<Services>, caller: &Caller, scope: Scope) -> Res
                 running.id()
             ))
         })?;
-    let ids = match engine.store.ids(stale_filter(engine, caller, scope)).await {
+    let ids = match engine.store.ids(&stale_filter(engine, caller, scope)).await {
         Ok(ids) => ids,
         Err(e) => {
             job.finish(Some(e.to_string()));
@@ -154,7 +142,7 @@ async fn run(engine: Arc<Services>, job: Arc<Task>, ids: Vec<String>) {
 
 /// Embed one batch of chunks and write the vectors; returns (written, skipped).
 async fn embed_batch(engine: &Services, model: &str, ids: &[String]) -> Result<(usize, usize)> {
-    let chunks = engine.store.find(id_in(ids), None).await?;
+    let chunks = engine.store.find(&Filter::new().ids(ids), None).await?;
     let texts: Vec<String> = chunks.iter().map(|c| c.content.clone()).collect();
     let vectors = engine.embedder.embed(&texts).await?;
     let mut fresh: HashMap<String, (String, Vec<f32>)> = chunks

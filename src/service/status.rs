@@ -8,6 +8,7 @@ use crate::core::{Caller, Role};
 use crate::service::Services;
 use crate::core::error::Result;
 use crate::pipeline::StageStatsSnapshot;
+use crate::store::Filter;
 
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -84,19 +85,12 @@ impl Status {
     }
 }
 
-fn and(a: &Option<String>, b: &str) -> String {
-    match a {
-        Some(a) => format!("({a}) AND {b}"),
-        None => b.to_string(),
-    }
-}
-
 pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
-    let scope = crate::store::stream_filter(caller);
-    let chunks = engine.store.count(scope.clone()).await?;
+    let scope = Filter::new().visible_to(caller);
+    let chunks = engine.store.count(&scope).await?;
     let embedded = engine
         .store
-        .count(Some(and(&scope, &engine.store.vector_clause())))
+        .count(&engine.store.with_vectors(scope.clone()))
         .await?;
     Ok(Status {
         status: "ok",
@@ -110,7 +104,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             embeddings_count: embedded,
         },
         chunks,
-        dead_letters: engine.store.count_dead_letters(scope.clone()).await?,
+        dead_letters: engine.store.count_dead_letters(&scope).await?,
         bus: BusStatus {
             kind: engine.bus.kind(),
             connected: engine.bus.connected(),
@@ -121,10 +115,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             dim: engine.embedder.dim(),
             stale: engine
                 .store
-                .count(Some(and(
-                    &scope,
-                    &crate::service::reembed::stale_clause(engine.embedder.model()),
-                )))
+                .count(&scope.clone().stale_for(engine.embedder.model()))
                 .await?,
             job: engine.jobs.running(crate::service::reembed::GROUP).map(|j| j.view()),
         },

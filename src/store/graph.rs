@@ -7,11 +7,14 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use futures::TryStreamExt;
+use lancedb::query::{ExecutableQuery, QueryBase};
 use lancedb::Table;
 use serde::{Deserialize, Serialize};
 
 use crate::core::model::{Columns, Micros};
-use crate::store::{column_in, sql_str, Result, StoreError};
+use crate::store::filter::{column_in, sql_str};
+use crate::store::{Filter, Result, StoreError};
 
 /// Most chunk ids kept per entity or edge (the most recent win).
 const MAX_CHUNK_REFS: usize = 2000;
@@ -175,7 +178,13 @@ async fn read_where<T>(
     filter: String,
     f: fn(&RecordBatch) -> Vec<T>,
 ) -> Result<Vec<T>> {
-    let batches = crate::store::scan(table, &filter).await?;
+    let batches = table
+        .query()
+        .only_if(filter)
+        .execute()
+        .await?
+        .try_collect::<Vec<_>>()
+        .await?;
     Ok(batches.iter().flat_map(f).collect())
 }
 
@@ -367,24 +376,19 @@ impl Graph {
 
     /// Drop the entity and edge rows matching a filter (a stream scope);
     /// returns how many went.
-    pub async fn delete_where(&self, filter: &str) -> Result<usize> {
+    pub async fn delete(&self, filter: &Filter) -> Result<usize> {
         let mut n = 0;
         for table in [&self.entities, &self.edges] {
-            n += table.count_rows(Some(filter.to_string())).await?;
-            table.delete(filter).await?;
+            n += table.count_rows(filter.sql()).await?;
+            table.delete(&filter.predicate()).await?;
         }
         Ok(n)
     }
 
     /// Entities and edges counted over the given streams (None = all).
-    pub async fn stats(&self, scope: Option<String>) -> Result<(usize, usize, i64)> {
-        let entities = read_where(
-            &self.entities,
-            scope.clone().unwrap_or_else(|| "true".into()),
-            entity_rows,
-        )
-        .await?;
-        let edges = self.edges.count_rows(scope).await?;
+    pub async fn stats(&self, scope: &Filter) -> Result<(usize, usize, i64)> {
+        let entities = read_where(&self.entities, scope.predicate(), entity_rows).await?;
+        let edges = self.edges.count_rows(scope.sql()).await?;
         let refs: i64 = entities.iter().map(|e| e.chunk_count).sum();
         Ok((entities.len(), edges, refs))
     }

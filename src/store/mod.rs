@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod feedback;
+pub mod filter;
 pub mod graph;
 pub mod job_runs;
 pub mod llm_calls;
@@ -24,7 +25,10 @@ use crate::core::model::{
     Chunk, DeadLetter, ModelError,
 };
 
+pub use filter::Filter;
 pub use writer::ChunkWriter;
+
+use filter::{sql_str, ts_lit};
 
 pub const CHUNKS: &str = "chunks";
 pub const DEAD_LETTERS: &str = "dead_letters";
@@ -116,15 +120,7 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// A timestamp literal for a Lance filter.
-pub fn ts_lit(m: crate::core::model::Micros) -> String {
-    format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
-}
 
-/// Quote a value for a Lance SQL filter.
-pub fn sql_str(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
 
 /// A chunk found by a search leg, with that leg's raw score (BM25 score or cosine distance).
 #[derive(Debug, Clone)]
@@ -285,11 +281,16 @@ impl Store {
     /// names its `embed_model` only when it has a vector, so the model test
     /// (a bitmap-indexed column) stands for `embedding IS NOT NULL`, which
     /// would read every vector of the table on each search.
-    pub fn vector_clause(&self) -> String {
+    fn vector_clause(&self) -> String {
         match &self.embed_model {
             Some(m) => format!("embed_model = {}", sql_str(m)),
             None => "embedding IS NOT NULL".into(),
         }
+    }
+
+    /// Rows that take part in a vector search (see [`Store::vector_clause`]).
+    pub fn with_vectors(&self, filter: Filter) -> Filter {
+        filter.and(self.vector_clause())
     }
 
     pub fn dim(&self) -> usize {
@@ -336,9 +337,9 @@ impl Store {
         result
     }
 
-    /// Delete the chunks matching a Lance SQL predicate; returns how many went.
-    pub async fn delete_where(&self, predicate: String) -> Result<u64> {
-        let result = self.writer.delete(predicate).await;
+    /// Delete the chunks matching `filter`; returns how many went.
+    pub async fn delete(&self, filter: &Filter) -> Result<u64> {
+        let result = self.writer.delete(filter.predicate()).await;
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         result
@@ -455,11 +456,11 @@ impl Store {
     /// Job runs matching a filter, newest first, at most `limit`.
     pub async fn job_runs(
         &self,
-        filter: Option<String>,
+        filter: &Filter,
         limit: usize,
     ) -> Result<Vec<job_runs::JobRun>> {
         let mut q = self.job_runs.query();
-        if let Some(f) = filter {
+        if let Some(f) = filter.sql() {
             q = q.only_if(f);
         }
         let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
@@ -488,12 +489,12 @@ impl Store {
     /// The newest `created_at` per stream among the chunks matching a filter.
     pub async fn latest_write_by_stream(
         &self,
-        filter: &str,
+        filter: &Filter,
     ) -> Result<std::collections::BTreeMap<String, crate::core::model::Micros>> {
         let batches: Vec<RecordBatch> = self
             .chunks
             .query()
-            .only_if(filter)
+            .only_if(filter.predicate())
             .select(Select::columns(&["stream", "created_at"]))
             .execute()
             .await?
@@ -569,22 +570,22 @@ impl Store {
         Ok(rows)
     }
 
-    pub async fn count_dead_letters(&self, filter: Option<String>) -> Result<usize> {
-        Ok(self.dead_letters.count_rows(filter).await?)
+    pub async fn count_dead_letters(&self, filter: &Filter) -> Result<usize> {
+        Ok(self.dead_letters.count_rows(filter.sql()).await?)
     }
 
-    pub async fn count(&self, filter: Option<String>) -> Result<usize> {
-        Ok(self.chunks.count_rows(filter).await?)
+    pub async fn count(&self, filter: &Filter) -> Result<usize> {
+        Ok(self.chunks.count_rows(filter.sql()).await?)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<Chunk>> {
-        let mut found = self.find(format!("id = {}", sql_str(id)), Some(1)).await?;
+        let mut found = self.find(&Filter::new().id(id), Some(1)).await?;
         Ok(found.pop())
     }
 
     /// Full chunks matching a filter (embedding included).
-    pub async fn find(&self, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
-        read_chunks(&self.chunks, filter, limit).await
+    pub async fn find(&self, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
+        read_chunks(&self.chunks, filter.predicate(), limit).await
     }
 
     /// Change chunks in place (see [`ChunkWriter::modify`]); returns how many changed.
@@ -593,11 +594,11 @@ impl Store {
     }
 
     /// Ids (only) of the chunks matching a filter.
-    pub async fn ids(&self, filter: String) -> Result<Vec<String>> {
+    pub async fn ids(&self, filter: &Filter) -> Result<Vec<String>> {
         let batches: Vec<RecordBatch> = self
             .chunks
             .query()
-            .only_if(filter)
+            .only_if(filter.predicate())
             .select(Select::columns(&["id"]))
             .execute()
             .await?
@@ -617,14 +618,14 @@ impl Store {
         &self,
         at: Option<&Table>,
         query: &str,
-        filter: &str,
+        filter: &Filter,
         limit: usize,
     ) -> Result<Vec<Scored>> {
         let batches: Vec<RecordBatch> = at
             .unwrap_or(&self.chunks)
             .query()
             .full_text_search(FullTextSearchQuery::new(query.to_string()))
-            .only_if(filter)
+            .only_if(filter.predicate())
             .select(Select::columns(&["id", "_score"]))
             .limit(limit)
             .execute()
@@ -639,7 +640,7 @@ impl Store {
         &self,
         at: Option<&Table>,
         vector: &[f32],
-        filter: &str,
+        filter: &Filter,
         limit: usize,
     ) -> Result<Vec<Scored>> {
         let batches: Vec<RecordBatch> = at
@@ -647,7 +648,7 @@ impl Store {
             .query()
             .nearest_to(vector)?
             .distance_type(DistanceType::Cosine)
-            .only_if(format!("({filter}) AND {}", self.vector_clause()))
+            .only_if(format!("({}) AND {}", filter.predicate(), self.vector_clause()))
             .select(Select::columns(&["id", "_distance"]))
             .limit(limit)
             .execute()
@@ -661,13 +662,13 @@ impl Store {
     pub async fn read_hits(
         &self,
         at: Option<&Table>,
-        filter: &str,
+        filter: &Filter,
         limit: usize,
     ) -> Result<Vec<Hit>> {
         let batches: Vec<RecordBatch> = at
             .unwrap_or(&self.chunks)
             .query()
-            .only_if(filter)
+            .only_if(filter.predicate())
             .select(Select::columns(HIT_COLUMNS))
             .limit(limit)
             .execute()
@@ -756,7 +757,7 @@ impl Store {
             return Ok(out);
         };
         if self
-            .count(Some(format!("stream = {}", sql_str(stream))))
+            .count(&Filter::new().stream(stream))
             .await?
             == 0
         {
@@ -810,22 +811,8 @@ impl Store {
     }
 }
 
-/// `column IN ('a', 'b', …)` with every value quoted.
-pub fn column_in<S: AsRef<str>>(column: &str, values: impl IntoIterator<Item = S>) -> String {
-    let list: Vec<String> = values.into_iter().map(|v| sql_str(v.as_ref())).collect();
-    format!("{column} IN ({})", list.join(", "))
-}
 
-/// The predicate limiting rows to the streams `caller` may see (None: every
-/// stream).
-pub fn stream_filter(caller: &crate::core::Caller) -> Option<String> {
-    caller.streams.as_ref().map(|s| column_in("stream", s))
-}
 
-/// `id IN (…)` for a list of ids.
-pub fn id_in(ids: &[String]) -> String {
-    column_in("id", ids)
-}
 
 async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
     let mut q = table.query().only_if(filter);
@@ -916,10 +903,10 @@ fn embedding_dim(schema: &arrow_schema::Schema) -> Option<usize> {
 }
 
 /// Every row of `table` matching a Lance filter.
-pub async fn scan(table: &Table, filter: &str) -> Result<Vec<RecordBatch>> {
+pub async fn scan(table: &Table, filter: &Filter) -> Result<Vec<RecordBatch>> {
     Ok(table
         .query()
-        .only_if(filter)
+        .only_if(filter.predicate())
         .execute()
         .await?
         .try_collect()

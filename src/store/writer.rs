@@ -141,7 +141,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                     let mut current: HashMap<String, Chunk> = if ids.is_empty() {
                         HashMap::new()
                     } else {
-                        super::read_chunks(&table, super::id_in(&ids), None)
+                        super::read_chunks(&table, super::Filter::new().ids(&ids).predicate(), None)
                             .await?
                             .into_iter()
                             .map(|c| (c.id.clone(), c))
@@ -164,7 +164,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
             }
             WriteOp::Modify(ids, mut modify, done) => {
                 let result = async {
-                    let filter = super::id_in(&ids);
+                    let filter = super::Filter::new().ids(&ids).predicate();
                     let mut current = super::read_chunks(&table, filter, None).await?;
                     current.retain_mut(|c| modify(c));
                     if !current.is_empty() {

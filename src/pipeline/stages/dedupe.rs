@@ -16,7 +16,7 @@ use crate::core::model::Chunk;
 use crate::pipeline::{
     ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage, StreamVectors,
 };
-use crate::store::{sql_str, Store};
+use crate::store::{Filter, Store};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,15 +121,13 @@ impl Dedupe {
         }
         let mut found = HashMap::new();
         for (stream, hashes) in by_stream {
-            let list: Vec<String> = hashes.iter().map(|h| sql_str(h)).collect();
             let rows = self
                 .store
                 .find(
-                    format!(
-                        "stream = {} AND superseded_by IS NULL AND content_hash IN ({})",
-                        sql_str(stream),
-                        list.join(", ")
-                    ),
+                    &Filter::new()
+                        .stream(stream)
+                        .current()
+                        .content_hash_in(&hashes),
                     None,
                 )
                 .await

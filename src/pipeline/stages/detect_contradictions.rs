@@ -20,7 +20,7 @@ use crate::store::graph::{entity_key, Dictionary, DictionaryEntry};
 use crate::providers::llm::{Llm, LlmError};
 use crate::core::model::{now_micros, Chunk};
 use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage};
-use crate::store::{id_in, sql_str, HistoryRow, Store};
+use crate::store::{Filter, HistoryRow, Store};
 
 const JUDGE_PROMPT: &str = "You keep a user's long-term memory consistent. Given a new memory and earlier memories about the same subject, say which earlier memories the new one makes outdated: they state something that is no longer true now that the new memory holds (a changed preference, a move, a new job, a changed plan or date). A memory that only adds detail, or is merely related, does not outdate anything. Return JSON {\"superseded\": [numbers of the outdated earlier memories], \"reason\": \"one short sentence\"}.";
 
@@ -253,27 +253,26 @@ impl DetectContradictions {
         let Some(subject) = &new.subject else {
             return Ok(Vec::new());
         };
-        let mut any: Vec<String> = update
+        let mut any: Vec<Filter> = update
             .keys
             .iter()
-            .map(|k| format!("array_has(entities, {})", sql_str(k)))
+            .map(|k| Filter::new().mentions_key(k))
             .collect();
         if let Some(slot) = &update.slot {
-            any.push(format!(
-                "lower(content) LIKE {}",
-                sql_str(&format!("%{slot}%"))
-            ));
+            any.push(Filter::new().content_contains(slot));
         }
-        let filter = format!(
-            "stream = {} AND superseded_by IS NULL AND id != {} AND lower(subject) = {} AND ({})",
-            sql_str(&new.stream),
-            sql_str(&new.id),
-            sql_str(&subject.to_lowercase()),
-            any.join(" OR ")
-        );
+        let Some(any) = any.into_iter().reduce(Filter::or) else {
+            return Ok(Vec::new());
+        };
+        let filter = Filter::new()
+            .stream(&new.stream)
+            .current()
+            .not_id(&new.id)
+            .subject(subject)
+            .with(any);
         let found = self
             .store
-            .find(filter, Some(self.max_superseded * 4))
+            .find(&filter, Some(self.max_superseded * 4))
             .await
             .map_err(|e| PipelineError::Batch {
                 stage: "detect_contradictions",
@@ -362,7 +361,7 @@ impl DetectContradictions {
             .collect();
         let stored: BTreeMap<String, Chunk> = self
             .store
-            .find(id_in(&all), None)
+            .find(&Filter::new().ids(&all), None)
             .await
             .map_err(|e| PipelineError::Batch {
                 stage: "detect_contradictions",

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use lancedb::Table;
 
 use crate::store::graph::entity_key;
-use crate::store::{id_in, Hit, Store};
+use crate::store::{Filter, Hit, Store};
 
 /// Words that never name an entity on their own.
 const STOP: &[&str] = &[
@@ -50,7 +50,7 @@ pub async fn search(
     at: Option<&Table>,
     streams: &[String],
     query: &str,
-    filter: &str,
+    filter: &Filter,
     limit: usize,
 ) -> crate::store::Result<Vec<Hit>> {
     let keys = query_keys(query);
@@ -79,7 +79,7 @@ pub async fn search(
         .map(|(i, (id, s, _))| (*id, (i, *s)))
         .collect();
     let mut hits = store
-        .read_hits(at, &format!("({filter}) AND {}", id_in(&ids)), ids.len())
+        .read_hits(at, &filter.clone().ids(&ids), ids.len())
         .await?;
     for h in &mut hits {
         h.score = order.get(h.chunk.id.as_str()).map_or(0.0, |o| o.1);

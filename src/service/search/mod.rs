@@ -20,7 +20,7 @@ use crate::core::Caller;
 use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk, Micros};
-use crate::store::{column_in, sql_str, ts_lit, AsOf, AsOfError, Hit};
+use crate::store::{AsOf, AsOfError, Filter, Hit};
 use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 use rank::Factors;
 
@@ -135,78 +135,46 @@ fn resolve_streams(caller: &Caller, req: &SearchRequest) -> Result<Vec<String>> 
     }
 }
 
-/// The Lance SQL prefilter for a request.
-pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Result<String> {
-    let mut clauses = vec![column_in("stream", streams)];
-    clauses.push(format!(
-        "(expires_at IS NULL OR expires_at > {})",
-        ts_lit(now)
-    ));
+/// The prefilter of a request, pushed down into every leg.
+pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Result<Filter> {
+    let mut f = Filter::new().in_streams(streams).unexpired(now);
     if !req.include_superseded {
-        clauses.push("superseded_by IS NULL".into());
+        f = f.current();
     }
     if let Some(v) = &req.date_from {
-        clauses.push(format!(
-            "created_at >= {}",
-            ts_lit(parse_instant("date_from", v)?)
-        ));
+        f = f.created_since(parse_instant("date_from", v)?);
     }
     if let Some(v) = &req.date_to {
-        let mut t = parse_instant("date_to", v)?;
+        let t = parse_instant("date_to", v)?;
         // A bare date includes the whole day.
-        if v.as_str().is_some_and(is_date_only) {
-            t += DAY_MICROS;
-            clauses.push(format!("created_at < {}", ts_lit(t)));
+        f = if v.as_str().is_some_and(is_date_only) {
+            f.created_before(t + DAY_MICROS)
         } else {
-            clauses.push(format!("created_at <= {}", ts_lit(t)));
-        }
+            f.created_until(t)
+        };
     }
     if let Some(v) = &req.valid_at {
-        let t = ts_lit(parse_instant("valid_at", v)?);
-        clauses.push(format!(
-            "(valid_from IS NULL OR valid_from <= {t}) AND (valid_until IS NULL OR valid_until > {t})"
-        ));
+        f = f.valid_at(parse_instant("valid_at", v)?);
     }
-    if let Some(e) = req
-        .entity
-        .as_deref()
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-    {
-        clauses.push(format!(
-            "array_has(entities, {})",
-            sql_str(&e.to_lowercase())
-        ));
+    if let Some(e) = req.entity.as_deref().map(str::trim).filter(|e| !e.is_empty()) {
+        f = f.mentions(e);
     }
-    if let Some(t) = req
-        .fact_type
-        .as_deref()
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-    {
-        clauses.push(format!("memory_type = {}", sql_str(&t.to_lowercase())));
+    if let Some(t) = req.fact_type.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+        f = f.memory_type(&t.to_lowercase());
     }
-    if let Some(s) = req
-        .subject
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        clauses.push(format!("lower(subject) = {}", sql_str(&s.to_lowercase())));
+    if let Some(s) = req.subject.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        f = f.subject(s);
     }
     if let Some(c) = req.min_confidence {
         if !c.is_finite() {
             return Err(Error::invalid("min_confidence", "must be a number"));
         }
-        clauses.push(format!("confidence >= {c}"));
+        f = f.min_confidence(c);
     }
     if let Some(tf) = &req.time_filter {
-        clauses.push(format!(
-            "created_at >= {}",
-            ts_lit(time_filter_start(tf, now)?)
-        ));
+        f = f.created_since(time_filter_start(tf, now)?);
     }
-    Ok(clauses.join(" AND "))
+    Ok(f)
 }
 
 fn time_filter_start(tf: &str, now: Micros) -> Result<Micros> {
@@ -471,7 +439,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     if !missing.is_empty() {
         for h in engine
             .store
-            .read_hits(at, &crate::store::id_in(&missing), missing.len())
+            .read_hits(at, &Filter::new().ids(&missing), missing.len())
             .await?
         {
             rows.insert(h.chunk.id.clone(), h.chunk);
@@ -544,7 +512,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         dedup_removed,
         top_k,
         streams,
-        filter,
+        filter: filter.to_string(),
         as_of_version: snapshot.map(|(_, v)| v),
     })
 }
@@ -631,7 +599,7 @@ mod tests {
             valid_at: Some(serde_json::json!(1_700_000_000)),
             ..Default::default()
         };
-        let f = build_filter(&["a'b".into()], &req, 0).unwrap();
+        let f = build_filter(&["a'b".into()], &req, 0).unwrap().to_string();
         assert!(f.starts_with("stream IN ('a''b')"), "{f}");
         for part in [
             "superseded_by IS NULL",

@@ -1,0 +1,298 @@
+//! Typed predicates over the memory tables. Callers say what they want in the
+//! domain's words (`Filter::new().stream(s).current().unexpired(now)`); the
+//! Lance SQL is written here and nowhere else, with every value quoted.
+
+use std::fmt;
+
+use crate::core::model::Micros;
+use crate::core::Caller;
+
+/// A conjunction of conditions on a table's rows; empty = every row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Filter {
+    clauses: Vec<String>,
+}
+
+/// Quote a value for a Lance SQL filter.
+pub(in crate::store) fn sql_str(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// A timestamp literal for a Lance filter.
+pub(in crate::store) fn ts_lit(m: Micros) -> String {
+    format!("arrow_cast({m}, 'Timestamp(Microsecond, None)')")
+}
+
+/// `column IN ('a', 'b', …)`, each value quoted.
+pub(in crate::store) fn column_in<S: AsRef<str>>(column: &str, values: impl IntoIterator<Item = S>) -> String {
+    let list: Vec<String> = values.into_iter().map(|v| sql_str(v.as_ref())).collect();
+    if list.is_empty() {
+        // `IN ()` is not valid SQL; no value matches an empty list.
+        return "false".into();
+    }
+    format!("{column} IN ({})", list.join(", "))
+}
+
+impl Filter {
+    /// Every row.
+    pub fn new() -> Filter {
+        Filter::default()
+    }
+
+    pub(in crate::store) fn and(mut self, clause: String) -> Filter {
+        self.clauses.push(clause);
+        self
+    }
+
+    /// True when the filter keeps every row.
+    pub fn is_all(&self) -> bool {
+        self.clauses.is_empty()
+    }
+
+    /// The Lance SQL of the filter (`None`: every row). Only the store reads it.
+    pub(in crate::store) fn sql(&self) -> Option<String> {
+        (!self.clauses.is_empty()).then(|| self.clauses.join(" AND "))
+    }
+
+    /// Rows of one stream.
+    pub fn stream(self, stream: &str) -> Filter {
+        self.and(format!("stream = {}", sql_str(stream)))
+    }
+
+    /// Rows of any of `streams`.
+    pub fn in_streams<S: AsRef<str>>(self, streams: &[S]) -> Filter {
+        self.and(column_in("stream", streams.iter().map(AsRef::as_ref)))
+    }
+
+    /// Rows of the streams `caller` may see (every row for an unscoped caller).
+    pub fn visible_to(self, caller: &Caller) -> Filter {
+        match &caller.streams {
+            Some(streams) => self.in_streams(streams),
+            None => self,
+        }
+    }
+
+    /// One row by id.
+    pub fn id(self, id: &str) -> Filter {
+        self.and(format!("id = {}", sql_str(id)))
+    }
+
+    /// Rows with any of `ids`.
+    pub fn ids<S: AsRef<str>>(self, ids: &[S]) -> Filter {
+        self.and(column_in("id", ids.iter().map(AsRef::as_ref)))
+    }
+
+    /// Every row but `id`.
+    pub fn not_id(self, id: &str) -> Filter {
+        self.and(format!("id != {}", sql_str(id)))
+    }
+
+    /// The latest version of each memory (not superseded).
+    pub fn current(self) -> Filter {
+        self.and("superseded_by IS NULL".into())
+    }
+
+    /// Rows not expired at `now`.
+    pub fn unexpired(self, now: Micros) -> Filter {
+        self.and(format!(
+            "(expires_at IS NULL OR expires_at > {})",
+            ts_lit(now)
+        ))
+    }
+
+    /// Rows whose expiry has passed at `now`.
+    pub fn expired(self, now: Micros) -> Filter {
+        self.and(format!(
+            "expires_at IS NOT NULL AND expires_at <= {}",
+            ts_lit(now)
+        ))
+    }
+
+    /// Memories of one consolidation level (0 raw, 1 consolidated).
+    pub fn level(self, level: i32) -> Filter {
+        self.and(format!("level = {level}"))
+    }
+
+    /// Memories that may be changed (not `immutable`).
+    pub fn mutable(self) -> Filter {
+        self.and("NOT immutable".into())
+    }
+
+    /// Memories not pinned.
+    pub fn unpinned(self) -> Filter {
+        self.and("NOT pinned".into())
+    }
+
+    /// Recorded at or after `t`.
+    pub fn created_since(self, t: Micros) -> Filter {
+        self.and(format!("created_at >= {}", ts_lit(t)))
+    }
+
+    /// Recorded strictly before `t`.
+    pub fn created_before(self, t: Micros) -> Filter {
+        self.and(format!("created_at < {}", ts_lit(t)))
+    }
+
+    /// Recorded at or before `t`.
+    pub fn created_until(self, t: Micros) -> Filter {
+        self.and(format!("created_at <= {}", ts_lit(t)))
+    }
+
+    /// Facts that hold in the world at `t` (open validity bounds hold always).
+    pub fn valid_at(self, t: Micros) -> Filter {
+        let t = ts_lit(t);
+        self.and(format!(
+            "(valid_from IS NULL OR valid_from <= {t}) AND (valid_until IS NULL OR valid_until > {t})"
+        ))
+    }
+
+    /// Memories that mention `entity` (lower-cased entity names).
+    pub fn mentions(self, entity: &str) -> Filter {
+        self.and(format!(
+            "array_has(entities, {})",
+            sql_str(&entity.to_lowercase())
+        ))
+    }
+
+    /// Memories whose text contains `text` (case-insensitive; `text` lower-case).
+    pub fn content_contains(self, text: &str) -> Filter {
+        self.and(format!(
+            "lower(content) LIKE {}",
+            sql_str(&format!("%{text}%"))
+        ))
+    }
+
+    /// Memories that mention the entity key `key` exactly as stored.
+    pub fn mentions_key(self, key: &str) -> Filter {
+        self.and(format!("array_has(entities, {})", sql_str(key)))
+    }
+
+    /// Memories of one type (`fact`, `preference`, …).
+    pub fn memory_type(self, memory_type: &str) -> Filter {
+        self.and(format!("memory_type = {}", sql_str(memory_type)))
+    }
+
+    /// Memories about `subject`, compared case-insensitively.
+    pub fn subject(self, subject: &str) -> Filter {
+        self.and(format!(
+            "lower(subject) = {}",
+            sql_str(&subject.to_lowercase())
+        ))
+    }
+
+    /// Memories with a confidence of at least `min`.
+    pub fn min_confidence(self, min: f64) -> Filter {
+        self.and(format!("confidence >= {min}"))
+    }
+
+    /// Memories of one conversation session.
+    pub fn session(self, session_id: &str) -> Filter {
+        self.and(format!("session_id = {}", sql_str(session_id)))
+    }
+
+    /// Memories whose normalised text hashes to any of `hashes`.
+    pub fn content_hash_in<S: AsRef<str>>(self, hashes: &[S]) -> Filter {
+        self.and(column_in("content_hash", hashes.iter().map(AsRef::as_ref)))
+    }
+
+    /// Memories with a vector of `model`.
+    pub fn embedded_by(self, model: &str) -> Filter {
+        self.and(format!(
+            "embedding IS NOT NULL AND embed_model = {}",
+            sql_str(model)
+        ))
+    }
+
+    /// Memories without a vector of `model` (none, or another model's).
+    pub fn stale_for(self, model: &str) -> Filter {
+        self.and(format!(
+            "(embedding IS NULL OR embed_model IS NULL OR embed_model != {})",
+            sql_str(model)
+        ))
+    }
+
+    /// Memories a pipeline annotated under `key` in `extraction_meta`.
+    pub fn annotated(self, key: &str) -> Filter {
+        self.and(format!(
+            "extraction_meta LIKE {}",
+            sql_str(&format!("%\"{key}\"%"))
+        ))
+    }
+
+    /// Memories without an annotation under `key`.
+    pub fn not_annotated(self, key: &str) -> Filter {
+        self.and(format!(
+            "(extraction_meta IS NULL OR extraction_meta NOT LIKE {})",
+            sql_str(&format!("%\"{key}\"%"))
+        ))
+    }
+
+    /// Rows of `job_runs` for one job.
+    pub fn job(self, job: &str) -> Filter {
+        self.and(format!("job = {}", sql_str(job)))
+    }
+
+    /// The SQL for a Lance `only_if` (`true` for every row).
+    pub(in crate::store) fn predicate(&self) -> String {
+        self.sql().unwrap_or_else(|| "true".into())
+    }
+
+    /// Rows matching `self` or `other` (an empty side keeps every row).
+    pub fn or(self, other: Filter) -> Filter {
+        match (self.sql(), other.sql()) {
+            (Some(a), Some(b)) => Filter::new().and(format!("(({a}) OR ({b}))")),
+            _ => Filter::new(),
+        }
+    }
+
+    /// Both filters at once.
+    pub fn with(mut self, other: Filter) -> Filter {
+        self.clauses.extend(other.clauses);
+        self
+    }
+}
+
+/// The filter as the search trace shows it.
+impl fmt::Display for Filter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.sql().as_deref().unwrap_or("true"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clauses_join_and_values_are_quoted() {
+        let f = Filter::new().stream("o'brien").current().level(0);
+        assert_eq!(
+            f.sql().unwrap(),
+            "stream = 'o''brien' AND superseded_by IS NULL AND level = 0"
+        );
+        assert_eq!(Filter::new().sql(), None);
+        assert_eq!(Filter::new().to_string(), "true");
+    }
+
+    #[test]
+    fn an_empty_list_matches_nothing_and_scoping_follows_the_caller() {
+        assert_eq!(Filter::new().ids::<String>(&[]).sql().unwrap(), "false");
+        let scoped = Caller::scoped("a", vec!["s1".into(), "s2".into()]);
+        assert_eq!(
+            Filter::new().visible_to(&scoped).sql().unwrap(),
+            "stream IN ('s1', 's2')"
+        );
+        assert!(Filter::new().visible_to(&Caller::admin("x")).is_all());
+    }
+
+    #[test]
+    fn or_keeps_both_sides_together() {
+        let f = Filter::new()
+            .stream("s")
+            .with(Filter::new().session("a").or(Filter::new().created_since(5)));
+        assert_eq!(
+            f.sql().unwrap(),
+            "stream = 's' AND ((session_id = 'a') OR (created_at >= arrow_cast(5, 'Timestamp(Microsecond, None)')))"
+        );
+    }
+}
