@@ -87,7 +87,7 @@ fn data_dir(rows: usize) -> PathBuf {
 /// Build the table of `rows` memories with its indexes, unless already there.
 async fn build(dir: &Path, rows: usize, index_min_rows: usize) {
     let store = Store::open(dir, DIM, 100_000).await.unwrap();
-    let have = store.count(None).await.unwrap();
+    let have = store.count(&loomem::store::Filter::new()).await.unwrap();
     if have == rows && (rows < index_min_rows || store.has_vector_index().await) {
         return;
     }
