@@ -16,7 +16,7 @@ use loomem::providers::embed::HashEmbedder;
 use loomem::app::Engine;
 use loomem::core::model::Chunk;
 use loomem::pipeline::{stages, BuildContext, Record};
-use loomem::store::{sql_str, Store};
+use loomem::store::{Filter, Store};
 
 #[path = "../tests/integration/nats.rs"]
 #[allow(dead_code)]
@@ -193,8 +193,8 @@ fn bench_e2e(c: &mut Criterion) {
                         loomem::service::import::publish(&engine.bus, parsed, |_, _| {})
                             .await
                             .unwrap();
-                        let filter = format!("stream = {}", sql_str(&stream));
-                        while engine.store.count(Some(filter.clone())).await.unwrap() < n {
+                        let filter = Filter::new().stream(&stream);
+                        while engine.store.count(&filter).await.unwrap() < n {
                             tokio::time::sleep(Duration::from_millis(2)).await;
                         }
                         started.elapsed()
