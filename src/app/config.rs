@@ -163,6 +163,12 @@ impl Config {
         if self.storage.write_batch_max_rows == 0 {
             return Err(invalid("storage.write_batch_max_rows", "must be > 0"));
         }
+        if self.storage.target_rows_per_fragment == 0 {
+            return Err(invalid("storage.target_rows_per_fragment", "must be > 0"));
+        }
+        if self.storage.max_fragments == 0 {
+            return Err(invalid("storage.max_fragments", "must be > 0"));
+        }
         if self.bus.batch_size == 0 {
             return Err(invalid("bus.batch_size", "must be > 0"));
         }

@@ -73,11 +73,12 @@ impl Engine {
         embedder: Arc<dyn Embedder>,
     ) -> Result<Arc<Engine>, StartError> {
         let store = Arc::new(
-            Store::open_shared(
+            Store::open_with(
                 &cfg.data_dir(),
                 embedder.dim(),
                 cfg.storage.write_batch_max_rows,
                 Some(Duration::from_millis(cfg.storage.read_consistency_ms)),
+                cfg.storage.maintenance(),
             )
             .await?
             .for_model(embedder.model()),

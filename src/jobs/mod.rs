@@ -83,6 +83,16 @@ impl JobContext {
     }
 }
 
+/// A job's params as its typed struct: unknown or mistyped keys are a 422
+/// naming `scheduler.jobs.<job>.params`.
+pub fn params<T: serde::de::DeserializeOwned>(ctx: &JobContext, job: &str) -> crate::core::error::Result<T> {
+    toml::Value::Table(ctx.params.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| {
+            crate::core::error::Error::invalid(&format!("scheduler.jobs.{job}.params"), e.to_string())
+        })
+}
+
 /// Run one maintenance job by name.
 pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Result<JobReport> {
     match name {

@@ -1,11 +1,12 @@
-//! `[storage]`: where the tables live and how the writer batches.
+//! `[storage]`: where the tables live, how the writer batches, and how the
+//! tables are kept in shape.
 
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-#[allow(unused_imports)]
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
+
+use super::maintain::Maintenance;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -15,4 +16,41 @@ pub struct StorageConfig {
     pub write_batch_max_rows: usize,
     /// Reads see commits made by other loomem processes within this many ms.
     pub read_consistency_ms: u64,
+    /// The chunk writer merges small fragments after this many commits (0 = never).
+    #[serde(default = "default_compact_every_commits")]
+    pub compact_every_commits: usize,
+    /// A routine merge builds fragments of up to this many rows.
+    #[serde(default = "default_target_rows")]
+    pub target_rows_per_fragment: usize,
+    /// The other tables are checked this often, in seconds (0 = never).
+    #[serde(default = "default_check_secs")]
+    pub maintenance_check_secs: u64,
+    /// A table with more fragments than this is merged at the next check.
+    #[serde(default = "default_max_fragments")]
+    pub max_fragments: usize,
+}
+
+fn default_compact_every_commits() -> usize {
+    Maintenance::default().compact_every_commits
+}
+fn default_target_rows() -> usize {
+    Maintenance::default().target_rows_per_fragment
+}
+fn default_check_secs() -> u64 {
+    Maintenance::default().check_every.as_secs()
+}
+fn default_max_fragments() -> usize {
+    Maintenance::default().max_fragments
+}
+
+impl StorageConfig {
+    /// The routine maintenance these settings ask for.
+    pub fn maintenance(&self) -> Maintenance {
+        Maintenance {
+            compact_every_commits: self.compact_every_commits,
+            target_rows_per_fragment: self.target_rows_per_fragment,
+            check_every: Duration::from_secs(self.maintenance_check_secs),
+            max_fragments: self.max_fragments,
+        }
+    }
 }

@@ -7,6 +7,7 @@ pub mod filter;
 pub mod graph;
 pub mod job_runs;
 pub mod llm_calls;
+pub mod maintain;
 mod writer;
 
 pub use writer::Modifier;
@@ -196,6 +197,8 @@ pub struct Store {
     /// The pipeline worker holds it shared while it processes a batch; a
     /// snapshot rollback holds it exclusively, so no batch lands mid-restore.
     pub write_gate: tokio::sync::RwLock<()>,
+    /// Merges the small fragments of every table but `chunks` (its writer does).
+    _maintainer: maintain::AbortOnDrop,
 }
 
 impl Store {
@@ -211,6 +214,24 @@ impl Store {
         dim: usize,
         write_batch_max_rows: usize,
         read_consistency: Option<std::time::Duration>,
+    ) -> Result<Store> {
+        Store::open_with(
+            data_dir,
+            dim,
+            write_batch_max_rows,
+            read_consistency,
+            maintain::Maintenance::default(),
+        )
+        .await
+    }
+
+    /// [`Store::open_shared`] with the given routine maintenance.
+    pub async fn open_with(
+        data_dir: &Path,
+        dim: usize,
+        write_batch_max_rows: usize,
+        read_consistency: Option<std::time::Duration>,
+        maintenance: maintain::Maintenance,
     ) -> Result<Store> {
         std::fs::create_dir_all(data_dir).map_err(|e| lancedb::Error::Runtime {
             message: format!("cannot create data dir {}: {e}", data_dir.display()),
@@ -250,8 +271,19 @@ impl Store {
         )
         .await?;
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
-        let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows);
+        let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows, maintenance);
+        let side_tables = vec![
+            (DEAD_LETTERS, dead_letters.clone()),
+            (HISTORY, history.clone()),
+            (LLM_CALLS, llm_calls.clone()),
+            (ENTITIES, graph.entities.clone()),
+            (EDGES, graph.edges.clone()),
+            (FEEDBACK, feedback.table().clone()),
+            (JOB_RUNS, job_runs.clone()),
+        ];
+        let maintainer = maintain::AbortOnDrop(tokio::spawn(maintain::watch(side_tables, maintenance)));
         Ok(Store {
+            _maintainer: maintainer,
             db,
             chunks,
             dead_letters,

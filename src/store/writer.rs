@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use lancedb::Table;
 use tokio::sync::{mpsc, oneshot};
 
+use super::maintain::{merge_small_fragments, refresh_indexes, Maintenance};
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
 
@@ -31,9 +32,9 @@ pub struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    pub fn spawn(table: Table, dim: usize, max_rows: usize) -> ChunkWriter {
+    pub fn spawn(table: Table, dim: usize, max_rows: usize, maintenance: Maintenance) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(run(table, dim, max_rows, rx));
+        tokio::spawn(run(table, dim, max_rows, maintenance, rx));
         ChunkWriter { tx }
     }
 
@@ -105,10 +106,27 @@ impl ChunkWriter {
 /// and joined without the indexes).
 const INDEX_REFRESH_ROWS: usize = 10_000;
 
-async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<WriteOp>) {
+async fn run(
+    table: Table,
+    dim: usize,
+    max_rows: usize,
+    maintenance: Maintenance,
+    mut rx: mpsc::Receiver<WriteOp>,
+) {
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
+    let mut since_compact = 0usize;
     loop {
+        if maintenance.compact_every_commits > 0
+            && since_compact >= maintenance.compact_every_commits
+        {
+            since_compact = 0;
+            let started = std::time::Instant::now();
+            match merge_small_fragments(&table, maintenance.target_rows_per_fragment).await {
+                Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
+                Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
+            }
+        }
         let op = match next.take() {
             Some(op) => op,
             None => match rx.recv().await {
@@ -127,6 +145,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                     .await
                     .map(|r| r.num_deleted_rows)
                     .map_err(StoreError::from);
+                since_compact += 1;
                 let _ = done.send(result);
             }
             WriteOp::Commit(rows, side, done) => {
@@ -160,6 +179,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                 }
                 .await;
                 since_refresh += result.as_ref().copied().unwrap_or(0);
+                since_compact += 1;
                 let _ = done.send(result.map(|_| ()));
             }
             WriteOp::Modify(ids, mut modify, done) => {
@@ -174,6 +194,9 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                 }
                 .await;
                 since_refresh += result.as_ref().map(|n| *n).unwrap_or(0);
+                if result.as_ref().is_ok_and(|n| *n > 0) {
+                    since_compact += 1;
+                }
                 let _ = done.send(result);
             }
             WriteOp::Upsert(chunks, done) => {
@@ -195,6 +218,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                 }
                 let result = commit(&table, dim, group.iter().flat_map(|(c, _)| c)).await;
                 since_refresh += rows;
+                since_compact += 1;
                 for (_, done) in group {
                     let _ = done.send(match &result {
                         Ok(()) => Ok(()),
@@ -206,10 +230,7 @@ async fn run(table: Table, dim: usize, max_rows: usize, mut rx: mpsc::Receiver<W
                 if since_refresh >= INDEX_REFRESH_ROWS {
                     since_refresh = 0;
                     let started = std::time::Instant::now();
-                    match table
-                        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
-                        .await
-                    {
+                    match refresh_indexes(&table).await {
                         Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
                         Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
                     }
