@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
+use loomem::core::model::Chunk;
 use loomem::core::Caller;
 use loomem::service::export::{export, restore, ExportFormat};
-use loomem::core::model::Chunk;
 use loomem::service::sql::SqlLimits;
 use loomem::store::Store;
 

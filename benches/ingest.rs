@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
-use loomem::core::Caller;
 use loomem::app::config::Config;
-use loomem::providers::embed::HashEmbedder;
 use loomem::app::Engine;
 use loomem::core::model::Chunk;
+use loomem::core::Caller;
 use loomem::pipeline::{stages, BuildContext, Record};
+use loomem::providers::embed::HashEmbedder;
 use loomem::store::{Filter, Store};
 
 #[path = "../tests/integration/nats.rs"]

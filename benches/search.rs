@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-use loomem::core::Caller;
 use loomem::app::config::Config;
 use loomem::app::Engine;
 use loomem::core::model::{chunks_to_batch, Chunk};
+use loomem::core::Caller;
 use loomem::service::search::{self, SearchRequest};
 use loomem::store::Store;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use loomem::core::Caller;
 use loomem::core::model::{chunks_to_batch, Chunk};
+use loomem::core::Caller;
 use loomem::service::sql::{query, SqlLimits, SqlRequest};
 use loomem::store::Store;
 

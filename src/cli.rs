@@ -6,10 +6,10 @@ use std::io::Write;
 use anyhow::{bail, Context};
 use tokio::sync::watch;
 
-use loomem::core::Caller;
-use loomem::bus::{Bus, JetStreamBus};
 use loomem::app::config::Config;
 use loomem::bus::config::BusKind;
+use loomem::bus::{Bus, JetStreamBus};
+use loomem::core::Caller;
 use loomem::service::import::{self, Format, ImportReport};
 
 /// Publish straight onto the JetStream stream the daemon consumes.
@@ -114,7 +114,8 @@ pub async fn export_direct(
 ) -> anyhow::Result<Vec<u8>> {
     let caller = loomem::service::export::narrow(&Caller::admin("cli"), stream)?;
     let store = open_store(cfg).await?;
-    let out = loomem::service::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
+    let out =
+        loomem::service::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
     store.close().await;
     Ok(out?)
 }
@@ -166,7 +167,8 @@ pub async fn sql_direct(
     format: &str,
 ) -> anyhow::Result<Vec<u8>> {
     let store = open_store(cfg).await?;
-    let result = loomem::service::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
+    let result =
+        loomem::service::sql::query(&store, &Caller::admin("cli"), &cfg.sql.limits(), &req).await;
     store.close().await;
     print_format(&result?, format)
 }

@@ -87,7 +87,10 @@ mod tests {
             vec!["bus", "core"]
         );
         assert_eq!(
-            named_modules("let x = loomem::app::Engine::start(); crate::jobs::x", "loomem"),
+            named_modules(
+                "let x = loomem::app::Engine::start(); crate::jobs::x",
+                "loomem"
+            ),
             vec!["app"]
         );
         assert!(named_modules("mycrate::x", "crate").is_empty());
@@ -130,7 +133,11 @@ mod tests {
                 }
             }
         }
-        assert!(found.is_empty(), "predicates outside the store:\n{}", found.join("\n"));
+        assert!(
+            found.is_empty(),
+            "predicates outside the store:\n{}",
+            found.join("\n")
+        );
     }
 
     #[test]

@@ -4,15 +4,15 @@
 //! The crate is a house with floors (see `ARCHITECTURE.md`); a module uses only
 //! the floors below its own, and [`floors`] holds the table a test enforces.
 
-pub mod core;
-pub mod store;
-pub mod bus;
-pub mod providers;
-pub mod pipeline;
-pub mod service;
-pub mod jobs;
-pub mod app;
 pub mod api;
-pub mod mcp;
+pub mod app;
 pub mod bench_recall;
+pub mod bus;
+pub mod core;
 pub mod floors;
+pub mod jobs;
+pub mod mcp;
+pub mod pipeline;
+pub mod providers;
+pub mod service;
+pub mod store;

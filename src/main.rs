@@ -226,8 +226,13 @@ fn run() -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::bind(&addr)
                     .await
                     .with_context(|| format!("binding {addr}"))?;
-                loomem::api::server::serve(cfg, env, listener, loomem::api::server::shutdown_signal())
-                    .await?;
+                loomem::api::server::serve(
+                    cfg,
+                    env,
+                    listener,
+                    loomem::api::server::shutdown_signal(),
+                )
+                .await?;
             }
             Command::Mcp { stream, url, token } => match url {
                 Some(url) => cli::mcp_proxy(&url, token.as_deref(), stream.as_deref()).await?,

@@ -17,9 +17,9 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
 use crate::app::Engine;
 use crate::core::error::Error;
+use crate::core::Caller;
 
 /// What MCP clients are told about using the tools (embedded at compile time).
 pub const INSTRUCTIONS: &str = include_str!("../mcp_instructions.md");
@@ -219,9 +219,10 @@ impl MemoryServer {
             metadata: p.metadata,
             ..Default::default()
         };
-        service!(crate::service::memory::store(&self.engine, &caller, req), |r| json(
-            &r
-        ))
+        service!(
+            crate::service::memory::store(&self.engine, &caller, req),
+            |r| json(&r)
+        )
     }
 
     #[tool(
@@ -261,9 +262,10 @@ impl MemoryServer {
             stream,
             ..Default::default()
         };
-        service!(crate::service::search::search(&self.engine, &caller, req), |r| json(
-            &r
-        ))
+        service!(
+            crate::service::search::search(&self.engine, &caller, req),
+            |r| json(&r)
+        )
     }
 
     #[tool(
@@ -364,9 +366,10 @@ impl MemoryServer {
             stream,
             ..Default::default()
         };
-        service!(crate::service::dream::dream(&self.engine, &caller, req), |r| json(
-            &r
-        ))
+        service!(
+            crate::service::dream::dream(&self.engine, &caller, req),
+            |r| json(&r)
+        )
     }
 
     #[tool(
@@ -382,9 +385,10 @@ impl MemoryServer {
             stream,
             max_chunks: p.max_chunks,
         };
-        service!(crate::service::reflect::reflect(&self.engine, &caller, req), |r| {
-            json(&r)
-        })
+        service!(
+            crate::service::reflect::reflect(&self.engine, &caller, req),
+            |r| { json(&r) }
+        )
     }
 
     #[tool(
@@ -465,9 +469,10 @@ impl MemoryServer {
             usefulness: p.usefulness,
             harmful: p.harmful.unwrap_or(false),
         };
-        service!(crate::service::feedback::record(&self.engine, &caller, req), |r| {
-            json(&r)
-        })
+        service!(
+            crate::service::feedback::record(&self.engine, &caller, req),
+            |r| { json(&r) }
+        )
     }
 
     #[tool(description = "Engine health and statistics (memories, embeddings, bus, scheduler).")]

@@ -8,9 +8,9 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::{ApiJson, ApiQuery};
-use crate::core::Caller;
 use crate::app::Engine;
 use crate::core::error::{Error, Result};
+use crate::core::Caller;
 use crate::jobs::RunView;
 
 #[derive(Serialize)]
@@ -110,11 +110,14 @@ pub async fn snapshot_create(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
     ApiJson(req): ApiJson<SnapshotRequest>,
-) -> Result<(axum::http::StatusCode, Json<crate::service::snapshot::Snapshot>)> {
+) -> Result<(
+    axum::http::StatusCode,
+    Json<crate::service::snapshot::Snapshot>,
+)> {
     caller.require_admin()?;
-    let name = req
-        .name
-        .unwrap_or_else(|| crate::service::snapshot::timestamped("snap", crate::core::model::now_micros()));
+    let name = req.name.unwrap_or_else(|| {
+        crate::service::snapshot::timestamped("snap", crate::core::model::now_micros())
+    });
     let snapshot = crate::service::snapshot::create(&engine.store, &name).await?;
     Ok((axum::http::StatusCode::CREATED, Json(snapshot)))
 }
@@ -144,7 +147,9 @@ pub async fn snapshot_rollback(
     Path(name): Path<String>,
 ) -> Result<Json<crate::service::snapshot::Rollback>> {
     caller.require_admin()?;
-    Ok(Json(crate::service::snapshot::rollback(&engine, &name).await?))
+    Ok(Json(
+        crate::service::snapshot::rollback(&engine, &name).await?,
+    ))
 }
 
 /// The maintenance calls whose body (`{"stream": …}`) may be empty.

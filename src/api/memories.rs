@@ -7,10 +7,10 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{ApiJson, ApiQuery};
-use crate::core::Caller;
-use crate::service::conversation::{self, IngestRequest, IngestResponse};
 use crate::app::Engine;
 use crate::core::error::{Error, Result};
+use crate::core::Caller;
+use crate::service::conversation::{self, IngestRequest, IngestResponse};
 use crate::service::import::{self, Format, ImportReport};
 use crate::service::memory::{self, PurgeRequest, PurgeResponse, StoreRequest, StoreResponse};
 

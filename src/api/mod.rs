@@ -2,11 +2,11 @@
 //! call one service function, shape the answer.
 
 mod error;
-pub mod server;
-mod request;
 mod jobs;
 mod memories;
 mod recall;
+mod request;
+pub mod server;
 
 use std::sync::Arc;
 
@@ -14,12 +14,12 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{delete, get, post};
 use axum::{middleware, Json, Router};
 
-use crate::service::status;
-use crate::core::Caller;
 use crate::app::Engine;
 use crate::core::error::{Error, Result};
+use crate::core::Caller;
 use crate::service::reembed;
 use crate::service::search::{self, SearchRequest, SearchResponse};
+use crate::service::status;
 
 pub use request::{parse_json, ApiJson, ApiQuery};
 
@@ -115,7 +115,8 @@ async fn sql_handler(
             format!("`{format}`: use {}", formats.join(", ")),
         ));
     }
-    let result = crate::service::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
+    let result =
+        crate::service::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
     let (content_type, body) = crate::service::sql::render(&result, &format)?;
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
 }
@@ -134,7 +135,8 @@ async fn export_handler(
     let caller = crate::service::export::narrow(&caller, req.stream.as_deref())?;
     let limits = engine.cfg.sql.limits();
     let body =
-        crate::service::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref()).await?;
+        crate::service::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref())
+            .await?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, format.content_type())],
         body,

@@ -9,10 +9,10 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{ApiJson, ApiQuery};
-use crate::core::Caller;
-use crate::service::context::{self, Ambient, AmbientRequest, ContextPack, ContextPackRequest};
 use crate::app::Engine;
 use crate::core::error::Result;
+use crate::core::Caller;
+use crate::service::context::{self, Ambient, AmbientRequest, ContextPack, ContextPackRequest};
 use crate::service::feedback::{self, FeedbackRequest, FeedbackResponse};
 use crate::service::graph::{self, EntityView, GraphQuery, GraphStats};
 
@@ -117,7 +117,9 @@ pub async fn reflect(
     caller: Caller,
     ApiJson(req): ApiJson<crate::service::reflect::ReflectRequest>,
 ) -> Result<Json<crate::service::reflect::Reflection>> {
-    Ok(Json(crate::service::reflect::reflect(&engine, &caller, req).await?))
+    Ok(Json(
+        crate::service::reflect::reflect(&engine, &caller, req).await?,
+    ))
 }
 
 pub async fn dream(
@@ -125,5 +127,7 @@ pub async fn dream(
     caller: Caller,
     ApiJson(req): ApiJson<crate::service::dream::DreamRequest>,
 ) -> Result<Json<crate::service::dream::DreamReport>> {
-    Ok(Json(crate::service::dream::dream(&engine, &caller, req).await?))
+    Ok(Json(
+        crate::service::dream::dream(&engine, &caller, req).await?,
+    ))
 }

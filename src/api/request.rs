@@ -11,9 +11,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 
-use crate::core::Caller;
 use crate::app::Engine;
 use crate::core::error::Error;
+use crate::core::Caller;
 
 /// A JSON body. Malformed JSON is a 400; a body of the wrong shape is a 422
 /// whose detail names the offending field.

@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::service::auth::Auth;
-use crate::service::{ServiceConfig, Services};
-use crate::bus::{Bus, Consumer, EmbeddedBus, JetStreamBus, Notifier};
 use crate::app::config::Config;
 use crate::bus::config::BusKind;
-use crate::providers::embed::{self, Embedder};
-use crate::service::facts::RuleExtractor;
+use crate::bus::{Bus, Consumer, EmbeddedBus, JetStreamBus, Notifier};
 use crate::pipeline::worker::{Worker, WorkerConfig};
-use crate::providers::llm::Llm;
 use crate::pipeline::{BuildContext, Pipelines};
+use crate::providers::embed::{self, Embedder};
+use crate::providers::llm::Llm;
+use crate::service::auth::Auth;
+use crate::service::facts::RuleExtractor;
+use crate::service::{ServiceConfig, Services};
 use crate::store::Store;
 
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ pub mod run;
 
 use std::collections::BTreeSet;
 
-use crate::service::import::{longmemeval_turns, parse_longmemeval_date, Turn};
 use crate::core::model::Micros;
+use crate::service::import::{longmemeval_turns, parse_longmemeval_date, Turn};
 
 /// The six question types of LongMemEval (abstention questions are any of
 /// them with an `_abs` id).

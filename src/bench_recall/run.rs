@@ -10,10 +10,10 @@ use serde::Serialize;
 
 use super::metrics::{evaluate, sessions_of, Scores, Summary, KS};
 use super::Question;
-use crate::core::Caller;
-use crate::bus::Outcome;
 use crate::app::Engine;
+use crate::bus::Outcome;
 use crate::core::error::{Error, Result};
+use crate::core::Caller;
 use crate::service::search::SearchRequest;
 
 /// Which turns are indexed: the user's (as in the official setup) or all.
@@ -292,7 +292,10 @@ pub async fn run(
                     .iter()
                     .map(|r| {
                         let at = r.trace_info.as_ref().map_or(0, |t| t.created_at);
-                        (r.content.clone(), crate::core::time::to_rfc3339(at * 1_000_000))
+                        (
+                            r.content.clone(),
+                            crate::core::time::to_rfc3339(at * 1_000_000),
+                        )
                     })
                     .collect();
                 let kind = if q.abstention {

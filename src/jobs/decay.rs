@@ -11,8 +11,8 @@ use serde_json::json;
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
 use crate::core::model::{now_micros, Chunk};
-use crate::store::Filter;
 use crate::core::time::DAY_MICROS;
+use crate::store::Filter;
 
 /// Memories changed per commit.
 const BATCH: usize = 1000;

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::core::Caller;
-use crate::service::dream::{dream, DreamRequest};
 use crate::core::error::Result;
 use crate::core::model::now_micros;
+use crate::core::Caller;
+use crate::service::dream::{dream, DreamRequest};
 
 fn float(ctx: &JobContext, key: &str) -> Option<f64> {
     ctx.params

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::core::Caller;
 use crate::core::error::{Error, Result};
-use crate::service::export::{self, ExportFormat};
 use crate::core::model::now_micros;
+use crate::core::Caller;
+use crate::service::export::{self, ExportFormat};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,10 +12,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::scheduler::{JobRun, RunLog, Trigger};
+use crate::core::model::now_micros;
 use crate::core::Caller;
 use crate::service::dream::{dream, DreamRequest};
 use crate::service::Services;
-use crate::core::model::now_micros;
 
 pub fn spawn(engine: Weak<Services>, idle: Duration, mut stop: watch::Receiver<bool>) {
     let tick = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(60));

@@ -19,7 +19,6 @@ use std::sync::{Arc, Weak};
 
 use crate::service::Services;
 
-
 use crate::core::model::Micros;
 
 /// What a maintenance job reports (JSON, kept as text in `job_runs.report`).
@@ -85,11 +84,17 @@ impl JobContext {
 
 /// A job's params as its typed struct: unknown or mistyped keys are a 422
 /// naming `scheduler.jobs.<job>.params`.
-pub fn params<T: serde::de::DeserializeOwned>(ctx: &JobContext, job: &str) -> crate::core::error::Result<T> {
+pub fn params<T: serde::de::DeserializeOwned>(
+    ctx: &JobContext,
+    job: &str,
+) -> crate::core::error::Result<T> {
     toml::Value::Table(ctx.params.clone())
         .try_into()
         .map_err(|e: toml::de::Error| {
-            crate::core::error::Error::invalid(&format!("scheduler.jobs.{job}.params"), e.to_string())
+            crate::core::error::Error::invalid(
+                &format!("scheduler.jobs.{job}.params"),
+                e.to_string(),
+            )
         })
 }
 

@@ -5,8 +5,8 @@
 use serde_json::json;
 
 use super::{JobContext, JobReport};
-use crate::core::Caller;
 use crate::core::error::Result;
+use crate::core::Caller;
 use crate::service::reembed::{self, Scope};
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {

@@ -5,8 +5,8 @@
 pub mod config;
 pub mod ner;
 pub mod stages;
-pub mod worker;
 mod stats;
+pub mod worker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -16,8 +16,8 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::providers::embed::Embedder;
 use crate::core::model::Chunk;
+use crate::providers::embed::Embedder;
 use crate::store::{HistoryRow, Neighbor, Store};
 
 pub use stats::{StageStats, StageStatsSnapshot};

@@ -15,9 +15,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use crate::store::graph::{entity_key, Mention};
-use crate::providers::llm::{Llm, LlmError};
 use crate::core::model::Chunk;
+use crate::providers::llm::{Llm, LlmError};
+use crate::store::graph::{entity_key, Mention};
 use crate::store::{Filter, Store};
 
 /// Memories per LLM call.

@@ -184,7 +184,11 @@ impl Worker {
 }
 
 /// Envelopes for chunks that go through `pipeline`.
-pub fn envelopes(pipeline: &str, chunks: Vec<crate::core::model::Chunk>, notify: bool) -> Vec<Envelope> {
+pub fn envelopes(
+    pipeline: &str,
+    chunks: Vec<crate::core::model::Chunk>,
+    notify: bool,
+) -> Vec<Envelope> {
     chunks
         .into_iter()
         .map(|chunk| Envelope {

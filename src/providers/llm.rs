@@ -11,10 +11,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::core::model::{now_micros, Micros};
+use crate::core::time::DAY_MICROS;
 use crate::providers::openai_compat::OpenAiHttp;
 use crate::store::llm_calls::LlmCall;
 use crate::store::Store;
-use crate::core::time::DAY_MICROS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {

@@ -14,11 +14,11 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{Chunk, Micros};
+use crate::core::Caller;
 use crate::service::search::{self, graph_leg::query_keys, SearchRequest};
+use crate::service::Services;
 use crate::store::Filter;
 
 const SEEDS: usize = 5;

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::core::error::{Error, Result};
 use crate::core::caller::{Caller, Namespaces};
+use crate::core::error::{Error, Result};
 
 /// The configured keys, compared in constant time via their SHA-256 digests.
 pub struct Auth {
@@ -87,9 +87,9 @@ impl Auth {
 
 #[cfg(test)]
 mod tests {
+    use super::ScopedToken;
     use super::*;
     use crate::core::Role;
-    use super::ScopedToken;
 
     fn server_cfg() -> ServerConfig {
         ServerConfig {

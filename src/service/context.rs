@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk, Micros};
-use crate::service::search::{self, rank::Factors, SearchRequest};
-use crate::store::Filter;
 use crate::core::time::{parse_instant, to_rfc3339, DAY_MICROS};
 use crate::core::tokens;
+use crate::core::Caller;
+use crate::service::search::{self, rank::Factors, SearchRequest};
+use crate::service::Services;
+use crate::store::Filter;
 
 /// Most stable facts and recent items a profile lists.
 const MAX_STABLE: usize = 30;
@@ -32,7 +32,12 @@ const SCAN_LIMIT: usize = 50_000;
 const TRANSIENT_TYPES: &[&str] = &["event", "plan", "observation", "project"];
 
 /// The latest, unexpired memories of a stream (no embeddings), at most `limit`.
-async fn latest(engine: &Services, stream: &str, extra: Filter, limit: usize) -> Result<Vec<Chunk>> {
+async fn latest(
+    engine: &Services,
+    stream: &str,
+    extra: Filter,
+    limit: usize,
+) -> Result<Vec<Chunk>> {
     let filter = Filter::new()
         .stream(stream)
         .current()

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
 use crate::bus::Outcome;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
-use crate::service::facts::{self, parse_transcript, Fact, ResolvedDate, Role, Turn};
 use crate::core::model::{now_micros, Chunk, Micros};
 use crate::core::time::parse_instant;
+use crate::core::Caller;
+use crate::service::facts::{self, parse_transcript, Fact, ResolvedDate, Role, Turn};
+use crate::service::Services;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -341,11 +341,14 @@ pub async fn ingest(
             .await?;
         vec![None; ids.len()]
     } else {
-        crate::service::memory::publish_and_wait(engine, crate::pipeline::worker::envelopes("ingest", chunks, true))
-            .await?
-            .into_iter()
-            .map(Some)
-            .collect()
+        crate::service::memory::publish_and_wait(
+            engine,
+            crate::pipeline::worker::envelopes("ingest", chunks, true),
+        )
+        .await?
+        .into_iter()
+        .map(Some)
+        .collect()
     };
     let mut out = IngestResponse {
         status,

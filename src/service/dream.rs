@@ -21,14 +21,14 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::error::{Error, Result};
+use crate::core::model::{content_hash, now_micros, Chunk};
+use crate::core::tokens;
 use crate::core::Caller;
 use crate::providers::embed::dot;
 use crate::service::Services;
-use crate::core::error::{Error, Result};
 use crate::store::graph::Mention;
-use crate::core::model::{content_hash, now_micros, Chunk};
 use crate::store::{Filter, HistoryRow};
-use crate::core::tokens;
 
 const SINGLE_VALUED: &[&str] = &["preference", "decision", "correction"];
 /// Most members folded into one L1 memory (the most recent).

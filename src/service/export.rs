@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use lancedb::datafusion::arrow::array::RecordBatch;
 use lancedb::datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
 
-use crate::core::Caller;
 use crate::core::error::{Error, Result};
-use crate::service::import::ImportReport;
 use crate::core::model::{Chunk, Micros};
+use crate::core::Caller;
+use crate::service::import::ImportReport;
 use crate::store::{Filter, Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
 
 /// The version of the lossless format this build writes and reads.

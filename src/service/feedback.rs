@@ -2,14 +2,13 @@
 //! every signal is a row of the `feedback` table; a per-memory tally kept in
 //! memory (rebuilt from the table at start) feeds search ranking.
 
-
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-pub use crate::store::feedback::{FeedbackBook, FeedbackRow, Tally};
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::now_micros;
+use crate::core::Caller;
+use crate::service::Services;
+pub use crate::store::feedback::{FeedbackBook, FeedbackRow, Tally};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

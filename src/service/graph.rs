@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::error::{Error, Result};
 use crate::core::Caller;
 use crate::service::Services;
-use crate::core::error::{Error, Result};
 use crate::store::Filter;
 
 #[derive(Debug, Deserialize)]

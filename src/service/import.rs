@@ -7,13 +7,13 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
 use crate::bus::Bus;
 use crate::core::error::{Error, Result};
-use crate::pipeline::worker::envelopes;
-use crate::service::memory::{chunk_from_request, StoreRequest};
 use crate::core::model::Chunk;
 use crate::core::time::parse_instant_str;
+use crate::core::Caller;
+use crate::pipeline::worker::envelopes;
+use crate::service::memory::{chunk_from_request, StoreRequest};
 
 /// Records published per bus call.
 const PUBLISH_CHUNK: usize = 1000;
@@ -82,12 +82,7 @@ pub struct Parsed {
 }
 
 /// Parse `text` in `format`; records without a stream go to `stream`.
-pub fn parse(
-    format: Format,
-    text: &str,
-    stream: Option<&str>,
-    caller: &Caller,
-) -> Result<Parsed> {
+pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) -> Result<Parsed> {
     let mut parsed = Parsed {
         chunks: Vec::new(),
         read: 0,
@@ -445,13 +440,7 @@ mod tests {
     #[test]
     fn markdown_paragraphs_and_items_become_memories() {
         let text = "# Preferences\n\n- Likes green tea\n- Hates mornings\n\nWorks on the\nBilling project.\n\n```\ncode\n```\n";
-        let p = parse(
-            Format::Markdown,
-            text,
-            Some("s"),
-            &admin(),
-        )
-        .unwrap();
+        let p = parse(Format::Markdown, text, Some("s"), &admin()).unwrap();
         let contents: Vec<&str> = p.chunks.iter().map(|c| c.content.as_str()).collect();
         assert_eq!(
             contents,

@@ -21,11 +21,11 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk};
+use crate::core::Caller;
 use crate::pipeline::Record;
+use crate::service::Services;
 use crate::store::{Filter, HistoryRow};
 
 /// Memories read and rewritten at a time.
@@ -270,7 +270,11 @@ pub async fn reset_importance(
 }
 
 /// `POST /v1/reset-backfill`.
-pub async fn reset_backfill(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
+pub async fn reset_backfill(
+    engine: &Services,
+    caller: &Caller,
+    req: ScopeRequest,
+) -> Result<Report> {
     let filter = scope(caller, &req)?.annotated("llm_ner");
     rewrite(engine, filter, |c| c.remove_annotation("llm_ner")).await
 }

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
 use crate::bus::{Envelope, Outcome};
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk};
-use crate::store::Filter;
 use crate::core::time::parse_instant;
+use crate::core::Caller;
+use crate::service::Services;
+use crate::store::Filter;
 
 /// Longest memory accepted, in characters.
 pub const MAX_CONTENT_CHARS: usize = 1_000_000;
@@ -329,10 +329,7 @@ pub async fn delete(
     if only_stream.is_some_and(|s| s != chunk.stream) {
         return Err(not_found(id));
     }
-    let n = engine
-        .store
-        .delete(&Filter::new().id(id))
-        .await?;
+    let n = engine.store.delete(&Filter::new().id(id)).await?;
     if n == 0 {
         return Err(not_found(id));
     }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
+use crate::core::Caller;
 use crate::service::tasks::{Task, TaskState};
+use crate::service::Services;
 use crate::store::Filter;
 
 /// Jobs in this group never overlap.

@@ -9,11 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk};
 use crate::core::time::DAY_MICROS;
+use crate::core::Caller;
+use crate::service::Services;
 
 /// Types whose memories state one current truth per subject.
 const SINGLE_VALUED: &[&str] = &["preference", "decision", "correction"];
@@ -81,7 +81,11 @@ fn percent(n: usize, of: usize) -> String {
     format!("{}%", (100.0 * n as f64 / of as f64).round() as u32)
 }
 
-pub async fn reflect(engine: &Services, caller: &Caller, req: ReflectRequest) -> Result<Reflection> {
+pub async fn reflect(
+    engine: &Services,
+    caller: &Caller,
+    req: ReflectRequest,
+) -> Result<Reflection> {
     let max = req.max_chunks.unwrap_or(1000);
     if max == 0 || max > 20_000 {
         return Err(Error::invalid("max_chunks", "must be between 1 and 20000"));

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::service::Services;
 use crate::core::error::{Error, Result};
+use crate::service::Services;
 use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
 
 /// The tables a snapshot covers: the memories and everything derived from them.
@@ -100,7 +100,9 @@ pub async fn create(store: &Store, name: &str) -> Result<Snapshot> {
     }
     Ok(Snapshot {
         name: name.to_string(),
-        created_at: Some(crate::core::time::to_rfc3339(crate::core::model::now_micros())),
+        created_at: Some(crate::core::time::to_rfc3339(
+            crate::core::model::now_micros(),
+        )),
         versions,
     })
 }

@@ -24,10 +24,10 @@ use lancedb::Table;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
 use crate::core::error::{Error, Result};
-use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS};
 use crate::core::time::parse_instant_str;
+use crate::core::Caller;
+use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS};
 
 /// Tables every caller can query (as stream-scoped views).
 pub const TABLES: &[&str] = &[

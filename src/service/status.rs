@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::core::{Caller, Role};
-use crate::service::Services;
 use crate::core::error::Result;
+use crate::core::{Caller, Role};
 use crate::pipeline::StageStatsSnapshot;
+use crate::service::Services;
 use crate::store::Filter;
 
 #[derive(Debug, Serialize)]
@@ -117,7 +117,10 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
                 .store
                 .count(&scope.clone().stale_for(engine.embedder.model()))
                 .await?,
-            job: engine.jobs.running(crate::service::reembed::GROUP).map(|j| j.view()),
+            job: engine
+                .jobs
+                .running(crate::service::reembed::GROUP)
+                .map(|j| j.view()),
         },
         llm: LlmStatus {
             configured: engine.llm.is_some(),

@@ -24,7 +24,10 @@ pub(in crate::store) fn ts_lit(m: Micros) -> String {
 }
 
 /// `column IN ('a', 'b', …)`, each value quoted.
-pub(in crate::store) fn column_in<S: AsRef<str>>(column: &str, values: impl IntoIterator<Item = S>) -> String {
+pub(in crate::store) fn column_in<S: AsRef<str>>(
+    column: &str,
+    values: impl IntoIterator<Item = S>,
+) -> String {
     let list: Vec<String> = values.into_iter().map(|v| sql_str(v.as_ref())).collect();
     if list.is_empty() {
         // `IN ()` is not valid SQL; no value matches an empty list.
@@ -287,9 +290,11 @@ mod tests {
 
     #[test]
     fn or_keeps_both_sides_together() {
-        let f = Filter::new()
-            .stream("s")
-            .with(Filter::new().session("a").or(Filter::new().created_since(5)));
+        let f = Filter::new().stream("s").with(
+            Filter::new()
+                .session("a")
+                .or(Filter::new().created_since(5)),
+        );
         assert_eq!(
             f.sql().unwrap(),
             "stream = 's' AND ((session_id = 'a') OR (created_at >= arrow_cast(5, 'Timestamp(Microsecond, None)')))"

@@ -129,8 +129,7 @@ pub async fn full_pass(
 ) -> Result<PassReport> {
     let before = table.stats().await?;
     if !dry_run {
-        merge_small_fragments(table, CompactionOptions::default().target_rows_per_fragment)
-            .await?;
+        merge_small_fragments(table, CompactionOptions::default().target_rows_per_fragment).await?;
         refresh_indexes(table).await?;
         retrying("prune", || {
             table.optimize(OptimizeAction::Prune {
@@ -176,7 +175,9 @@ pub async fn watch(tables: Vec<(&'static str, Table)>, m: Maintenance) {
                 Ok(()) => {
                     tracing::debug!(table = name, fragments, took = ?started.elapsed(), "small fragments merged")
                 }
-                Err(e) => tracing::warn!(table = name, error = %e, "fragment merge failed; will retry"),
+                Err(e) => {
+                    tracing::warn!(table = name, error = %e, "fragment merge failed; will retry")
+                }
             }
         }
     }
@@ -227,7 +228,10 @@ mod tests {
             let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
             store.upsert(vec![c]).await.unwrap();
         }
-        assert!(fragments(store.chunks_table()).await >= 12, "maintenance off merges nothing");
+        assert!(
+            fragments(store.chunks_table()).await >= 12,
+            "maintenance off merges nothing"
+        );
     }
 
     #[tokio::test]
@@ -241,9 +245,15 @@ mod tests {
             store.upsert(vec![c]).await.unwrap();
         }
         let dry = full_pass(store.chunks_table(), None, true).await.unwrap();
-        assert_eq!((dry.rows, dry.fragments_before, dry.fragments_after), (10, 10, 10));
+        assert_eq!(
+            (dry.rows, dry.fragments_before, dry.fragments_after),
+            (10, 10, 10)
+        );
         let done = full_pass(store.chunks_table(), None, false).await.unwrap();
-        assert_eq!((done.rows, done.fragments_before, done.fragments_after), (10, 10, 1));
+        assert_eq!(
+            (done.rows, done.fragments_before, done.fragments_after),
+            (10, 10, 1)
+        );
     }
 
     #[tokio::test]

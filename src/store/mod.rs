@@ -121,8 +121,6 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-
-
 /// A chunk found by a search leg, with that leg's raw score (BM25 score or cosine distance).
 #[derive(Debug, Clone)]
 pub struct Hit {
@@ -281,7 +279,8 @@ impl Store {
             (FEEDBACK, feedback.table().clone()),
             (JOB_RUNS, job_runs.clone()),
         ];
-        let maintainer = maintain::AbortOnDrop(tokio::spawn(maintain::watch(side_tables, maintenance)));
+        let maintainer =
+            maintain::AbortOnDrop(tokio::spawn(maintain::watch(side_tables, maintenance)));
         Ok(Store {
             _maintainer: maintainer,
             db,
@@ -472,25 +471,24 @@ impl Store {
 
     /// Record one LLM call (tokens, cost, outcome).
     pub async fn add_llm_call(&self, row: &llm_calls::LlmCall) -> Result<()> {
-        let batch =
-            crate::store::graph::rows_to_batch(llm_calls::call_schema(), std::slice::from_ref(row))?;
+        let batch = crate::store::graph::rows_to_batch(
+            llm_calls::call_schema(),
+            std::slice::from_ref(row),
+        )?;
         self.llm_calls.add(batch).execute().await?;
         Ok(())
     }
 
     /// Record one run of a scheduled or manual job.
     pub async fn add_job_run(&self, run: &job_runs::JobRun) -> Result<()> {
-        let batch = crate::store::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
+        let batch =
+            crate::store::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
         self.job_runs.add(batch).execute().await?;
         Ok(())
     }
 
     /// Job runs matching a filter, newest first, at most `limit`.
-    pub async fn job_runs(
-        &self,
-        filter: &Filter,
-        limit: usize,
-    ) -> Result<Vec<job_runs::JobRun>> {
+    pub async fn job_runs(&self, filter: &Filter, limit: usize) -> Result<Vec<job_runs::JobRun>> {
         let mut q = self.job_runs.query();
         if let Some(f) = filter.sql() {
             q = q.only_if(f);
@@ -680,7 +678,11 @@ impl Store {
             .query()
             .nearest_to(vector)?
             .distance_type(DistanceType::Cosine)
-            .only_if(format!("({}) AND {}", filter.predicate(), self.vector_clause()))
+            .only_if(format!(
+                "({}) AND {}",
+                filter.predicate(),
+                self.vector_clause()
+            ))
             .select(Select::columns(&["id", "_distance"]))
             .limit(limit)
             .execute()
@@ -788,11 +790,7 @@ impl Store {
         let Some((first, rest)) = vectors.split_first() else {
             return Ok(out);
         };
-        if self
-            .count(&Filter::new().stream(stream))
-            .await?
-            == 0
-        {
+        if self.count(&Filter::new().stream(stream)).await? == 0 {
             return Ok(out);
         }
         let mut q = self.chunks.query().nearest_to(*first)?;
@@ -842,9 +840,6 @@ impl Store {
         Ok(out)
     }
 }
-
-
-
 
 async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
     let mut q = table.query().only_if(filter);

@@ -32,7 +32,12 @@ pub struct ChunkWriter {
 }
 
 impl ChunkWriter {
-    pub fn spawn(table: Table, dim: usize, max_rows: usize, maintenance: Maintenance) -> ChunkWriter {
+    pub fn spawn(
+        table: Table,
+        dim: usize,
+        max_rows: usize,
+        maintenance: Maintenance,
+    ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(run(table, dim, max_rows, maintenance, rx));
         ChunkWriter { tx }

@@ -21,5 +21,6 @@ mod nats;
 mod recall;
 mod restart;
 mod retrieval;
+mod services;
 mod snapshot;
 mod sql;

@@ -98,7 +98,14 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
     assert!(md.contains("| hybrid | single-session-user | 1 |"), "{md}");
 
     // Each question's stream is removed after it is scored.
-    assert_eq!(engine.store.count(&loomem::store::Filter::new()).await.unwrap(), 0);
+    assert_eq!(
+        engine
+            .store
+            .count(&loomem::store::Filter::new())
+            .await
+            .unwrap(),
+        0
+    );
 
     // Indexing every role stores the assistant turns too.
     let all = run(

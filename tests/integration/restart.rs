@@ -186,12 +186,20 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
         .unwrap();
     assert_eq!(report["read"], N);
     assert_eq!(report["rejected"], json!([]));
-    let started = std::time::Instant::now();
-    while chunk_count(&url).await < N as u64 {
+    // Recovery must keep making progress, however busy the machine: fail only
+    // when the count stands still for a minute and a half.
+    let (mut seen, mut moved) = (0, std::time::Instant::now());
+    loop {
+        let n = chunk_count(&url).await;
+        if n >= N as u64 {
+            break;
+        }
+        if n > seen {
+            (seen, moved) = (n, std::time::Instant::now());
+        }
         assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "stuck at {}",
-            chunk_count(&url).await
+            moved.elapsed() < Duration::from_secs(90),
+            "stuck at {n} for 90 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -16,10 +16,10 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::store::graph::{entity_key, Dictionary, DictionaryEntry};
-use crate::providers::llm::{Llm, LlmError};
 use crate::core::model::{now_micros, Chunk};
 use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Stage};
+use crate::providers::llm::{Llm, LlmError};
+use crate::store::graph::{entity_key, Dictionary, DictionaryEntry};
 use crate::store::{Filter, HistoryRow, Store};
 
 const JUDGE_PROMPT: &str = "You keep a user's long-term memory consistent. Given a new memory and earlier memories about the same subject, say which earlier memories the new one makes outdated: they state something that is no longer true now that the new memory holds (a changed preference, a move, a new job, a changed plan or date). A memory that only adds detail, or is merely related, does not outdate anything. Return JSON {\"superseded\": [numbers of the outdated earlier memories], \"reason\": \"one short sentence\"}.";

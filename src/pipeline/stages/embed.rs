@@ -7,8 +7,8 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::providers::embed::Embedder;
 use crate::pipeline::{kept, BuildContext, PipelineError, Record, Stage};
+use crate::providers::embed::Embedder;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -12,8 +12,8 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::store::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
 use crate::pipeline::{BuildContext, PendingWrite, PipelineError, Record, Stage};
+use crate::store::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
 use crate::store::Store;
 
 #[derive(Debug, Deserialize)]

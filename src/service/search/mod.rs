@@ -16,12 +16,12 @@ use std::time::Instant;
 use chrono::{Datelike, Duration as ChronoDuration, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::core::Caller;
-use crate::service::Services;
 use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Chunk, Micros};
-use crate::store::{AsOf, AsOfError, Filter, Hit};
 use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
+use crate::core::Caller;
+use crate::service::Services;
+use crate::store::{AsOf, AsOfError, Filter, Hit};
 use rank::Factors;
 
 /// Largest `top_k` accepted.
@@ -156,13 +156,28 @@ pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Res
     if let Some(v) = &req.valid_at {
         f = f.valid_at(parse_instant("valid_at", v)?);
     }
-    if let Some(e) = req.entity.as_deref().map(str::trim).filter(|e| !e.is_empty()) {
+    if let Some(e) = req
+        .entity
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
         f = f.mentions(e);
     }
-    if let Some(t) = req.fact_type.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+    if let Some(t) = req
+        .fact_type
+        .as_deref()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
         f = f.memory_type(&t.to_lowercase());
     }
-    if let Some(s) = req.subject.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+    if let Some(s) = req
+        .subject
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         f = f.subject(s);
     }
     if let Some(c) = req.min_confidence {

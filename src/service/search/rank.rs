@@ -6,10 +6,10 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use crate::service::search::config::SearchConfig;
-use crate::service::feedback::Tally;
 use crate::core::model::{Chunk, Micros};
 use crate::core::time::DAY_MICROS;
+use crate::service::feedback::Tally;
+use crate::service::search::config::SearchConfig;
 
 /// The multipliers applied to a memory's fused score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
