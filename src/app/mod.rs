@@ -192,11 +192,16 @@ impl Engine {
     pub fn start_scheduler(self: &Arc<Engine>) {
         let idle = self.cfg.scheduler.dream_after_idle_secs;
         if idle > 0 {
-            crate::jobs::idle::spawn(
-                Arc::downgrade(&self.services),
-                Duration::from_secs(idle),
-                self.stop_scheduler.subscribe(),
-            );
+            let store: Arc<dyn crate::jobs::idle::Activity> = self.store.clone();
+            crate::jobs::idle::IdleDream {
+                activity: Arc::downgrade(&store),
+                dreamer: crate::jobs::idle::dreamer(Arc::downgrade(&self.services)),
+                log: Arc::new(crate::jobs::StoreRunLog(self.store.clone())),
+                clock: crate::jobs::scheduler::Clock::system(),
+                pause: self.workers.clone(),
+                idle: Duration::from_secs(idle),
+            }
+            .spawn(self.stop_scheduler.subscribe());
         }
         if !self.cfg.scheduler.enabled {
             return;

@@ -14,6 +14,18 @@ use crate::core::model::{now_micros, Chunk};
 use crate::core::time::DAY_MICROS;
 use crate::store::Filter;
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    /// Importance never falls below it.
+    #[serde(default = "default_floor")]
+    min_importance: f32,
+}
+
+fn default_floor() -> f32 {
+    0.1
+}
+
 /// Memories changed per commit.
 const BATCH: usize = 1000;
 
@@ -28,11 +40,8 @@ fn last_decay(c: &Chunk) -> i64 {
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let engine = &ctx.services;
-    let floor = ctx
-        .params
-        .get("min_importance")
-        .and_then(|v| v.as_float())
-        .unwrap_or(0.1) as f32;
+    let p: Params = super::params(ctx, "decay")?;
+    let floor = p.min_importance;
     let now = now_micros();
     let cfg = engine.cfg.search.clone();
     let ids = engine

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
@@ -15,50 +15,62 @@ use crate::core::model::now_micros;
 use crate::core::Caller;
 use crate::service::dream::{dream, DreamRequest};
 
-fn float(ctx: &JobContext, key: &str) -> Option<f64> {
-    ctx.params
-        .get(key)
-        .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)))
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    #[serde(default = "default_idle_minutes")]
+    idle_minutes: f64,
+    similarity: Option<f32>,
+    related_similarity: Option<f32>,
+    contradiction_similarity: Option<f32>,
+    max_cost_usd: Option<f64>,
+}
+
+fn default_idle_minutes() -> f64 {
+    30.0
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    streams: usize,
+    streams_not_idle: usize,
+    groups_found: usize,
+    facts_merged: usize,
+    contradictions_resolved: usize,
+    cost_usd: f64,
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let engine = &ctx.services;
-    let idle = float(ctx, "idle_minutes").unwrap_or(30.0);
+    let p: Params = super::params(ctx, "dream")?;
+    let idle = p.idle_minutes;
     let newest: BTreeMap<String, i64> = engine
         .store
         .latest_write_by_stream(&crate::store::Filter::new().level(0).current())
         .await?;
     let quiet_since = now_micros() - (idle * 60e6) as i64;
     let caller = Caller::admin("scheduler");
-    let (mut streams, mut groups, mut merged, mut resolved, mut cost) = (0, 0, 0, 0, 0.0);
-    let mut skipped_busy = 0;
+    let mut report = Report::default();
     for (stream, last) in newest {
         if last > quiet_since {
-            skipped_busy += 1;
+            report.streams_not_idle += 1;
             continue;
         }
         let req = DreamRequest {
             stream: Some(stream),
             dry_run: ctx.dry_run,
-            similarity: float(ctx, "similarity").map(|x| x as f32),
-            related_similarity: float(ctx, "related_similarity").map(|x| x as f32),
-            contradiction_similarity: float(ctx, "contradiction_similarity").map(|x| x as f32),
+            similarity: p.similarity,
+            related_similarity: p.related_similarity,
+            contradiction_similarity: p.contradiction_similarity,
             max_chunks: None,
-            max_cost_usd: float(ctx, "max_cost_usd"),
+            max_cost_usd: p.max_cost_usd,
         };
         let r = dream(engine, &caller, req).await?;
-        streams += 1;
-        groups += r.groups_found;
-        merged += r.facts_merged;
-        resolved += r.contradictions_resolved;
-        cost += r.cost_usd;
+        report.streams += 1;
+        report.groups_found += r.groups_found;
+        report.facts_merged += r.facts_merged;
+        report.contradictions_resolved += r.contradictions_resolved;
+        report.cost_usd += r.cost_usd;
     }
-    Ok(json!({
-        "streams": streams,
-        "streams_not_idle": skipped_busy,
-        "groups_found": groups,
-        "facts_merged": merged,
-        "contradictions_resolved": resolved,
-        "cost_usd": cost,
-    }))
+    super::report(&report)
 }

@@ -28,18 +28,19 @@ struct Spec {
     sql: Option<String>,
 }
 
-fn specs(params: &toml::Table) -> Result<Vec<Spec>> {
-    match params.get("exports") {
-        None => Ok(vec![Spec {
-            format: "jsonl".into(),
-            path: "exports/{stream}/{date}.jsonl".into(),
-            sql: None,
-        }]),
-        Some(v) => v
-            .clone()
-            .try_into::<Vec<Spec>>()
-            .map_err(|e| Error::invalid("scheduler.jobs.export.params.exports", e.to_string())),
-    }
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    #[serde(default = "default_exports")]
+    exports: Vec<Spec>,
+}
+
+fn default_exports() -> Vec<Spec> {
+    vec![Spec {
+        format: "jsonl".into(),
+        path: "exports/{stream}/{date}.jsonl".into(),
+        sql: None,
+    }]
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
@@ -48,7 +49,8 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let limits = engine.cfg.sql.limits();
     let now = now_micros();
     let mut files = Vec::new();
-    for spec in specs(&ctx.params)? {
+    let p: Params = super::params(ctx, "export")?;
+    for spec in p.exports {
         let format: ExportFormat = spec.format.parse().map_err(|e: String| {
             Error::invalid("scheduler.jobs.export.params.exports.format", e)
         })?;

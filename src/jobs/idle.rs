@@ -1,77 +1,230 @@
 //! The dream after inactivity: a stream that has been quiet for
 //! `scheduler.dream_after_idle_secs` since a write is dreamed once (until its
 //! next write), whether or not the cron scheduler runs. Each dream is recorded
-//! in `job_runs` as job `dream`, trigger `idle`. Paused workers pause it too.
-//! Streams last written before this process started wait for their next write
-//! (or for the scheduled `dream` job).
+//! through the scheduler's run log as job `dream`, trigger `idle`, timed by the
+//! scheduler's clock. Paused workers pause it too. Streams last written before
+//! this process started wait for their next write (or the scheduled `dream`).
+//!
+//! The loop takes its parts (where writes are seen, what a dream does, where
+//! runs go, the clock) as handles, so its test runs on paused time.
 
 use std::collections::HashMap;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 
-use super::scheduler::{JobRun, RunLog, Trigger};
-use crate::core::model::now_micros;
+use super::scheduler::{run_and_record, Clock, Pause, RunLog, Runner, Trigger};
 use crate::core::Caller;
 use crate::service::dream::{dream, DreamRequest};
 use crate::service::Services;
+use crate::store::Store;
 
-pub fn spawn(engine: Weak<Services>, idle: Duration, mut stop: watch::Receiver<bool>) {
-    let tick = (idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(60));
-    tokio::spawn(async move {
-        // The write generation each stream had when it was last dreamed.
-        let mut dreamed: HashMap<String, u64> = HashMap::new();
-        loop {
-            tokio::select! {
-                _ = stop.changed() => break,
-                _ = tokio::time::sleep(tick) => {}
-            }
-            let Some(engine) = engine.upgrade() else {
-                break;
-            };
-            if engine.workers.get() {
-                continue;
-            }
-            for (stream, generation, at) in engine.store.write_activity() {
-                if at.elapsed() < idle || dreamed.get(&stream) == Some(&generation) {
-                    continue;
-                }
-                run(&engine, &stream).await;
-                // The dream's own writes do not call for another dream.
-                let after = engine.store.generation(&stream).0;
-                dreamed.insert(stream, after);
-            }
-        }
-    });
+/// Where the loop sees writes: per stream, its write generation and when it
+/// was last written.
+pub trait Activity: Send + Sync {
+    fn writes(&self) -> Vec<(String, u64, tokio::time::Instant)>;
+    /// The stream's write generation now.
+    fn generation(&self, stream: &str) -> u64;
 }
 
-async fn run(engine: &Services, stream: &str) {
-    let started = now_micros();
-    let req = DreamRequest {
-        stream: Some(stream.to_string()),
-        dry_run: false,
-        similarity: None,
-        related_similarity: None,
-        contradiction_similarity: None,
-        max_chunks: None,
-        max_cost_usd: None,
-    };
-    let outcome = dream(engine, &Caller::admin("idle-dream"), req).await;
-    let (status, report, error) = match outcome {
-        Ok(r) => ("succeeded", serde_json::to_string(&r).ok(), None),
-        Err(e) => ("failed", None, Some(e.to_string())),
-    };
-    let run = JobRun {
-        id: uuid::Uuid::new_v4().to_string(),
-        job: "dream".into(),
-        trigger: Trigger::Idle.as_str().into(),
-        started_at: started,
-        finished_at: now_micros(),
-        status: status.into(),
-        report,
-        error,
-        dry_run: false,
-    };
-    super::StoreRunLog(engine.store.clone()).record(run).await;
+impl Activity for Store {
+    fn writes(&self) -> Vec<(String, u64, tokio::time::Instant)> {
+        self.write_activity()
+    }
+
+    fn generation(&self, stream: &str) -> u64 {
+        Store::generation(self, stream).0
+    }
+}
+
+/// Dreams one stream: its report, or why it failed.
+pub type Dreamer =
+    Arc<dyn Fn(String) -> BoxFuture<'static, Result<serde_json::Value, String>> + Send + Sync>;
+
+/// The dreamer of a running engine (held weakly: the engine owns the loop).
+pub fn dreamer(services: Weak<Services>) -> Dreamer {
+    Arc::new(move |stream: String| {
+        let services = services.clone();
+        Box::pin(async move {
+            let services = services.upgrade().ok_or("the engine has stopped")?;
+            let req = DreamRequest {
+                stream: Some(stream),
+                dry_run: false,
+                similarity: None,
+                related_similarity: None,
+                contradiction_similarity: None,
+                max_chunks: None,
+                max_cost_usd: None,
+            };
+            let report = dream(&services, &Caller::admin("idle-dream"), req)
+                .await
+                .map_err(|e| e.to_string())?;
+            serde_json::to_value(report).map_err(|e| e.to_string())
+        })
+    })
+}
+
+/// The loop's parts.
+pub struct IdleDream {
+    pub activity: Weak<dyn Activity>,
+    pub dreamer: Dreamer,
+    pub log: Arc<dyn RunLog>,
+    pub clock: Clock,
+    pub pause: Pause,
+    /// How long a stream stays quiet before it is dreamed.
+    pub idle: Duration,
+}
+
+impl IdleDream {
+    /// Run until `stop` turns true or the activity source is gone.
+    pub fn spawn(self, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
+        let tick = (self.idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(60));
+        tokio::spawn(async move {
+            // The write generation each stream had when it was last dreamed.
+            let mut dreamed: HashMap<String, u64> = HashMap::new();
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => break,
+                    _ = tokio::time::sleep(tick) => {}
+                }
+                let Some(activity) = self.activity.upgrade() else {
+                    break;
+                };
+                if self.pause.get() {
+                    continue;
+                }
+                for (stream, generation, at) in activity.writes() {
+                    if at.elapsed() < self.idle || dreamed.get(&stream) == Some(&generation) {
+                        continue;
+                    }
+                    self.run(&stream).await;
+                    // The dream's own writes do not call for another dream.
+                    dreamed.insert(stream.clone(), activity.generation(&stream));
+                }
+            }
+        })
+    }
+
+    async fn run(&self, stream: &str) {
+        let dreamer = self.dreamer.clone();
+        let stream = stream.to_string();
+        let runner: Runner = Arc::new(move |_, _| dreamer(stream.clone()));
+        run_and_record(
+            "dream",
+            Trigger::Idle,
+            false,
+            self.clock.clone(),
+            runner,
+            self.log.as_ref(),
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::job_runs::JobRun;
+    use std::sync::Mutex;
+
+    /// Writes as the test makes them.
+    #[derive(Default)]
+    struct Writes(Mutex<HashMap<String, (u64, tokio::time::Instant)>>);
+
+    impl Writes {
+        fn write(&self, stream: &str) {
+            let mut w = self.0.lock().unwrap();
+            let e = w
+                .entry(stream.to_string())
+                .or_insert((0, tokio::time::Instant::now()));
+            *e = (e.0 + 1, tokio::time::Instant::now());
+        }
+    }
+
+    impl Activity for Writes {
+        fn writes(&self) -> Vec<(String, u64, tokio::time::Instant)> {
+            let w = self.0.lock().unwrap();
+            w.iter().map(|(s, (g, at))| (s.clone(), *g, *at)).collect()
+        }
+        fn generation(&self, stream: &str) -> u64 {
+            self.0.lock().unwrap().get(stream).map_or(0, |e| e.0)
+        }
+    }
+
+    #[derive(Default)]
+    struct Runs(Mutex<Vec<JobRun>>);
+
+    impl RunLog for Runs {
+        fn record(&self, run: JobRun) -> BoxFuture<'_, ()> {
+            self.0.lock().unwrap().push(run);
+            Box::pin(async {})
+        }
+        fn last_start(&self, _job: &str) -> BoxFuture<'_, Option<crate::core::model::Micros>> {
+            Box::pin(async { None })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_stream_is_dreamed_once_per_write_and_never_while_paused() {
+        let writes = Arc::new(Writes::default());
+        let dreamt = Arc::new(Mutex::new(Vec::<String>::new()));
+        let runs = Arc::new(Runs::default());
+        let pause = Pause::default();
+        let dreamer: Dreamer = {
+            let dreamt = dreamt.clone();
+            Arc::new(move |stream: String| {
+                dreamt.lock().unwrap().push(stream);
+                Box::pin(async { Ok(serde_json::json!({"groups_found": 0})) })
+            })
+        };
+        let activity: Arc<dyn Activity> = writes.clone();
+        let (stop_tx, stop) = watch::channel(false);
+        let idle = Duration::from_secs(60);
+        let task = IdleDream {
+            activity: Arc::downgrade(&activity),
+            dreamer,
+            log: runs.clone(),
+            clock: Clock::system(),
+            pause: pause.clone(),
+            idle,
+        }
+        .spawn(stop);
+
+        writes.write("a");
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        assert!(
+            dreamt.lock().unwrap().is_empty(),
+            "dreamed before the stream was quiet"
+        );
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(*dreamt.lock().unwrap(), vec!["a".to_string()]);
+        // Still quiet: no second dream.
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(dreamt.lock().unwrap().len(), 1);
+
+        // A new write, but the workers are paused: nothing until resumed.
+        pause.set(true);
+        writes.write("a");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        assert_eq!(dreamt.lock().unwrap().len(), 1);
+        pause.set(false);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(dreamt.lock().unwrap().len(), 2);
+
+        let runs = runs.0.lock().unwrap().clone();
+        assert_eq!(runs.len(), 2);
+        assert!(runs
+            .iter()
+            .all(|r| r.job == "dream" && r.trigger == "idle" && r.status == "succeeded"));
+        // The clock is the scheduler's (tokio's, paused here): the first dream
+        // ran a tick after 60 quiet seconds, the second a tick after the resume
+        // at 1280 s, so they are ~1215 s apart on it.
+        let gap = runs[1].started_at - runs[0].started_at;
+        assert!((1_190_000_000..=1_240_000_000).contains(&gap), "{gap}");
+
+        stop_tx.send(true).unwrap();
+        task.await.unwrap();
+    }
 }

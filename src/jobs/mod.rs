@@ -98,6 +98,11 @@ pub fn params<T: serde::de::DeserializeOwned>(
         })
 }
 
+/// A job's typed report as the JSON the run log keeps.
+pub fn report<T: serde::Serialize>(report: &T) -> crate::core::error::Result<JobReport> {
+    serde_json::to_value(report).map_err(|e| crate::core::error::Error::Internal(e.to_string()))
+}
+
 /// Run one maintenance job by name.
 pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Result<JobReport> {
     match name {

@@ -9,7 +9,12 @@ use crate::core::error::Result;
 use crate::core::Caller;
 use crate::service::reembed::{self, Scope};
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {}
+
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
+    let _: Params = super::params(ctx, "reembed")?;
     let engine = &ctx.services;
     if ctx.dry_run {
         let missing = engine

@@ -5,29 +5,40 @@
 //!
 //! Params: `keep` (7), `prefix` ("auto").
 
+use serde::Deserialize;
 use serde_json::json;
 
 use super::{JobContext, JobReport};
 use crate::core::error::{Error, Result};
 use crate::service::snapshot;
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Params {
+    #[serde(default = "default_keep")]
+    keep: i64,
+    #[serde(default = "default_prefix")]
+    prefix: String,
+}
+
+fn default_keep() -> i64 {
+    7
+}
+
+fn default_prefix() -> String {
+    "auto".into()
+}
+
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
-    let keep = ctx
-        .params
-        .get("keep")
-        .and_then(|v| v.as_integer())
-        .unwrap_or(7);
+    let p: Params = super::params(ctx, "snapshot")?;
+    let keep = p.keep;
     if keep < 1 {
         return Err(Error::invalid(
             "scheduler.jobs.snapshot.params.keep",
             "must be at least 1",
         ));
     }
-    let prefix = ctx
-        .params
-        .get("prefix")
-        .and_then(|v| v.as_str())
-        .unwrap_or("auto");
+    let prefix = p.prefix.as_str();
     let store = &ctx.services.store;
     let name = snapshot::timestamped(prefix, crate::core::model::now_micros());
     snapshot::check_name(&name)?;

@@ -185,7 +185,7 @@ pub struct Store {
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Per stream, when a commit last changed its memories (this process).
-    written_at: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    written_at: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
     /// Bumped by deletes, whose streams are not known up front.
     delete_generation: std::sync::atomic::AtomicU64,
     dim: usize,
@@ -377,7 +377,7 @@ impl Store {
     }
 
     fn bump(&self, streams: std::collections::BTreeSet<String>) {
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let mut w = self.written_at.lock().expect("written_at lock");
         let mut g = self.generations.lock().expect("generations lock");
         for s in streams {
@@ -388,7 +388,7 @@ impl Store {
 
     /// Every stream written since this process started: its write generation
     /// and when it was last written.
-    pub fn write_activity(&self) -> Vec<(String, u64, std::time::Instant)> {
+    pub fn write_activity(&self) -> Vec<(String, u64, tokio::time::Instant)> {
         let w = self.written_at.lock().expect("written_at lock");
         let g = self.generations.lock().expect("generations lock");
         w.iter()
