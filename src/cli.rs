@@ -87,7 +87,7 @@ fn print_format(result: &loomem::service::sql::SqlResult, format: &str) -> anyho
     if format == "table" {
         return Ok(format!("{}\n", loomem::service::sql::pretty(result)?).into_bytes());
     }
-    let (_, mut body) = loomem::service::sql::render(result, format)?;
+    let (_, mut body) = loomem::service::sql::render(result, format.parse()?)?;
     if (format == "json" || format == "csv") && !body.ends_with(b"\n") {
         body.push(b'\n');
     }

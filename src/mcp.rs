@@ -451,7 +451,7 @@ impl MemoryServer {
         let (caller, _) = who!(self, ctx);
         service!(
             crate::service::memory::delete(&self.engine, &caller, &p.chunk_id, None),
-            |_| json(&serde_json::json!({"status": "deleted", "id": p.chunk_id}))
+            |_| json(&crate::service::memory::Deleted::new(&p.chunk_id))
         )
     }
 

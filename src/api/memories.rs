@@ -42,9 +42,7 @@ pub async fn delete(
     ApiJson(req): ApiJson<DeleteRequest>,
 ) -> Result<Json<serde_json::Value>> {
     memory::delete(&engine, &caller, &req.id, None).await?;
-    Ok(Json(
-        serde_json::json!({ "status": "deleted", "id": req.id }),
-    ))
+    Ok(Json(serde_json::json!(memory::Deleted::new(&req.id))))
 }
 
 #[derive(Deserialize)]

@@ -107,17 +107,11 @@ async fn sql_handler(
     ApiJson(req): ApiJson<crate::service::sql::SqlRequest>,
 ) -> Result<axum::response::Response> {
     use axum::response::IntoResponse;
-    let format = req.format.clone().unwrap_or_else(|| "json".into());
-    let formats = ["json", "jsonl", "csv", "markdown", "arrow", "parquet"];
-    if !formats.contains(&format.as_str()) {
-        return Err(Error::invalid(
-            "format",
-            format!("`{format}`: use {}", formats.join(", ")),
-        ));
-    }
+    let format: crate::service::sql::OutputFormat =
+        req.format.as_deref().unwrap_or("json").parse()?;
     let result =
         crate::service::sql::query(&engine.store, &caller, &engine.cfg.sql.limits(), &req).await?;
-    let (content_type, body) = crate::service::sql::render(&result, &format)?;
+    let (content_type, body) = crate::service::sql::render(&result, format)?;
     Ok(([(axum::http::header::CONTENT_TYPE, content_type)], body).into_response())
 }
 

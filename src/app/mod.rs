@@ -240,10 +240,7 @@ impl Engine {
         dry_run: bool,
     ) -> crate::core::error::Result<crate::jobs::scheduler::JobRun> {
         if !crate::jobs::JOB_NAMES.contains(&name) {
-            return Err(crate::core::error::Error::NotFound(format!(
-                "no job `{name}` (jobs: {})",
-                crate::jobs::JOB_NAMES.join(", ")
-            )));
+            return Err(crate::jobs::unknown(name));
         }
         Ok(crate::jobs::scheduler::run_and_record(
             name,

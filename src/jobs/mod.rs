@@ -103,6 +103,11 @@ pub fn report<T: serde::Serialize>(report: &T) -> crate::core::error::Result<Job
     serde_json::to_value(report).map_err(|e| crate::core::error::Error::Internal(e.to_string()))
 }
 
+/// The answer for a job name not in [`JOB_NAMES`].
+pub fn unknown(name: &str) -> crate::core::error::Error {
+    crate::core::error::Error::NotFound(format!("no job `{name}` (jobs: {})", JOB_NAMES.join(", ")))
+}
+
 /// Run one maintenance job by name.
 pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Result<JobReport> {
     match name {
@@ -112,10 +117,7 @@ pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Resul
         "reembed" => reembed::run_once(ctx).await,
         "export" => export::run_once(ctx).await,
         "snapshot" => snapshot::run_once(ctx).await,
-        other => Err(crate::core::error::Error::NotFound(format!(
-            "no job `{other}` (jobs: {})",
-            JOB_NAMES.join(", ")
-        ))),
+        other => Err(unknown(other)),
     }
 }
 

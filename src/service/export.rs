@@ -21,6 +21,7 @@ use crate::core::error::{Error, Result};
 use crate::core::model::{Chunk, Micros};
 use crate::core::Caller;
 use crate::service::import::ImportReport;
+use crate::service::sql::OutputFormat;
 use crate::store::{Filter, Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
 
 /// The version of the lossless format this build writes and reads.
@@ -76,13 +77,18 @@ impl ExportFormat {
         }
     }
 
-    pub fn content_type(self) -> &'static str {
+    /// The SQL output format a query export of this format renders in.
+    pub fn output(self) -> OutputFormat {
         match self {
-            ExportFormat::Jsonl => "application/x-ndjson",
-            ExportFormat::Parquet => "application/vnd.apache.parquet",
-            ExportFormat::Csv => "text/csv",
-            ExportFormat::Markdown => "text/markdown",
+            ExportFormat::Jsonl => OutputFormat::Jsonl,
+            ExportFormat::Parquet => OutputFormat::Parquet,
+            ExportFormat::Csv => OutputFormat::Csv,
+            ExportFormat::Markdown => OutputFormat::Markdown,
         }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        self.output().content_type()
     }
 }
 
@@ -133,7 +139,7 @@ pub async fn export(
     };
     // An export has no row cap: every row the query selects is written.
     let result = crate::service::sql::query_all(store, caller, limits, &req).await?;
-    Ok(crate::service::sql::render(&result, format.name())?.1)
+    Ok(crate::service::sql::render(&result, format.output())?.1)
 }
 
 /// Sort a table's rows by `keys` so an export of the same rows is the same file.

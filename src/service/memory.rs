@@ -359,6 +359,22 @@ pub struct PurgeResponse {
     pub deleted_ids: Vec<String>,
 }
 
+/// The reply to a delete by id (`POST /v1/delete`, MCP `memory_delete`).
+#[derive(Debug, Serialize)]
+pub struct Deleted {
+    pub status: &'static str,
+    pub id: String,
+}
+
+impl Deleted {
+    pub fn new(id: &str) -> Deleted {
+        Deleted {
+            status: "deleted",
+            id: id.to_string(),
+        }
+    }
+}
+
 /// List (dry run) or delete every memory of a stream.
 pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Result<PurgeResponse> {
     let stream = caller.resolve_stream(req.stream.as_deref())?;

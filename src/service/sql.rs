@@ -47,7 +47,7 @@ pub struct SqlRequest {
     /// Values for `$1`, `$2`, … placeholders.
     #[serde(default)]
     pub params: Vec<serde_json::Value>,
-    /// `json` (default), `csv`, `arrow` (IPC stream) or `parquet`.
+    /// `json` (default), `jsonl`, `csv`, `markdown`, `arrow` (IPC stream) or `parquet`.
     pub format: Option<String>,
     /// Most rows returned (default and cap from `[sql]`).
     pub max_rows: Option<usize>,
@@ -408,14 +408,71 @@ pub struct JsonResult {
     pub truncated: bool,
 }
 
-/// Render a result: (content type, body).
-pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>)> {
+/// The forms a query result is rendered in (`/v1/sql`, exports, the CLI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Json,
+    Jsonl,
+    Csv,
+    Markdown,
+    Arrow,
+    Parquet,
+}
+
+impl OutputFormat {
+    pub const ALL: [OutputFormat; 6] = [
+        OutputFormat::Json,
+        OutputFormat::Jsonl,
+        OutputFormat::Csv,
+        OutputFormat::Markdown,
+        OutputFormat::Arrow,
+        OutputFormat::Parquet,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputFormat::Json => "json",
+            OutputFormat::Jsonl => "jsonl",
+            OutputFormat::Csv => "csv",
+            OutputFormat::Markdown => "markdown",
+            OutputFormat::Arrow => "arrow",
+            OutputFormat::Parquet => "parquet",
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            OutputFormat::Json => "application/json",
+            OutputFormat::Jsonl => "application/x-ndjson",
+            OutputFormat::Csv => "text/csv",
+            OutputFormat::Markdown => "text/markdown",
+            OutputFormat::Arrow => "application/vnd.apache.arrow.stream",
+            OutputFormat::Parquet => "application/vnd.apache.parquet",
+        }
+    }
+}
+
+impl std::str::FromStr for OutputFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<OutputFormat> {
+        OutputFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = OutputFormat::ALL.iter().map(|f| f.name()).collect();
+                Error::invalid("format", format!("`{s}`: use {}", names.join(", ")))
+            })
+    }
+}
+
+/// Render a result in `format`: (content type, body).
+pub fn render(result: &SqlResult, format: OutputFormat) -> Result<(&'static str, Vec<u8>)> {
     use lancedb::datafusion::arrow::{csv, ipc, json};
     let fail = |e: lancedb::datafusion::arrow::error::ArrowError| {
         Error::Internal(format!("rendering: {e}"))
     };
-    match format {
-        "json" => {
+    let body = match format {
+        OutputFormat::Json => {
             let mut writer = json::ArrayWriter::new(Vec::new());
             for b in &result.batches {
                 writer.write(b).map_err(fail)?;
@@ -438,12 +495,9 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
                 rows,
                 truncated: result.truncated,
             };
-            Ok((
-                "application/json",
-                serde_json::to_vec(&body).map_err(|e| Error::Internal(e.to_string()))?,
-            ))
+            serde_json::to_vec(&body).map_err(|e| Error::Internal(e.to_string()))?
         }
-        "csv" => {
+        OutputFormat::Csv => {
             let mut writer = csv::WriterBuilder::new()
                 .with_header(true)
                 .build(Vec::new());
@@ -460,30 +514,27 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
                     .collect();
                 out = format!("{}\n", header.join(",")).into_bytes();
             }
-            Ok(("text/csv", out))
+            out
         }
-        "jsonl" => {
+        OutputFormat::Jsonl => {
             let mut writer = json::LineDelimitedWriter::new(Vec::new());
             for b in &result.batches {
                 writer.write(b).map_err(fail)?;
             }
             writer.finish().map_err(fail)?;
-            Ok(("application/x-ndjson", writer.into_inner()))
+            writer.into_inner()
         }
-        "markdown" => Ok(("text/markdown", markdown(result)?.into_bytes())),
-        "arrow" => {
+        OutputFormat::Markdown => markdown(result)?.into_bytes(),
+        OutputFormat::Arrow => {
             let mut writer =
                 ipc::writer::StreamWriter::try_new(Vec::new(), &result.schema).map_err(fail)?;
             for b in &result.batches {
                 writer.write(b).map_err(fail)?;
             }
             writer.finish().map_err(fail)?;
-            Ok((
-                "application/vnd.apache.arrow.stream",
-                writer.into_inner().map_err(fail)?,
-            ))
+            writer.into_inner().map_err(fail)?
         }
-        "parquet" => {
+        OutputFormat::Parquet => {
             let mut out = Vec::new();
             let mut writer =
                 parquet::arrow::ArrowWriter::try_new(&mut out, result.schema.clone(), None)
@@ -496,13 +547,10 @@ pub fn render(result: &SqlResult, format: &str) -> Result<(&'static str, Vec<u8>
             writer
                 .close()
                 .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
-            Ok(("application/vnd.apache.parquet", out))
+            out
         }
-        other => Err(Error::invalid(
-            "format",
-            format!("`{other}`: use json, jsonl, csv, markdown, arrow or parquet"),
-        )),
-    }
+    };
+    Ok((format.content_type(), body))
 }
 
 /// CSV has no lists: list columns (tags, entities, embeddings) become their
