@@ -126,7 +126,7 @@ impl IdleDream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::job_runs::JobRun;
+    use crate::jobs::scheduler::memory::Runs;
     use std::sync::Mutex;
 
     /// Writes as the test makes them.
@@ -150,19 +150,6 @@ mod tests {
         }
         fn generation(&self, stream: &str) -> u64 {
             self.0.lock().unwrap().get(stream).map_or(0, |e| e.0)
-        }
-    }
-
-    #[derive(Default)]
-    struct Runs(Mutex<Vec<JobRun>>);
-
-    impl RunLog for Runs {
-        fn record(&self, run: JobRun) -> BoxFuture<'_, ()> {
-            self.0.lock().unwrap().push(run);
-            Box::pin(async {})
-        }
-        fn last_start(&self, _job: &str) -> BoxFuture<'_, Option<crate::core::model::Micros>> {
-            Box::pin(async { None })
         }
     }
 

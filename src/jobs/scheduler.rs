@@ -234,16 +234,15 @@ pub async fn run_and_record(
     run
 }
 
+/// The runs, in memory, for the tests of timing (the `job_runs` table is
+/// tested through the daemon).
 #[cfg(test)]
-mod tests {
+pub(crate) mod memory {
     use super::*;
     use std::sync::Mutex;
-    use std::time::Duration;
 
-    /// The runs, in memory: these tests are about timing, not storage (the
-    /// `job_runs` table is tested through the daemon).
     #[derive(Default)]
-    struct Runs(Mutex<Vec<JobRun>>);
+    pub struct Runs(pub Mutex<Vec<JobRun>>);
 
     impl RunLog for Runs {
         fn record(&self, run: JobRun) -> BoxFuture<'_, ()> {
@@ -262,6 +261,15 @@ mod tests {
             Box::pin(async move { last })
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::memory::Runs;
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
