@@ -2,9 +2,11 @@
 //! through one batching writer task, and serves the reads the engine needs.
 
 pub mod config;
+pub mod dead_letters;
 pub mod feedback;
 pub mod filter;
 pub mod graph;
+pub mod history;
 pub mod job_runs;
 pub mod llm_calls;
 pub mod maintain;
@@ -22,14 +24,15 @@ use lancedb::query::{ExecutableQuery, QueryBase, Select};
 use lancedb::{Connection, DistanceType, Table};
 
 use crate::core::model::{
-    batch_to_chunks, chunk_schema, chunks_to_batch, dead_letter_schema, dead_letters_to_batch,
-    Chunk, DeadLetter, ModelError,
+    batch_to_chunks, chunk_schema, chunks_to_batch, dead_letter_schema, Chunk, ModelError,
 };
 
 pub use filter::Filter;
+pub use history::{history_schema, HistoryRow};
+pub use job_runs::job_run_schema;
 pub use writer::ChunkWriter;
 
-use filter::{sql_str, ts_lit};
+use filter::sql_str;
 
 pub const CHUNKS: &str = "chunks";
 pub const DEAD_LETTERS: &str = "dead_letters";
@@ -39,60 +42,6 @@ pub const HISTORY: &str = "history";
 pub const LLM_CALLS: &str = "llm_calls";
 pub const FEEDBACK: &str = "feedback";
 pub const JOB_RUNS: &str = "job_runs";
-
-/// One change to a memory, with its reason (supersession, merge, …).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct HistoryRow {
-    pub id: String,
-    pub stream: String,
-    pub chunk_id: String,
-    /// `superseded`, `supersedes`, `merged`, …
-    pub event: String,
-    pub reason: String,
-    pub related_ids: Vec<String>,
-    pub created_at: crate::core::model::Micros,
-}
-
-pub fn job_run_schema() -> arrow_schema::SchemaRef {
-    use arrow_schema::{DataType, Field, Schema, TimeUnit};
-    let ts = || DataType::Timestamp(TimeUnit::Microsecond, None);
-    std::sync::Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("job", DataType::Utf8, false),
-        Field::new("trigger", DataType::Utf8, false),
-        Field::new("started_at", ts(), false),
-        Field::new("finished_at", ts(), false),
-        Field::new("status", DataType::Utf8, false),
-        Field::new("report", DataType::Utf8, true),
-        Field::new("error", DataType::Utf8, true),
-        Field::new("dry_run", DataType::Boolean, false),
-    ]))
-}
-
-pub fn history_schema() -> arrow_schema::SchemaRef {
-    use arrow_schema::{DataType, Field, Schema, TimeUnit};
-    std::sync::Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Utf8, false),
-        Field::new("stream", DataType::Utf8, false),
-        Field::new("chunk_id", DataType::Utf8, false),
-        Field::new("event", DataType::Utf8, false),
-        Field::new("reason", DataType::Utf8, false),
-        Field::new(
-            "related_ids",
-            DataType::List(std::sync::Arc::new(Field::new(
-                "item",
-                DataType::Utf8,
-                true,
-            ))),
-            true,
-        ),
-        Field::new(
-            "created_at",
-            DataType::Timestamp(TimeUnit::Microsecond, None),
-            false,
-        ),
-    ]))
-}
 
 async fn open_or_create(
     db: &Connection,
@@ -447,75 +396,6 @@ impl Store {
         self.writer.close().await;
     }
 
-    /// Keep messages the pipeline gave up on (rare: written directly, not batched).
-    pub async fn dead_letter(&self, rows: Vec<DeadLetter>) -> Result<()> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        self.dead_letters
-            .add(dead_letters_to_batch(&rows)?)
-            .execute()
-            .await?;
-        Ok(())
-    }
-
-    /// Record changes to memories (one commit).
-    pub async fn add_history(&self, rows: Vec<HistoryRow>) -> Result<()> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let batch = crate::store::graph::rows_to_batch(history_schema(), &rows)?;
-        self.history.add(batch).execute().await?;
-        Ok(())
-    }
-
-    /// Record one LLM call (tokens, cost, outcome).
-    pub async fn add_llm_call(&self, row: &llm_calls::LlmCall) -> Result<()> {
-        let batch = crate::store::graph::rows_to_batch(
-            llm_calls::call_schema(),
-            std::slice::from_ref(row),
-        )?;
-        self.llm_calls.add(batch).execute().await?;
-        Ok(())
-    }
-
-    /// Record one run of a scheduled or manual job.
-    pub async fn add_job_run(&self, run: &job_runs::JobRun) -> Result<()> {
-        let batch =
-            crate::store::graph::rows_to_batch(job_run_schema(), std::slice::from_ref(run))?;
-        self.job_runs.add(batch).execute().await?;
-        Ok(())
-    }
-
-    /// Job runs matching a filter, newest first, at most `limit`.
-    pub async fn job_runs(&self, filter: &Filter, limit: usize) -> Result<Vec<job_runs::JobRun>> {
-        let mut q = self.job_runs.query();
-        if let Some(f) = filter.sql() {
-            q = q.only_if(f);
-        }
-        let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
-        let mut runs = Vec::new();
-        for b in &batches {
-            let c = crate::core::model::Columns::new(b);
-            for r in 0..b.num_rows() {
-                runs.push(job_runs::JobRun {
-                    id: c.str("id", r).unwrap_or_default(),
-                    job: c.str("job", r).unwrap_or_default(),
-                    trigger: c.str("trigger", r).unwrap_or_default(),
-                    started_at: c.time("started_at", r).unwrap_or(0),
-                    finished_at: c.time("finished_at", r).unwrap_or(0),
-                    status: c.str("status", r).unwrap_or_default(),
-                    report: c.str("report", r),
-                    error: c.str("error", r),
-                    dry_run: c.bool("dry_run", r).unwrap_or(false),
-                });
-            }
-        }
-        runs.sort_by(|a, b| b.started_at.cmp(&a.started_at).then(a.id.cmp(&b.id)));
-        runs.truncate(limit);
-        Ok(runs)
-    }
-
     /// The newest `created_at` per stream among the chunks matching a filter.
     pub async fn latest_write_by_stream(
         &self,
@@ -541,67 +421,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// Dollars the LLM calls of `stream` cost since `since`.
-    pub async fn llm_spent(&self, stream: &str, since: crate::core::model::Micros) -> Result<f64> {
-        let batches: Vec<RecordBatch> = self
-            .llm_calls
-            .query()
-            .only_if(format!(
-                "stream = {} AND created_at >= {}",
-                sql_str(stream),
-                ts_lit(since)
-            ))
-            .select(Select::columns(&["cost_usd"]))
-            .execute()
-            .await?
-            .try_collect()
-            .await?;
-        let mut total = 0.0;
-        for b in &batches {
-            if let Some(col) = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<arrow_array::Float64Array>()
-            {
-                total += col.iter().flatten().sum::<f64>();
-            }
-        }
-        Ok(total)
-    }
-
-    /// History rows of one chunk, oldest first.
-    pub async fn history_of(&self, chunk_id: &str) -> Result<Vec<HistoryRow>> {
-        let batches: Vec<RecordBatch> = self
-            .history
-            .query()
-            .only_if(format!("chunk_id = {}", sql_str(chunk_id)))
-            .execute()
-            .await?
-            .try_collect()
-            .await?;
-        let mut rows = Vec::new();
-        for b in &batches {
-            let c = crate::core::model::Columns::new(b);
-            for r in 0..b.num_rows() {
-                rows.push(HistoryRow {
-                    id: c.str("id", r).unwrap_or_default(),
-                    stream: c.str("stream", r).unwrap_or_default(),
-                    chunk_id: c.str("chunk_id", r).unwrap_or_default(),
-                    event: c.str("event", r).unwrap_or_default(),
-                    reason: c.str("reason", r).unwrap_or_default(),
-                    related_ids: c.str_list("related_ids", r),
-                    created_at: c.time("created_at", r).unwrap_or(0),
-                });
-            }
-        }
-        rows.sort_by_key(|r| r.created_at);
-        Ok(rows)
-    }
-
-    pub async fn count_dead_letters(&self, filter: &Filter) -> Result<usize> {
-        Ok(self.dead_letters.count_rows(filter.sql()).await?)
     }
 
     pub async fn count(&self, filter: &Filter) -> Result<usize> {
