@@ -1,12 +1,14 @@
 //! The REST API: `router(engine)` builds every route. Handlers are thin: parse,
 //! call one service function, shape the answer.
 
+mod context;
 mod error;
+mod graph;
 mod jobs;
 mod memories;
-mod recall;
 mod request;
 pub mod server;
+mod tending;
 
 use std::sync::Arc;
 
@@ -33,16 +35,16 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/import", post(memories::import))
         .route("/v1/memories/{id}/history", get(memories::history))
         .route("/v1/search", post(search_handler))
-        .route("/v1/feedback", post(recall::feedback))
-        .route("/v1/context-pack", post(recall::context_pack))
-        .route("/v1/ambient", post(recall::ambient))
-        .route("/v1/profile", get(recall::profile))
-        .route("/v1/generate-memory-md", get(recall::memory_md))
-        .route("/v1/graph/entity/{name}", get(recall::graph_entity))
-        .route("/v1/graph/stats", get(recall::graph_stats))
-        .route("/v1/associate", post(recall::associate))
-        .route("/v1/reflect", post(recall::reflect))
-        .route("/v1/dream", post(recall::dream))
+        .route("/v1/feedback", post(tending::feedback))
+        .route("/v1/context-pack", post(context::context_pack))
+        .route("/v1/ambient", post(context::ambient))
+        .route("/v1/profile", get(context::profile))
+        .route("/v1/generate-memory-md", get(context::memory_md))
+        .route("/v1/graph/entity/{name}", get(graph::graph_entity))
+        .route("/v1/graph/stats", get(graph::graph_stats))
+        .route("/v1/associate", post(graph::associate))
+        .route("/v1/reflect", post(tending::reflect))
+        .route("/v1/dream", post(tending::dream))
         .nest_service("/mcp", crate::mcp::http_service(engine.clone()))
         .route("/v1/sql", post(sql_handler))
         .route("/v1/export", post(export_handler))
