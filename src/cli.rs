@@ -10,7 +10,7 @@ use loomem::app::config::Config;
 use loomem::bus::config::BusKind;
 use loomem::bus::{Bus, JetStreamBus};
 use loomem::core::Caller;
-use loomem::service::import::{self, Format, ImportReport};
+use loomem::service::import::{self, Destination, Format, ImportReport};
 
 /// Publish straight onto the JetStream stream the daemon consumes.
 pub async fn import_direct(
@@ -19,24 +19,28 @@ pub async fn import_direct(
     stream: Option<&str>,
     text: &str,
 ) -> anyhow::Result<ImportReport> {
+    let caller = Caller::admin("cli").with_namespaces(std::sync::Arc::new(cfg.namespaces.clone()));
     if format == Format::LoomemJsonl {
         let store = open_store(cfg).await?;
-        let report = loomem::service::export::restore(&store, &Caller::admin("cli"), text).await;
+        let to = Destination {
+            bus: None,
+            store: Some(&store),
+        };
+        let report = import::import_text(to, &caller, format, stream, text, |_, _| {}).await;
         store.close().await;
         return Ok(report?);
     }
     if cfg.bus.kind != BusKind::Jetstream {
         bail!("a direct import needs bus.kind = \"jetstream\"; with the embedded bus, import through the daemon with --url");
     }
-    let parsed = import::parse(
-        format,
-        text,
-        stream,
-        &Caller::admin("cli").with_namespaces(std::sync::Arc::new(cfg.namespaces.clone())),
-    )?;
     let (_stop, rx) = watch::channel(false);
     let (bus, _consumer) = JetStreamBus::connect(&cfg.bus, rx).await?;
-    let report = import::publish(&Bus::JetStream(bus), parsed, |done, total| {
+    let bus = Bus::JetStream(bus);
+    let to = Destination {
+        bus: Some(&bus),
+        store: None,
+    };
+    let report = import::import_text(to, &caller, format, stream, text, |done, total| {
         let pct = (done * 100).checked_div(total).unwrap_or(100);
         eprint!("\rimport: {done}/{total} accepted ({pct}%)");
         let _ = std::io::stderr().flush();

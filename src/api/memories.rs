@@ -94,7 +94,15 @@ pub async fn import(
     let text = std::str::from_utf8(&body)
         .map_err(|e| Error::BadRequest(format!("the body is not UTF-8: {e}")))?;
     Ok(Json(
-        import::import_text(&engine, &caller, format, q.stream.as_deref(), text).await?,
+        import::import_text(
+            import::Destination::services(&engine),
+            &caller,
+            format,
+            q.stream.as_deref(),
+            text,
+            |_, _| {},
+        )
+        .await?,
     ))
 }
 

@@ -33,9 +33,9 @@ pub enum StartError {
     #[error("{0}")]
     Bus(#[from] crate::bus::BusError),
     #[error("llm: {0}")]
-    Llm(String),
+    Llm(#[from] crate::providers::openai_compat::HttpError),
     #[error("ingest rules: {0}")]
-    Rules(String),
+    Rules(#[from] crate::service::facts::rules::RulesError),
 }
 
 /// A running loomem: the shared [`Services`] plus what starts and stops them
@@ -93,9 +93,8 @@ impl Engine {
                 "chunks without a vector of the current embedding model: vector search skips them until POST /v1/embed-missing"
             );
         }
-        let llm = Llm::from_config(&cfg.llm, env, store.clone()).map_err(StartError::Llm)?;
-        let facts =
-            Arc::new(RuleExtractor::load(&cfg.ingest_rules_file()).map_err(StartError::Rules)?);
+        let llm = Llm::from_config(&cfg.llm, env, store.clone())?;
+        let facts = Arc::new(RuleExtractor::load(&cfg.ingest_rules_file())?);
         let ner = llm
             .as_ref()
             .filter(|_| cfg.llm.ner)

@@ -3,12 +3,13 @@
 //! into the indexes (FTS, BTree, vector), prune versions older than
 //! `prune_older_than_hours` (168) that no tag holds.
 
-use serde::Deserialize;
-use serde_json::json;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
-use crate::store::maintain::full_pass;
+use crate::store::maintain::{full_pass, PassReport};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,15 +22,23 @@ fn default_prune_hours() -> i64 {
     168
 }
 
+#[derive(Debug, Serialize)]
+struct Report {
+    tables: BTreeMap<&'static str, PassReport>,
+}
+
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let params: Params = super::params(ctx, "compact")?;
-    let mut tables = serde_json::Map::new();
+    let mut report = Report {
+        tables: BTreeMap::new(),
+    };
     let mut names: Vec<_> = ctx.services.store.tables().into_iter().collect();
     names.sort_by_key(|(n, _)| *n);
     for (name, table) in names {
         let prune = chrono::Duration::try_hours(params.prune_older_than_hours);
-        let report = full_pass(&table, prune, ctx.dry_run).await?;
-        tables.insert(name.to_string(), json!(report));
+        report
+            .tables
+            .insert(name, full_pass(&table, prune, ctx.dry_run).await?);
     }
-    Ok(json!({ "tables": tables }))
+    super::report(&report)
 }

@@ -11,7 +11,6 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use serde_json::json;
 
 use super::{JobContext, JobReport};
 use crate::core::error::{Error, Result};
@@ -33,6 +32,21 @@ struct Spec {
 struct Params {
     #[serde(default = "default_exports")]
     exports: Vec<Spec>,
+}
+
+/// One file written (or, dry, to be written).
+#[derive(Debug, serde::Serialize)]
+struct File {
+    path: PathBuf,
+    stream: Option<String>,
+    format: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<usize>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Report {
+    files: Vec<File>,
 }
 
 fn default_exports() -> Vec<Spec> {
@@ -69,7 +83,12 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
         for (stream, path) in targets {
             let path = ctx.resolve(&path);
             if ctx.dry_run {
-                files.push(json!({"path": path, "stream": stream, "format": format.name()}));
+                files.push(File {
+                    path,
+                    stream,
+                    format: format.name(),
+                    bytes: None,
+                });
                 continue;
             }
             let caller = export::narrow(&admin, stream.as_deref())?;
@@ -79,10 +98,13 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             export::write_atomically(&path, &bytes).map_err(|e| {
                 Error::Internal(format!("export: cannot write {}: {e}", path.display()))
             })?;
-            files.push(json!({
-                "path": path, "stream": stream, "format": format.name(), "bytes": bytes.len(),
-            }));
+            files.push(File {
+                path,
+                stream,
+                format: format.name(),
+                bytes: Some(bytes.len()),
+            });
         }
     }
-    Ok(json!({ "files": files }))
+    super::report(&Report { files })
 }

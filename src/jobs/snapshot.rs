@@ -5,8 +5,9 @@
 //!
 //! Params: `keep` (7), `prefix` ("auto").
 
-use serde::Deserialize;
-use serde_json::json;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobReport};
 use crate::core::error::{Error, Result};
@@ -27,6 +28,17 @@ fn default_keep() -> i64 {
 
 fn default_prefix() -> String {
     "auto".into()
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    created: String,
+    /// The tagged version of each table (absent on a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    versions: Option<BTreeMap<String, u64>>,
+    dropped: Vec<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
 }
 
 pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
@@ -53,11 +65,21 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let excess = (existing.len() + 1).saturating_sub(keep as usize);
     let dropped: Vec<String> = existing.into_iter().take(excess).collect();
     if ctx.dry_run {
-        return Ok(json!({"created": name, "dropped": dropped, "dry_run": true}));
+        return super::report(&Report {
+            created: name,
+            versions: None,
+            dropped,
+            dry_run: true,
+        });
     }
     let created = snapshot::create(store, &name).await?;
     for old in &dropped {
         snapshot::delete(store, old).await?;
     }
-    Ok(json!({"created": created.name, "versions": created.versions, "dropped": dropped}))
+    super::report(&Report {
+        created: created.name,
+        versions: Some(created.versions),
+        dropped,
+        dry_run: false,
+    })
 }

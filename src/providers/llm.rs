@@ -96,7 +96,7 @@ impl Llm {
         cfg: &LlmConfig,
         env: &HashMap<String, String>,
         store: Arc<Store>,
-    ) -> Result<Option<Arc<Llm>>, String> {
+    ) -> Result<Option<Arc<Llm>>, crate::providers::openai_compat::HttpError> {
         if !cfg.enabled() {
             return Ok(None);
         }
@@ -198,7 +198,7 @@ impl Llm {
             created_at: now_micros(),
         };
         let result = match answer {
-            Err(e) => Err(LlmError::Request(e)),
+            Err(e) => Err(LlmError::Request(e.to_string())),
             Ok(v) => match serde_json::from_value::<ChatResponse>(v) {
                 Err(e) => Err(LlmError::Answer(format!("not a chat completion: {e}"))),
                 Ok(r) => {

@@ -11,6 +11,21 @@ pub struct OpenAiHttp {
     max_retries: u32,
 }
 
+/// Why a request to an OpenAI-compatible endpoint failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HttpError {
+    /// The HTTP client could not be built.
+    #[error("http client: {0}")]
+    Client(String),
+    /// The endpoint refused the request (a 4xx other than 429) or answered
+    /// something unreadable: retrying would not help.
+    #[error("{0}")]
+    Failed(String),
+    /// 429, 5xx or transport failures on every attempt.
+    #[error("{message} (gave up after {attempts} attempts)")]
+    GaveUp { message: String, attempts: u32 },
+}
+
 /// What one attempt came to.
 enum Attempt {
     Done(serde_json::Value),
@@ -24,11 +39,11 @@ impl OpenAiHttp {
         api_key: Option<String>,
         timeout: Duration,
         max_retries: u32,
-    ) -> Result<OpenAiHttp, String> {
+    ) -> Result<OpenAiHttp, HttpError> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .build()
-            .map_err(|e| format!("http client: {e}"))?;
+            .map_err(|e| HttpError::Client(e.to_string()))?;
         Ok(OpenAiHttp {
             client,
             base_url: base_url.trim_end_matches('/').to_string(),
@@ -69,16 +84,19 @@ impl OpenAiHttp {
         &self,
         path: &str,
         body: &serde_json::Value,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, HttpError> {
         let url = self.url(path);
         let mut delay = Duration::from_millis(200);
         let mut tries = 0;
         loop {
             match self.attempt(&url, body).await {
                 Attempt::Done(v) => return Ok(v),
-                Attempt::Fail(message) => return Err(message),
+                Attempt::Fail(message) => return Err(HttpError::Failed(message)),
                 Attempt::Retry(message) if tries >= self.max_retries => {
-                    return Err(format!("{message} (gave up after {} attempts)", tries + 1))
+                    return Err(HttpError::GaveUp {
+                        message,
+                        attempts: tries + 1,
+                    })
                 }
                 Attempt::Retry(message) => {
                     tracing::warn!(%message, attempt = tries + 1, "request failed; retrying");

@@ -358,19 +358,44 @@ fn list_item(line: &str) -> Option<&str> {
     None
 }
 
-/// `POST /v1/import`: parse and publish, scoped to the caller's streams.
+/// Where an import goes: records that run through the pipeline go on the
+/// bus; a lossless restore writes the store. An edge that has only one of them
+/// (the CLI) passes the one its format needs.
+#[derive(Clone, Copy)]
+pub struct Destination<'a> {
+    pub bus: Option<&'a Bus>,
+    pub store: Option<&'a crate::store::Store>,
+}
+
+impl<'a> Destination<'a> {
+    /// A running engine's bus and store.
+    pub fn services(s: &'a crate::service::Services) -> Destination<'a> {
+        Destination {
+            bus: Some(&s.bus),
+            store: Some(&s.store),
+        }
+    }
+}
+
+/// Import `text` in `format` for `caller` (`POST /v1/import`, `loomem import`):
+/// parse and publish, or restore a lossless export; scoped to the caller's
+/// streams. `progress` sees (accepted, total) as publishing goes.
 pub async fn import_text(
-    engine: &crate::service::Services,
+    to: Destination<'_>,
     caller: &Caller,
     format: Format,
     stream: Option<&str>,
     text: &str,
+    progress: impl FnMut(usize, usize),
 ) -> Result<ImportReport> {
+    let missing = |what: &str| Error::Unavailable(format!("this import needs the {what}"));
     if format == Format::LoomemJsonl {
-        return crate::service::export::restore(&engine.store, caller, text).await;
+        let store = to.store.ok_or_else(|| missing("data directory"))?;
+        return crate::service::export::restore(store, caller, text).await;
     }
+    let bus = to.bus.ok_or_else(|| missing("bus"))?;
     let parsed = parse(format, text, stream, caller)?;
-    publish(&engine.bus, parsed, |_, _| {}).await
+    publish(bus, parsed, progress).await
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod associate;
 pub mod auth;
 pub mod context;
 pub mod conversation;
+pub mod decay;
 pub mod dream;
 pub mod export;
 pub mod facts;

@@ -107,6 +107,10 @@ impl ChunkWriter {
     }
 }
 
+/// How much more a small commit counts towards the next fragment merge than a
+/// bulk one.
+const BIG_COMMIT_WEIGHT: usize = 8;
+
 /// Rows written between two index refreshes (new rows are otherwise searched
 /// and joined without the indexes).
 const INDEX_REFRESH_ROWS: usize = 10_000;
@@ -120,10 +124,15 @@ async fn run(
 ) {
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
+    // Commits weigh by the fragment they leave: a small one (an agent's store)
+    // counts in full, a bulk one (an import batch, already a fair fragment)
+    // an eighth, so bulk loads are not slowed by merges they barely need.
+    let small = (maintenance.target_rows_per_fragment / 4).max(1);
+    let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
     loop {
         if maintenance.compact_every_commits > 0
-            && since_compact >= maintenance.compact_every_commits
+            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
         {
             since_compact = 0;
             let started = std::time::Instant::now();
@@ -150,7 +159,7 @@ async fn run(
                     .await
                     .map(|r| r.num_deleted_rows)
                     .map_err(StoreError::from);
-                since_compact += 1;
+                since_compact += BIG_COMMIT_WEIGHT;
                 let _ = done.send(result);
             }
             WriteOp::Commit(rows, side, done) => {
@@ -183,8 +192,9 @@ async fn run(
                     Ok::<usize, StoreError>(rows.len() + rebased.len())
                 }
                 .await;
-                since_refresh += result.as_ref().copied().unwrap_or(0);
-                since_compact += 1;
+                let n = result.as_ref().copied().unwrap_or(0);
+                since_refresh += n;
+                since_compact += weight(n);
                 let _ = done.send(result.map(|_| ()));
             }
             WriteOp::Modify(ids, mut modify, done) => {
@@ -199,8 +209,10 @@ async fn run(
                 }
                 .await;
                 since_refresh += result.as_ref().map(|n| *n).unwrap_or(0);
-                if result.as_ref().is_ok_and(|n| *n > 0) {
-                    since_compact += 1;
+                if let Ok(n) = result.as_ref().copied() {
+                    if n > 0 {
+                        since_compact += weight(n);
+                    }
                 }
                 let _ = done.send(result);
             }
@@ -223,7 +235,7 @@ async fn run(
                 }
                 let result = commit(&table, dim, group.iter().flat_map(|(c, _)| c)).await;
                 since_refresh += rows;
-                since_compact += 1;
+                since_compact += weight(rows);
                 for (_, done) in group {
                     let _ = done.send(match &result {
                         Ok(()) => Ok(()),

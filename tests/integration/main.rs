@@ -21,6 +21,7 @@ mod nats;
 mod recall;
 mod restart;
 mod retrieval;
+mod router;
 mod services;
 mod snapshot;
 mod sql;

@@ -187,7 +187,9 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
     assert_eq!(report["read"], N);
     assert_eq!(report["rejected"], json!([]));
     // Recovery must keep making progress, however busy the machine: fail only
-    // when the count stands still for a minute and a half.
+    // when the count stands still for four minutes (the count moves a batch of
+    // up to 2,048 at a time, and a debug build on a loaded machine takes over a
+    // minute for one).
     let (mut seen, mut moved) = (0, std::time::Instant::now());
     loop {
         let n = chunk_count(&url).await;
@@ -198,8 +200,8 @@ async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
             (seen, moved) = (n, std::time::Instant::now());
         }
         assert!(
-            moved.elapsed() < Duration::from_secs(90),
-            "stuck at {n} for 90 s"
+            moved.elapsed() < Duration::from_secs(240),
+            "stuck at {n} for 240 s"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -217,11 +217,12 @@ async fn an_export_restores_into_an_empty_engine() {
         .map(|i| json!({"content": format!("Shelf {i} holds the {i}th atlas")}).to_string() + "\n")
         .collect::<String>();
     let report = import::import_text(
-        from.services(),
+        import::Destination::services(from.services()),
         &admin(),
         import::Format::Jsonl,
         Some("lib"),
         &jsonl,
+        |_, _| {},
     )
     .await
     .unwrap();
@@ -246,11 +247,12 @@ async fn an_export_restores_into_an_empty_engine() {
     let to = Local::start().await;
     let text = String::from_utf8(bytes).unwrap();
     let restored = import::import_text(
-        to.services(),
+        import::Destination::services(to.services()),
         &admin(),
         import::Format::LoomemJsonl,
         None,
         &text,
+        |_, _| {},
     )
     .await
     .unwrap();

@@ -41,7 +41,7 @@ impl OpenAiEmbedder {
     ) -> Result<OpenAiEmbedder, EmbedError> {
         Ok(OpenAiEmbedder {
             http: OpenAiHttp::new(base_url, api_key, timeout, max_retries)
-                .map_err(EmbedError::Provider)?,
+                .map_err(|e| EmbedError::Provider(e.to_string()))?,
             model: model.to_string(),
             dim,
             batch_size: batch_size.max(1),
@@ -55,7 +55,7 @@ impl OpenAiEmbedder {
             .http
             .post("embeddings", &body)
             .await
-            .map_err(EmbedError::Provider)?;
+            .map_err(|e| EmbedError::Provider(e.to_string()))?;
         let parsed: Response = serde_json::from_value(answer)
             .map_err(|e| EmbedError::Provider(format!("{url}: unreadable response: {e}")))?;
         if parsed.data.len() != texts.len() {

@@ -158,15 +158,36 @@ fn normalize(text: &str) -> String {
         .replace(['\u{201c}', '\u{201d}'], "\"")
 }
 
+/// Why a rules file was refused: the file (when read from one), and the key
+/// or pattern at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{message}", file.as_ref().map(|f| format!("{}: ", f.display())).unwrap_or_default())]
+pub struct RulesError {
+    pub file: Option<std::path::PathBuf>,
+    pub message: String,
+}
+
 impl RuleExtractor {
     /// Load the rules file; errors name the file and the offending key or pattern.
-    pub fn load(path: &Path) -> Result<RuleExtractor, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        RuleExtractor::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<RuleExtractor, RulesError> {
+        let in_file = |message: String| RulesError {
+            file: Some(path.to_path_buf()),
+            message,
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| in_file(format!("cannot read: {e}")))?;
+        RuleExtractor::parse_text(&text).map_err(in_file)
     }
 
-    pub fn parse(text: &str) -> Result<RuleExtractor, String> {
+    /// Rules from the text of a rules file.
+    pub fn parse(text: &str) -> Result<RuleExtractor, RulesError> {
+        RuleExtractor::parse_text(text).map_err(|message| RulesError {
+            file: None,
+            message,
+        })
+    }
+
+    fn parse_text(text: &str) -> Result<RuleExtractor, String> {
         let file: RulesFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut markers: Vec<String> = file
             .segment
@@ -769,6 +790,6 @@ mod tests {
         .replacen("name = \"decision\"", "name = \"decision\"\n# broken\n", 1)
         .replacen("'''\\b(?:I|we)(?:'ve", "'''(unclosed\\b(?:I|we)(?:'ve", 1);
         let err = RuleExtractor::parse(&text).err().unwrap();
-        assert!(err.contains("rule `decision` pattern"), "{err}");
+        assert!(err.to_string().contains("rule `decision` pattern"), "{err}");
     }
 }
