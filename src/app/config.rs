@@ -292,7 +292,7 @@ impl Config {
                 ));
             }
             crate::jobs::scheduler::Scheduled::new(name, &job.cron)
-                .map_err(|m| invalid(&format!("scheduler.jobs.{name}.cron"), m))?;
+                .map_err(|e| invalid(&format!("scheduler.jobs.{name}.cron"), e.to_string()))?;
         }
         if self.search.access_flush_ms == 0 {
             return Err(invalid("search.access_flush_ms", "must be > 0"));

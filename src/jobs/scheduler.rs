@@ -88,14 +88,24 @@ pub struct Scheduled {
 
 impl Scheduled {
     /// Parse a 6-field (seconds first) or 7-field cron expression.
-    pub fn new(name: &str, cron: &str) -> Result<Scheduled, String> {
-        let schedule = cron::Schedule::from_str(cron)
-            .map_err(|e| format!("`{cron}` is not a cron expression: {e}"))?;
+    pub fn new(name: &str, cron: &str) -> Result<Scheduled, CronError> {
+        let schedule = cron::Schedule::from_str(cron).map_err(|e| CronError {
+            cron: cron.to_string(),
+            message: e.to_string(),
+        })?;
         Ok(Scheduled {
             name: name.to_string(),
             schedule,
         })
     }
+}
+
+/// A schedule that is not a cron expression.
+#[derive(Debug, thiserror::Error)]
+#[error("`{cron}` is not a cron expression: {message}")]
+pub struct CronError {
+    pub cron: String,
+    pub message: String,
 }
 
 pub use crate::service::tasks::Pause;

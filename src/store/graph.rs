@@ -408,6 +408,14 @@ pub struct DictionaryEntry {
     pub aliases: Vec<String>,
 }
 
+/// Why a dictionary file was refused: the file, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", path.display())]
+pub struct DictionaryError {
+    pub path: std::path::PathBuf,
+    pub message: String,
+}
+
 /// The entity dictionary keyed by normalised surface form.
 #[derive(Debug, Clone, Default)]
 pub struct Dictionary {
@@ -428,14 +436,16 @@ impl Dictionary {
         dir: &std::path::Path,
         file: Option<&str>,
         inline: Vec<DictionaryEntry>,
-    ) -> Result<Dictionary, String> {
+    ) -> Result<Dictionary, DictionaryError> {
         let mut entries = inline;
         if let Some(file) = file {
             let path = dir.join(file);
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let parsed: DictionaryFile =
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let fail = |message: String| DictionaryError {
+                path: path.clone(),
+                message,
+            };
+            let text = std::fs::read_to_string(&path).map_err(|e| fail(e.to_string()))?;
+            let parsed: DictionaryFile = toml::from_str(&text).map_err(|e| fail(e.to_string()))?;
             entries.extend(parsed.entity);
         }
         Ok(Dictionary::new(entries))

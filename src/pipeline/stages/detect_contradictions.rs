@@ -96,9 +96,9 @@ impl DetectContradictionsConfig {
         dir: &std::path::Path,
     ) -> Result<DetectContradictions, PipelineError> {
         let dictionary = Dictionary::load(dir, self.dictionary_file.as_deref(), self.entity)
-            .map_err(|message| PipelineError::Config {
+            .map_err(|e| PipelineError::Config {
                 stage: "detect_contradictions".into(),
-                message,
+                message: e.to_string(),
             })?;
         let mut by_category: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         let mut category_of = BTreeMap::new();

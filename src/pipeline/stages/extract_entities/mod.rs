@@ -55,9 +55,9 @@ impl ExtractEntitiesConfig {
         dir: &std::path::Path,
     ) -> Result<ExtractEntities, PipelineError> {
         let dictionary = Dictionary::load(dir, self.dictionary_file.as_deref(), self.entity)
-            .map_err(|message| PipelineError::Config {
+            .map_err(|e| PipelineError::Config {
                 stage: "extract_entities".into(),
-                message,
+                message: e.to_string(),
             })?;
         Ok(ExtractEntities {
             dictionary,
