@@ -1,10 +1,5 @@
 //! `[bus]`: which bus carries writes and how the worker pulls them.
 
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-#[allow(unused_imports)]
-use std::path::PathBuf;
-
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -1,9 +1,6 @@
 //! `[scheduler]`: which maintenance jobs run when, with what params.
 
-#[allow(unused_imports)]
 use std::collections::BTreeMap;
-#[allow(unused_imports)]
-use std::path::PathBuf;
 
 use serde::Deserialize;
 

@@ -51,12 +51,7 @@ pub fn dreamer(services: Weak<Services>) -> Dreamer {
             let services = services.upgrade().ok_or("the engine has stopped")?;
             let req = DreamRequest {
                 stream: Some(stream),
-                dry_run: false,
-                similarity: None,
-                related_similarity: None,
-                contradiction_similarity: None,
-                max_chunks: None,
-                max_cost_usd: None,
+                ..Default::default()
             };
             let report = dream(&services, &Caller::admin("idle-dream"), req)
                 .await

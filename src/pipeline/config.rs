@@ -1,8 +1,5 @@
 //! `[pipeline]`: where the pipeline definitions live.
 
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-#[allow(unused_imports)]
 use std::path::PathBuf;
 
 use serde::Deserialize;

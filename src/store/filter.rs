@@ -151,10 +151,7 @@ impl Filter {
 
     /// Memories that mention `entity` (lower-cased entity names).
     pub fn mentions(self, entity: &str) -> Filter {
-        self.and(format!(
-            "array_has(entities, {})",
-            sql_str(&entity.to_lowercase())
-        ))
+        self.mentions_key(&entity.to_lowercase())
     }
 
     /// Memories whose text contains `text` (case-insensitive; `text` lower-case).

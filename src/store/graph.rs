@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use futures::TryStreamExt;
-use lancedb::query::{ExecutableQuery, QueryBase};
 use lancedb::Table;
 use serde::{Deserialize, Serialize};
 
@@ -178,13 +176,7 @@ async fn read_where<T>(
     filter: String,
     f: fn(&RecordBatch) -> Vec<T>,
 ) -> Result<Vec<T>> {
-    let batches = table
-        .query()
-        .only_if(filter)
-        .execute()
-        .await?
-        .try_collect::<Vec<_>>()
-        .await?;
+    let batches = super::scan_where(table, &filter).await?;
     Ok(batches.iter().flat_map(f).collect())
 }
 

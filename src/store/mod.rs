@@ -750,9 +750,17 @@ fn embedding_dim(schema: &arrow_schema::Schema) -> Option<usize> {
 
 /// Every row of `table` matching a Lance filter.
 pub async fn scan(table: &Table, filter: &Filter) -> Result<Vec<RecordBatch>> {
+    scan_where(table, &filter.predicate()).await
+}
+
+/// [`scan`] with a predicate the store built itself.
+pub(in crate::store) async fn scan_where(
+    table: &Table,
+    predicate: &str,
+) -> Result<Vec<RecordBatch>> {
     Ok(table
         .query()
-        .only_if(filter.predicate())
+        .only_if(predicate)
         .execute()
         .await?
         .try_collect()

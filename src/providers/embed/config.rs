@@ -1,8 +1,5 @@
 //! `[embed]`: which embedder turns text into vectors.
 
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-#[allow(unused_imports)]
 use std::path::PathBuf;
 
 use serde::Deserialize;

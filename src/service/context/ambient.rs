@@ -1,7 +1,6 @@
 //! Ambient snippets for the start of a turn: the few memories worth showing
 //! unasked, within a small budget.
 
-#[allow(unused_imports)]
 use super::*;
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,6 +1,5 @@
 //! The MEMORY.md proposal: the best memories grouped by kind.
 
-#[allow(unused_imports)]
 use super::*;
 
 #[derive(Debug, Default, Deserialize)]

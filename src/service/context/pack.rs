@@ -1,7 +1,6 @@
 //! The token-budgeted context pack: profile, relevant and recent sections
 //! sharing one budget, unused share flowing to the sections that need it.
 
-#[allow(unused_imports)]
 use super::*;
 
 pub const SECTIONS: [&str; 3] = ["profile", "relevant", "recent"];

@@ -1,7 +1,6 @@
 //! The stream's profile: lasting truths, the recent week and a short summary
 //! (extractive, or written by the configured LLM), cached per stream.
 
-#[allow(unused_imports)]
 use super::*;
 
 #[derive(Debug, Clone, Serialize)]

@@ -1,9 +1,6 @@
 //! `[search]`: fusion weights, ranking factors and the access counters.
 
-#[allow(unused_imports)]
 use std::collections::BTreeMap;
-#[allow(unused_imports)]
-use std::path::PathBuf;
 
 use serde::Deserialize;
 
