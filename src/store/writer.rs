@@ -124,6 +124,7 @@ async fn run(
 ) {
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
+    let refresher = Refresher::default();
     // Commits weigh by the fragment they leave: a small one (an agent's store)
     // counts in full, a bulk one (an import batch, already a fair fragment)
     // an eighth, so bulk loads are not slowed by merges they barely need.
@@ -244,16 +245,41 @@ async fn run(
                         })),
                     });
                 }
-                if since_refresh >= INDEX_REFRESH_ROWS {
+                if since_refresh >= INDEX_REFRESH_ROWS && refresher.start(&table) {
                     since_refresh = 0;
-                    let started = std::time::Instant::now();
-                    match refresh_indexes(&table).await {
-                        Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
-                        Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
-                    }
                 }
             }
         }
+    }
+}
+
+/// Refreshes the indexes beside the writer, one refresh at a time. An index
+/// refresh reads every row written since the last one (the FTS index the most
+/// slowly); run inline it held every commit behind it, for minutes on a busy
+/// machine. Lance commits the refresh as its own transaction, which appends and
+/// merge-inserts do not conflict with, so commits go on while it runs.
+#[derive(Default)]
+struct Refresher {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Refresher {
+    /// Start a refresh unless one is running; whether one was started.
+    fn start(&self, table: &Table) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.running.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let (table, running) = (table.clone(), self.running.clone());
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match refresh_indexes(&table).await {
+                Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
+                Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
+            }
+            running.store(false, Ordering::Release);
+        });
+        true
     }
 }
 
