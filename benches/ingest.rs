@@ -187,6 +187,7 @@ fn bench_e2e(c: &mut Criterion) {
                             &text,
                             Some(&stream),
                             &Caller::admin("bench"),
+                            &engine.ids,
                         )
                         .unwrap();
                         let started = Instant::now();

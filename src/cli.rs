@@ -22,9 +22,11 @@ pub async fn import_direct(
     let caller = Caller::admin("cli").with_namespaces(std::sync::Arc::new(cfg.namespaces.clone()));
     if format == Format::LoomemJsonl {
         let store = open_store(cfg).await?;
+        let ids = loomem::core::IdKey::load_or_create(&cfg.data_dir())?;
         let to = Destination {
             bus: None,
             store: Some(&store),
+            ids: &ids,
         };
         let report = import::import_text(to, &caller, format, stream, text, |_, _| {}).await;
         store.close().await;
@@ -36,9 +38,13 @@ pub async fn import_direct(
     let (_stop, rx) = watch::channel(false);
     let (bus, _consumer) = JetStreamBus::connect(&cfg.bus, rx).await?;
     let bus = Bus::JetStream(bus);
+    // The daemon's key, from the data directory this config names, so that
+    // a rerun through either path derives the same ids.
+    let ids = loomem::core::IdKey::load_or_create(&cfg.data_dir())?;
     let to = Destination {
         bus: Some(&bus),
         store: None,
+        ids: &ids,
     };
     let report = import::import_text(to, &caller, format, stream, text, |done, total| {
         let pct = (done * 100).checked_div(total).unwrap_or(100);

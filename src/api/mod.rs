@@ -13,7 +13,7 @@ mod tending;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::{middleware, Json, Router};
 
 use crate::app::Engine;
@@ -25,56 +25,73 @@ use crate::service::status;
 
 pub use request::{parse_json, ApiJson, ApiQuery};
 
-pub fn router(engine: Arc<Engine>) -> Router {
-    let protected = Router::new()
-        .route("/v1/store", post(memories::store))
-        .route("/v1/ingest", post(memories::ingest))
-        .route("/v1/delete", post(memories::delete))
-        .route("/api/memories/{id}", delete(memories::delete_rest))
-        .route("/v1/purge-namespace", post(memories::purge))
-        .route("/v1/import", post(memories::import))
-        .route("/v1/memories/{id}/history", get(memories::history))
-        .route("/v1/search", post(search_handler))
-        .route("/v1/feedback", post(tending::feedback))
-        .route("/v1/context-pack", post(context::context_pack))
-        .route("/v1/ambient", post(context::ambient))
-        .route("/v1/profile", get(context::profile))
-        .route("/v1/generate-memory-md", get(context::memory_md))
-        .route("/v1/graph/entity/{name}", get(graph::graph_entity))
-        .route("/v1/graph/stats", get(graph::graph_stats))
-        .route("/v1/associate", post(graph::associate))
-        .route("/v1/reflect", post(tending::reflect))
-        .route("/v1/dream", post(tending::dream))
-        .nest_service("/mcp", crate::mcp::http_service(engine.clone()))
-        .route("/v1/sql", post(sql_handler))
-        .route("/v1/export", post(export_handler))
-        .route("/v1/embed-missing", post(embed_missing))
-        .route("/v1/re-embed-all", post(re_embed_all))
-        .route("/v1/jobs/{id}", get(job_status))
-        .route("/v1/jobs", get(jobs::runs))
-        .route("/admin/jobs/{name}/run", post(jobs::run))
-        .route(
+/// Every protected route (all but `/health`), in one table: the router is
+/// built from it and the attack suite reads its paths, so a route cannot be
+/// added without the suite knowing. `/mcp` is nested beside it.
+fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
+    vec![
+        ("/v1/store", post(memories::store)),
+        ("/v1/ingest", post(memories::ingest)),
+        ("/v1/delete", post(memories::delete)),
+        ("/api/memories/{id}", delete(memories::delete_rest)),
+        ("/v1/purge-namespace", post(memories::purge)),
+        ("/v1/import", post(memories::import)),
+        ("/v1/memories/{id}/history", get(memories::history)),
+        ("/v1/search", post(search_handler)),
+        ("/v1/feedback", post(tending::feedback)),
+        ("/v1/context-pack", post(context::context_pack)),
+        ("/v1/ambient", post(context::ambient)),
+        ("/v1/profile", get(context::profile)),
+        ("/v1/generate-memory-md", get(context::memory_md)),
+        ("/v1/graph/entity/{name}", get(graph::graph_entity)),
+        ("/v1/graph/stats", get(graph::graph_stats)),
+        ("/v1/associate", post(graph::associate)),
+        ("/v1/reflect", post(tending::reflect)),
+        ("/v1/dream", post(tending::dream)),
+        ("/v1/sql", post(sql_handler)),
+        ("/v1/export", post(export_handler)),
+        ("/v1/embed-missing", post(embed_missing)),
+        ("/v1/re-embed-all", post(re_embed_all)),
+        ("/v1/jobs/{id}", get(job_status)),
+        ("/v1/jobs", get(jobs::runs)),
+        ("/admin/jobs/{name}/run", post(jobs::run)),
+        (
             "/v1/snapshots",
             post(jobs::snapshot_create).get(jobs::snapshot_list),
-        )
-        .route("/v1/snapshots/{name}", delete(jobs::snapshot_delete))
-        .route(
+        ),
+        ("/v1/snapshots/{name}", delete(jobs::snapshot_delete)),
+        (
             "/v1/snapshots/{name}/rollback",
             post(jobs::snapshot_rollback),
-        )
-        .route("/v1/boost", post(jobs::boost))
-        .route("/v1/retag-all", post(jobs::retag_all))
-        .route("/v1/score-all", post(jobs::score_all))
-        .route("/v1/reset-importance", post(jobs::reset_importance))
-        .route("/v1/reset-backfill", post(jobs::reset_backfill))
-        .route("/v1/build-graph", post(jobs::build_graph))
-        .route("/v1/extract-entities", post(jobs::extract_entities))
-        .route("/admin/workers/pause", post(jobs::pause))
-        .route("/admin/workers/resume", post(jobs::resume))
-        .route("/admin/workers/status", get(jobs::status))
-        .route("/v1/status", get(status))
-        .route("/v1/namespaces", get(namespaces))
-        .route("/v1/whoami", get(whoami))
+        ),
+        ("/v1/boost", post(jobs::boost)),
+        ("/v1/retag-all", post(jobs::retag_all)),
+        ("/v1/score-all", post(jobs::score_all)),
+        ("/v1/reset-importance", post(jobs::reset_importance)),
+        ("/v1/reset-backfill", post(jobs::reset_backfill)),
+        ("/v1/build-graph", post(jobs::build_graph)),
+        ("/v1/extract-entities", post(jobs::extract_entities)),
+        ("/admin/workers/pause", post(jobs::pause)),
+        ("/admin/workers/resume", post(jobs::resume)),
+        ("/admin/workers/status", get(jobs::status)),
+        ("/v1/status", get(status)),
+        ("/v1/namespaces", get(namespaces)),
+        ("/v1/whoami", get(whoami)),
+    ]
+}
+
+/// The path of every protected route, `/mcp` included (for the attack suite).
+pub fn route_paths() -> Vec<&'static str> {
+    let mut paths: Vec<&'static str> = routes().into_iter().map(|(p, _)| p).collect();
+    paths.push("/mcp");
+    paths
+}
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    let protected = routes()
+        .into_iter()
+        .fold(Router::new(), |r, (path, handler)| r.route(path, handler))
+        .nest_service("/mcp", crate::mcp::http_service(engine.clone()))
         .route_layer(middleware::from_fn_with_state(
             engine.clone(),
             request::require_auth,

@@ -23,6 +23,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap_or_default().to_string());
         let bytes = Bytes::from_request(req, state).await.map_err(|r| {
             if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Error::TooLarge("request body is too large".into())
@@ -30,8 +34,37 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                 Error::BadRequest(format!("cannot read request body: {r}"))
             }
         })?;
+        // A web page can POST `text/plain` across sites without a preflight;
+        // only a JSON body (or none at all) reaches the handlers.
+        match content_type {
+            Some(t) if !is_json(&t) => {
+                return Err(Error::UnsupportedMediaType(format!(
+                    "Content-Type `{t}` is not accepted here; send application/json"
+                )))
+            }
+            None if !bytes.iter().all(u8::is_ascii_whitespace) => {
+                return Err(Error::UnsupportedMediaType(
+                    "a request body needs Content-Type: application/json".into(),
+                ))
+            }
+            _ => {}
+        }
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// `application/json`, `application/<x>+json`, with or without parameters.
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
 }
 
 pub use crate::core::error::parse_json;
@@ -47,6 +80,25 @@ pub async fn require_auth(
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
+    if engine.auth.passthrough() {
+        // With no key, every request is admin: only pages of this machine may
+        // reach the API (against DNS rebinding, as `/mcp` always does).
+        let host = req
+            .headers()
+            .get(axum::http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(crate::service::auth::host_name)
+            .unwrap_or_default();
+        let allowed = &engine.cfg.server.mcp_allowed_hosts;
+        if !allowed
+            .iter()
+            .any(|h| h == "*" || h.eq_ignore_ascii_case(host))
+        {
+            return Err(Error::Forbidden(format!(
+                "Host `{host}` is not allowed in local passthrough mode (server.mcp_allowed_hosts)"
+            )));
+        }
+    }
     let caller = engine.auth.authenticate(header)?;
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)

@@ -36,6 +36,10 @@ pub enum StartError {
     Llm(#[from] crate::providers::openai_compat::HttpError),
     #[error("ingest rules: {0}")]
     Rules(#[from] crate::service::facts::rules::RulesError),
+    #[error("auth: {0}")]
+    Auth(#[from] crate::service::auth::AuthError),
+    #[error("the id key in the data directory: {0}")]
+    IdKey(std::io::Error),
 }
 
 /// A running loomem: the shared [`Services`] plus what starts and stops them
@@ -72,6 +76,16 @@ impl Engine {
         env: &HashMap<String, String>,
         embedder: Arc<dyn Embedder>,
     ) -> Result<Arc<Engine>, StartError> {
+        // Keys first: a config that asks for protection it cannot have stops
+        // here, before anything is opened.
+        let auth = Auth::from_config(&cfg.server, Arc::new(cfg.namespaces.clone()), env)?;
+        if auth.passthrough() {
+            tracing::warn!(
+                var = %cfg.server.auth_token_env,
+                "no API key configured: local passthrough mode, every request is accepted as admin"
+            );
+        }
+        let ids = crate::core::IdKey::load_or_create(&cfg.data_dir()).map_err(StartError::IdKey)?;
         let store = Arc::new(
             Store::open_with(
                 &cfg.data_dir(),
@@ -144,13 +158,6 @@ impl Engine {
             Duration::from_millis(cfg.search.access_flush_ms),
         );
         spawn_vector_indexer(store.clone(), cfg.search.vector_index_min_rows);
-        let auth = Auth::from_config(&cfg.server, Arc::new(cfg.namespaces.clone()), env);
-        if auth.passthrough() {
-            tracing::warn!(
-                var = %cfg.server.auth_token_env,
-                "no API key configured: local passthrough mode, every request is accepted as admin"
-            );
-        }
         let services = Arc::new(Services {
             cfg: ServiceConfig {
                 server: cfg.server.clone(),
@@ -172,6 +179,7 @@ impl Engine {
             jobs: Default::default(),
             access,
             profiles: Default::default(),
+            ids,
             dreams: Default::default(),
             workers: Default::default(),
             started: Instant::now(),

@@ -156,11 +156,11 @@ async fn ingest(
         }
         let mut req = t.to_request();
         req.stream = Some(stream.to_string());
-        req.id = Some(crate::service::import::derived_id(&[
-            stream,
-            &t.session_id,
-            &t.turn_index.to_string(),
-        ]));
+        req.id = Some(
+            engine
+                .ids
+                .derive(&[stream, &t.session_id, &t.turn_index.to_string()]),
+        );
         let chunk = crate::service::memory::chunk_from_request(caller, req)?;
         turn_of.insert(chunk.id.clone(), Question::turn_id(t));
         chunks.push(chunk);

@@ -11,6 +11,9 @@ pub enum Error {
     BadRequest(String),
     #[error("{0}")]
     TooLarge(String),
+    /// A body in a media type the route does not take (HTTP 415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("missing or invalid API key")]
     Unauthorized,
     #[error("{0}")]
@@ -40,6 +43,13 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a write may not use `id`: it names a memory of another stream. The same
+/// words whichever stream holds it and whether the caller may see it, so the
+/// answer tells no more than that the id is taken.
+pub fn id_in_use(id: &str) -> String {
+    format!("id `{id}` is already in use; choose another id")
+}
 
 /// A JSON body (or one JSONL line) as `T`: a wrong field is [`Error::Invalid`]
 /// naming its path, unreadable JSON is [`Error::BadRequest`]; blank is `{}`.

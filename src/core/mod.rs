@@ -4,9 +4,11 @@
 
 pub mod caller;
 pub mod error;
+pub mod ids;
 pub mod model;
 pub mod time;
 pub mod tokens;
 
 pub use caller::{Caller, Role};
 pub use error::{Error, Result};
+pub use ids::IdKey;

@@ -13,8 +13,7 @@ pub fn parse_instant(field: &str, value: &serde_json::Value) -> Result<Micros> {
     match value {
         serde_json::Value::Number(n) => n
             .as_f64()
-            .filter(|s| s.is_finite() && s.abs() < 1e11)
-            .map(|s| (s * 1e6) as i64)
+            .and_then(from_secs_f64)
             .ok_or_else(|| Error::invalid(field, "must be Unix seconds within range")),
         serde_json::Value::String(s) => parse_instant_str(s).ok_or_else(|| {
             Error::invalid(
@@ -34,7 +33,18 @@ pub fn is_date_only(s: &str) -> bool {
     NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d").is_ok()
 }
 
+/// The farthest instant from the epoch loomem takes, either way (±10^11
+/// seconds, about 3,170 years): far inside chrono's range, so date arithmetic
+/// on any accepted instant (a week back, a month on) cannot overflow.
+pub const MAX_ABS_MICROS: Micros = 100_000_000_000 * 1_000_000;
+
+/// A date or timestamp in one of the accepted forms, within
+/// [`MAX_ABS_MICROS`] of the epoch.
 pub fn parse_instant_str(s: &str) -> Option<Micros> {
+    parse_any_instant(s).filter(|m| m.unsigned_abs() <= MAX_ABS_MICROS as u64)
+}
+
+fn parse_any_instant(s: &str) -> Option<Micros> {
     let s = s.trim();
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Some(t.with_timezone(&Utc).timestamp_micros());
@@ -57,6 +67,18 @@ pub fn parse_instant_str(s: &str) -> Option<Micros> {
     None
 }
 
+/// Unix seconds as an instant, when within [`MAX_ABS_MICROS`] of the epoch.
+pub fn from_secs(secs: i64) -> Option<Micros> {
+    secs.checked_mul(1_000_000)
+        .filter(|m| m.unsigned_abs() <= MAX_ABS_MICROS as u64)
+}
+
+/// Fractional Unix seconds as an instant, when finite and within range.
+pub fn from_secs_f64(secs: f64) -> Option<Micros> {
+    (secs.is_finite() && secs.abs() < (MAX_ABS_MICROS / 1_000_000) as f64)
+        .then(|| (secs * 1e6) as Micros)
+}
+
 /// Seconds since the epoch for a microsecond instant.
 pub fn to_secs(m: Micros) -> i64 {
     m.div_euclid(1_000_000)
@@ -72,6 +94,20 @@ pub fn to_rfc3339(m: Micros) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn instants_far_from_the_epoch_are_refused() {
+        for v in [
+            json!("-262143-01-01"),
+            json!("+262142-12-31"),
+            json!("9999-12-31T23:59:59Z"),
+            json!(2e11),
+        ] {
+            assert!(parse_instant("now", &v).is_err(), "{v}");
+        }
+        assert!(parse_instant("now", &json!("4000-01-01")).is_ok());
+        assert!(parse_instant("now", &json!("0001-01-01")).is_ok());
+    }
 
     #[test]
     fn reads_dates_timestamps_and_seconds() {

@@ -313,7 +313,7 @@ pub async fn ingest(
     };
     let mut chunks = Vec::with_capacity(extraction.facts.len());
     for (i, fact) in extraction.facts.iter().enumerate() {
-        let id = crate::service::import::derived_id(&[
+        let id = engine.ids.derive(&[
             "ingest",
             &stream,
             &conversation_key,

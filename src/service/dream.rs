@@ -366,7 +366,7 @@ pub async fn dream(engine: &Services, caller: &Caller, req: DreamRequest) -> Res
                 .unwrap_or_default()
         );
         let mut l1 = Chunk::new(
-            crate::service::import::derived_id(&["dream", &stream, &ids.join(",")]),
+            engine.ids.derive(&["dream", &stream, &ids.join(",")]),
             stream.clone(),
             text.clone(),
             now,

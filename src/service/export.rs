@@ -207,8 +207,26 @@ async fn lossless(store: &Store, caller: &Caller) -> Result<Vec<u8>> {
 /// The rows of a lossless export, checked and grouped by table.
 #[derive(Default)]
 struct Parsed {
-    chunks: Vec<Chunk>,
-    side: BTreeMap<&'static str, Vec<serde_json::Value>>,
+    /// Each row with the line it came from.
+    chunks: Vec<(usize, Chunk)>,
+    side: BTreeMap<&'static str, Vec<(usize, serde_json::Value)>>,
+}
+
+/// The id a graph row must carry: entity and edge ids spell their stream, so
+/// a row restored into one stream can never take over another stream's entity.
+fn graph_row_id(table: &str, row: &serde_json::Value) -> Option<String> {
+    let f = |k: &str| row[k].as_str().unwrap_or_default();
+    match table {
+        ENTITIES => Some(format!("{}/{}", f("stream"), f("key"))),
+        EDGES => Some(format!(
+            "{}/{}/{}/{}",
+            f("stream"),
+            f("source"),
+            f("relation"),
+            f("target")
+        )),
+        _ => None,
+    }
 }
 
 fn bad_line(line: usize, message: impl std::fmt::Display) -> String {
@@ -281,11 +299,17 @@ fn parse_lossless(text: &str, caller: &Caller, dim: usize) -> Result<Parsed> {
                 Ok(c) if c.embedding.as_ref().is_some_and(|e| e.len() != dim) => errors.push(
                     bad_line(n, format!("chunk {} has a wrong-sized embedding", c.id)),
                 ),
-                Ok(c) => parsed.chunks.push(c),
+                Ok(c) => parsed.chunks.push((n, c)),
                 Err(e) => errors.push(bad_line(n, format!("chunks row: {e}"))),
             }
         } else if let Some(name) = SIDE_TABLES.iter().find(|t| **t == l.table) {
-            parsed.side.entry(name).or_default().push(l.row);
+            match graph_row_id(name, &l.row) {
+                Some(want) if l.row["id"].as_str() != Some(want.as_str()) => errors.push(bad_line(
+                    n,
+                    format!("`{name}` row: its id must be `{want}` (stream and key)"),
+                )),
+                _ => parsed.side.entry(name).or_default().push((n, l.row)),
+            }
         } else {
             errors.push(bad_line(n, format!("unknown table `{}`", l.table)));
         }
@@ -317,31 +341,64 @@ fn parse_lossless(text: &str, caller: &Caller, dim: usize) -> Result<Parsed> {
 pub async fn restore(store: &Store, caller: &Caller, text: &str) -> Result<ImportReport> {
     let parsed = parse_lossless(text, caller, store.dim())?;
     let mut report = ImportReport::default();
-    let total = parsed.chunks.len();
-    let mut rest = parsed.chunks.into_iter().peekable();
+    let tables = store.tables();
+    // A row whose id names a row of another stream is refused by line; the
+    // rest of the file is restored.
+    let ids: Vec<&str> = parsed.chunks.iter().map(|(_, c)| c.id.as_str()).collect();
+    let owners = store.owners(&ids).await?;
+    let mut chunks = Vec::with_capacity(parsed.chunks.len());
+    for (line, c) in parsed.chunks {
+        report.read += 1;
+        if let Some(why) = owners.get(&c.id).and_then(|o| o.refuses(&c)) {
+            report.rejected.push(refused(line, why));
+        } else {
+            chunks.push(c);
+        }
+    }
+    report.accepted += chunks.len();
+    let mut rest = chunks.into_iter().peekable();
     while rest.peek().is_some() {
         let part: Vec<Chunk> = rest.by_ref().take(RESTORE_CHUNK).collect();
         store.upsert(part).await?;
     }
-    report.read += total;
-    report.accepted += total;
-    let tables = store.tables();
     for (name, rows) in parsed.side {
         let table = &tables[name];
+        let id = |row: &serde_json::Value| row["id"].as_str().unwrap_or_default().to_string();
+        let ids: Vec<String> = rows.iter().map(|(_, r)| id(r)).collect();
+        let owners = crate::store::owners(table, &ids).await?;
+        let mut keep = Vec::with_capacity(rows.len());
+        for (line, row) in rows {
+            report.read += 1;
+            let stream = row["stream"].as_str().unwrap_or_default();
+            if owners.get(&id(&row)).is_some_and(|s| s != stream) {
+                report
+                    .rejected
+                    .push(refused(line, crate::core::error::id_in_use(&id(&row))));
+            } else {
+                keep.push(row);
+            }
+        }
         let schema = table
             .schema()
             .await
             .map_err(|e| Error::Internal(e.to_string()))?;
-        for part in rows.chunks(RESTORE_CHUNK) {
+        for part in keep.chunks(RESTORE_CHUNK) {
             let batch = crate::store::graph::rows_to_batch(schema.clone(), part)
                 .map_err(|e| Error::invalid("body", format!("`{name}` rows: {e}")))?;
             crate::store::upsert_batch(table, batch).await?;
         }
-        report.read += rows.len();
-        report.accepted += rows.len();
+        report.accepted += keep.len();
     }
+    report.rejected.sort_by_key(|r| r.line);
     store.feedback.reload().await?;
     Ok(report)
+}
+
+fn refused(line: usize, why: String) -> crate::service::import::Rejected {
+    crate::service::import::Rejected {
+        line,
+        error: format!("id: {why}"),
+    }
 }
 
 /// The streams a scheduled export writes one file each for.

@@ -11,21 +11,12 @@ use crate::bus::Bus;
 use crate::core::error::{Error, Result};
 use crate::core::model::Chunk;
 use crate::core::time::parse_instant_str;
-use crate::core::Caller;
+use crate::core::{Caller, IdKey};
 use crate::pipeline::worker::envelopes;
 use crate::service::memory::{chunk_from_request, StoreRequest};
 
 /// Records published per bus call.
 const PUBLISH_CHUNK: usize = 1000;
-
-/// Namespace of the ids derived from source positions (UUID v5).
-const ID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_bytes([
-    0x6c, 0x6f, 0x6f, 0x6d, 0x65, 0x6d, 0x2d, 0x69, 0x6d, 0x70, 0x6f, 0x72, 0x74, 0x2d, 0x69, 0x64,
-]);
-
-pub fn derived_id(parts: &[&str]) -> String {
-    uuid::Uuid::new_v5(&ID_NAMESPACE, parts.join("\u{1f}").as_bytes()).to_string()
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -77,14 +68,24 @@ pub struct ImportReport {
 /// Records parsed from a file, before publishing.
 pub struct Parsed {
     pub chunks: Vec<Chunk>,
+    /// The line (or entry) each of `chunks` came from.
+    pub lines: Vec<usize>,
     pub read: usize,
     pub rejected: Vec<Rejected>,
 }
 
-/// Parse `text` in `format`; records without a stream go to `stream`.
-pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) -> Result<Parsed> {
+/// Parse `text` in `format`; records without a stream go to `stream`; ids
+/// not given are derived with `ids` from the record's stream and place.
+pub fn parse(
+    format: Format,
+    text: &str,
+    stream: Option<&str>,
+    caller: &Caller,
+    ids: &IdKey,
+) -> Result<Parsed> {
     let mut parsed = Parsed {
         chunks: Vec::new(),
+        lines: Vec::new(),
         read: 0,
         rejected: Vec::new(),
     };
@@ -102,7 +103,10 @@ pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) 
                 chunk_from_request(caller, req)
             });
             match result {
-                Ok(c) => parsed.chunks.push(c),
+                Ok(c) => {
+                    parsed.chunks.push(c);
+                    parsed.lines.push(line);
+                }
                 Err(e) => parsed.rejected.push(Rejected {
                     line,
                     error: e.to_string(),
@@ -123,7 +127,7 @@ pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) 
                 }
                 let req = crate::core::error::parse_json::<StoreRequest>(line.as_bytes());
                 add(i + 1, req, &|s, r| {
-                    derived_id(&[
+                    ids.derive(&[
                         s,
                         "jsonl",
                         &(i + 1).to_string(),
@@ -141,7 +145,7 @@ pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) 
                     ..Default::default()
                 };
                 add(line, Ok(req), &|s, r| {
-                    derived_id(&[s, "markdown", &crate::core::model::content_hash(&r.content)])
+                    ids.derive(&[s, "markdown", &crate::core::model::content_hash(&r.content)])
                 });
             }
         }
@@ -155,7 +159,7 @@ pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) 
                         for t in turns {
                             let (sid, ti) = (t.session_id.clone(), t.turn_index.to_string());
                             add(index, Ok(t.to_request()), &|s, _| {
-                                derived_id(&[s, "longmemeval", &sid, &ti])
+                                ids.derive(&[s, "longmemeval", &sid, &ti])
                             });
                         }
                     }
@@ -167,6 +171,38 @@ pub fn parse(format: Format, text: &str, stream: Option<&str>, caller: &Caller) 
         }
     }
     Ok(parsed)
+}
+
+impl Parsed {
+    /// Reject, by line, every record whose id names a memory of another
+    /// stream or an immutable one (an id chosen in the file), so that nothing
+    /// of that line is written; the pipeline's `write` stage refuses such a
+    /// record too, but only this check can tell the importer which line it was.
+    pub async fn refuse_taken_ids(&mut self, store: &crate::store::Store) -> Result<()> {
+        let owners = store
+            .owners(&self.chunks.iter().map(|c| &c.id).collect::<Vec<_>>())
+            .await?;
+        if owners.is_empty() {
+            return Ok(());
+        }
+        let (chunks, lines) = (
+            std::mem::take(&mut self.chunks),
+            std::mem::take(&mut self.lines),
+        );
+        for (c, line) in chunks.into_iter().zip(lines) {
+            if let Some(why) = owners.get(&c.id).and_then(|o| o.refuses(&c)) {
+                self.rejected.push(Rejected {
+                    line,
+                    error: format!("id: {why}"),
+                });
+            } else {
+                self.chunks.push(c);
+                self.lines.push(line);
+            }
+        }
+        self.rejected.sort_by_key(|r| r.line);
+        Ok(())
+    }
 }
 
 /// Publish parsed records onto the bus (accepted, not waited for), calling
@@ -365,6 +401,8 @@ fn list_item(line: &str) -> Option<&str> {
 pub struct Destination<'a> {
     pub bus: Option<&'a Bus>,
     pub store: Option<&'a crate::store::Store>,
+    /// The deployment's key for the ids of records that bring none.
+    pub ids: &'a IdKey,
 }
 
 impl<'a> Destination<'a> {
@@ -373,6 +411,7 @@ impl<'a> Destination<'a> {
         Destination {
             bus: Some(&s.bus),
             store: Some(&s.store),
+            ids: &s.ids,
         }
     }
 }
@@ -394,7 +433,10 @@ pub async fn import_text(
         return crate::service::export::restore(store, caller, text).await;
     }
     let bus = to.bus.ok_or_else(|| missing("bus"))?;
-    let parsed = parse(format, text, stream, caller)?;
+    let mut parsed = parse(format, text, stream, caller, to.ids)?;
+    if let Some(store) = to.store {
+        parsed.refuse_taken_ids(store).await?;
+    }
     publish(bus, parsed, progress).await
 }
 
@@ -409,7 +451,14 @@ mod tests {
     #[test]
     fn jsonl_rejects_bad_lines_by_number_and_derives_stable_ids() {
         let text = "{\"content\":\"first\"}\n\n{\"content\": 5}\nnot json\n{\"content\":\"second\",\"id\":\"mine\"}\n";
-        let p = parse(Format::Jsonl, text, Some("s"), &admin()).unwrap();
+        let p = parse(
+            Format::Jsonl,
+            text,
+            Some("s"),
+            &admin(),
+            &IdKey::from_secret(b"t"),
+        )
+        .unwrap();
         assert_eq!(p.read, 4);
         assert_eq!(p.chunks.len(), 2);
         assert_eq!(
@@ -422,7 +471,14 @@ mod tests {
             p.rejected
         );
         assert_eq!(p.chunks[1].id, "mine");
-        let again = parse(Format::Jsonl, text, Some("s"), &admin()).unwrap();
+        let again = parse(
+            Format::Jsonl,
+            text,
+            Some("s"),
+            &admin(),
+            &IdKey::from_secret(b"t"),
+        )
+        .unwrap();
         assert_eq!(again.chunks[0].id, p.chunks[0].id);
         assert_eq!(p.chunks[0].stream, "s");
     }
@@ -444,6 +500,7 @@ mod tests {
             &entry.to_string(),
             Some("bench"),
             &admin(),
+            &IdKey::from_secret(b"t"),
         )
         .unwrap();
         assert_eq!(p.chunks.len(), 3);
@@ -465,7 +522,14 @@ mod tests {
     #[test]
     fn markdown_paragraphs_and_items_become_memories() {
         let text = "# Preferences\n\n- Likes green tea\n- Hates mornings\n\nWorks on the\nBilling project.\n\n```\ncode\n```\n";
-        let p = parse(Format::Markdown, text, Some("s"), &admin()).unwrap();
+        let p = parse(
+            Format::Markdown,
+            text,
+            Some("s"),
+            &admin(),
+            &IdKey::from_secret(b"t"),
+        )
+        .unwrap();
         let contents: Vec<&str> = p.chunks.iter().map(|c| c.content.as_str()).collect();
         assert_eq!(
             contents,

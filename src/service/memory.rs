@@ -54,8 +54,15 @@ pub struct StoreRequest {
 
 #[derive(Debug, Serialize)]
 pub struct StoreResponse {
+    /// The memory that holds the text: the new one, or for a duplicate the
+    /// stored memory it repeats.
     pub id: String,
+    /// `stored`, `accepted` (`wait: false`) or `duplicate`.
     pub status: &'static str,
+    /// For a duplicate: the stored memory it repeats (the caller's text and
+    /// source are kept in that memory's `extraction_meta.merged_sources`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate_of: Option<String>,
 }
 
 fn check_id(id: &str) -> Result<()> {
@@ -172,14 +179,10 @@ pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Res
     let chunk = chunk_from_request(caller, req)?;
     if caller_chose_id {
         // An id names one memory in one stream: never let a write move or
-        // overwrite another stream's memory.
-        if let Some(existing) = engine.store.get(&chunk.id).await? {
-            if existing.stream != chunk.stream {
-                return Err(Error::Conflict(format!(
-                    "id `{}` is taken in another stream",
-                    chunk.id
-                )));
-            }
+        // overwrite another stream's memory, nor an immutable one.
+        let owners = engine.store.owners(&[&chunk.id]).await?;
+        if let Some(why) = owners.get(&chunk.id).and_then(|o| o.refuses(&chunk)) {
+            return Err(Error::Conflict(why));
         }
     }
     let id = chunk.id.clone();
@@ -193,6 +196,7 @@ pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Res
         return Ok(StoreResponse {
             id,
             status: "accepted",
+            duplicate_of: None,
         });
     }
     let outcome = publish_and_wait(engine, vec![envelope]).await?.remove(0);
@@ -200,10 +204,12 @@ pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Res
         Outcome::Stored { .. } => Ok(StoreResponse {
             id,
             status: "stored",
+            duplicate_of: None,
         }),
         Outcome::Duplicate { existing_id } => Ok(StoreResponse {
-            id: existing_id,
-            status: "stored",
+            id: existing_id.clone(),
+            status: "duplicate",
+            duplicate_of: Some(existing_id),
         }),
         Outcome::Dropped { reason } => Err(Error::invalid(
             "content",
@@ -329,9 +335,72 @@ pub async fn delete(
     if only_stream.is_some_and(|s| s != chunk.stream) {
         return Err(not_found(id));
     }
+    if chunk.immutable {
+        return Err(immutable(id, "deleted"));
+    }
     let n = engine.store.delete(&Filter::new().id(id)).await?;
     if n == 0 {
         return Err(not_found(id));
+    }
+    reinstate_previous(engine, &chunk).await
+}
+
+fn immutable(id: &str, what: &str) -> Error {
+    Error::Conflict(format!("memory `{id}` is immutable: it cannot be {what}"))
+}
+
+/// After the newest version of a fact is deleted, the version it superseded
+/// is current again (its validity reopened where the supersession closed
+/// it), with a history row saying why. Without this, the older versions
+/// pointed at a memory that no longer exists and were hidden for ever.
+async fn reinstate_previous(engine: &Services, deleted: &Chunk) -> Result<()> {
+    let previous = engine
+        .store
+        .ids(
+            &Filter::new()
+                .stream(&deleted.stream)
+                .superseded_by(&deleted.id),
+        )
+        .await?;
+    if previous.is_empty() {
+        return Ok(());
+    }
+    let (gone, closed_at) = (deleted.id.clone(), deleted.valid_from);
+    let now = crate::core::model::now_micros();
+    let changed = engine
+        .store
+        .modify(
+            previous.clone(),
+            Box::new(move |c: &mut Chunk| {
+                if c.superseded_by.as_deref() != Some(gone.as_str()) {
+                    return false;
+                }
+                c.superseded_by = None;
+                if closed_at.is_some() && c.valid_until == closed_at {
+                    c.valid_until = None;
+                }
+                c.updated_at = now;
+                true
+            }),
+        )
+        .await?;
+    if changed > 0 {
+        let rows = previous
+            .into_iter()
+            .map(|id| crate::store::HistoryRow {
+                id: uuid::Uuid::new_v4().to_string(),
+                stream: deleted.stream.clone(),
+                chunk_id: id,
+                event: "reinstated".into(),
+                reason: format!(
+                    "the version that superseded it ({}) was deleted",
+                    deleted.id
+                ),
+                related_ids: vec![deleted.id.clone()],
+                created_at: now,
+            })
+            .collect();
+        engine.store.add_history(rows).await?;
     }
     Ok(())
 }
@@ -357,6 +426,8 @@ pub struct PurgeResponse {
     pub dry_run: bool,
     pub deleted_count: usize,
     pub deleted_ids: Vec<String>,
+    /// Immutable memories of the stream, which a purge keeps.
+    pub kept_immutable: Vec<String>,
 }
 
 /// The reply to a delete by id (`POST /v1/delete`, MCP `memory_delete`).
@@ -384,12 +455,18 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
             "must be true to delete (with dry_run: false)",
         ));
     }
-    let filter = Filter::new().stream(&stream);
+    // Immutable memories stay, and the answer says which.
+    let filter = Filter::new().stream(&stream).mutable();
     let mut ids = engine.store.ids(&filter).await?;
     ids.sort();
+    let mut kept = engine
+        .store
+        .ids(&Filter::new().stream(&stream).immutable())
+        .await?;
+    kept.sort();
     if !req.dry_run {
         engine.store.delete(&filter).await?;
-        tracing::info!(%stream, count = ids.len(), "stream purged");
+        tracing::info!(%stream, count = ids.len(), kept = kept.len(), "stream purged");
     }
     Ok(PurgeResponse {
         status: "ok",
@@ -397,6 +474,7 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
         dry_run: req.dry_run,
         deleted_count: ids.len(),
         deleted_ids: ids,
+        kept_immutable: kept,
     })
 }
 
@@ -431,6 +509,11 @@ pub async fn history(
     limit: Option<usize>,
 ) -> Result<History> {
     let start = visible(engine, caller, id).await?;
+    // Versions supersede each other within one stream; a link that leads
+    // elsewhere (a forged or restored row) ends the chain instead of showing
+    // another stream's memory.
+    let stream = start.stream.clone();
+    let same_stream = |c: Option<Chunk>| c.filter(|c| c.stream == stream);
     const MAX_CHAIN: usize = 1000;
     let mut chain = vec![start];
     // Back to the first version …
@@ -438,7 +521,7 @@ pub async fn history(
         if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == prev) {
             break;
         }
-        match engine.store.get(&prev).await? {
+        match same_stream(engine.store.get(&prev).await?) {
             Some(c) => chain.insert(0, c),
             None => break,
         }
@@ -448,7 +531,7 @@ pub async fn history(
         if chain.len() >= MAX_CHAIN || chain.iter().any(|c| c.id == next) {
             break;
         }
-        match engine.store.get(&next).await? {
+        match same_stream(engine.store.get(&next).await?) {
             Some(c) => chain.push(c),
             None => break,
         }
@@ -459,7 +542,8 @@ pub async fn history(
     }
     let mut events = Vec::new();
     for c in &chain {
-        events.extend(engine.store.history_of(&c.id).await?);
+        let of_chunk = engine.store.history_of(&c.id).await?;
+        events.extend(of_chunk.into_iter().filter(|e| e.stream == stream));
     }
     events.sort_by_key(|e| e.created_at);
     events.dedup_by(|a, b| a.id == b.id);

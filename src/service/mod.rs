@@ -57,6 +57,8 @@ pub struct Services {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: auth::Auth,
+    /// The deployment's key for derived ids (see [`crate::core::ids`]).
+    pub ids: crate::core::IdKey,
     /// The configured LLM, if any.
     pub llm: Option<Arc<Llm>>,
     /// The rule extractor of `POST /v1/ingest`.

@@ -116,8 +116,8 @@ async fn scoped(
 /// An instant from a table-function argument: Unix seconds or a timestamp string.
 fn instant_arg(e: &Expr) -> Option<i64> {
     match e {
-        Expr::Literal(ScalarValue::Int64(Some(s)), _) => Some(s * 1_000_000),
-        Expr::Literal(ScalarValue::Float64(Some(s)), _) => Some((s * 1e6) as i64),
+        Expr::Literal(ScalarValue::Int64(Some(s)), _) => crate::core::time::from_secs(*s),
+        Expr::Literal(ScalarValue::Float64(Some(s)), _) => crate::core::time::from_secs_f64(*s),
         Expr::Literal(ScalarValue::Utf8(Some(s)), _) => parse_instant_str(s),
         _ => None,
     }
@@ -207,7 +207,12 @@ async fn resolve_version(table: &Table, arg: &str) -> Result<u64> {
                     Error::invalid("sql", format!("chunks_as_of({v}): no such version"))
                 });
         }
-        Ok(secs) => secs * 1_000_000,
+        Ok(secs) => crate::core::time::from_secs(secs).ok_or_else(|| {
+            Error::invalid(
+                "sql",
+                format!("chunks_as_of({secs}): a timestamp out of range"),
+            )
+        })?,
         Err(_) => parse_instant_str(arg).ok_or_else(|| {
             Error::invalid(
                 "sql",

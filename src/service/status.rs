@@ -20,7 +20,8 @@ pub struct Status {
     pub bus: BusStatus,
     pub embedder: EmbedderStatus,
     pub llm: LlmStatus,
-    /// Cumulative per-stage counts and timings, by pipeline.
+    /// Cumulative per-stage counts and timings, by pipeline (daemon-wide, so
+    /// empty for a caller that is not an admin).
     pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
 }
 
@@ -85,8 +86,12 @@ impl Status {
     }
 }
 
+/// The status as `caller` may see it: counts of its own streams; the
+/// daemon-wide pipeline and NER counters only for an admin; an embedding job
+/// only to the caller that started it (or an admin).
 pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
     let scope = Filter::new().visible_to(caller);
+    let admin = caller.is_admin();
     let chunks = engine.store.count(&scope).await?;
     let embedded = engine
         .store
@@ -120,18 +125,23 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             job: engine
                 .jobs
                 .running(crate::service::reembed::GROUP)
+                .filter(|j| admin || j.owner == caller.name)
                 .map(|j| j.view()),
         },
         llm: LlmStatus {
             configured: engine.llm.is_some(),
             model: engine.llm.as_ref().map(|l| l.model().to_string()),
-            ner: engine.ner.as_ref().map(|q| q.stats()),
+            ner: engine.ner.as_ref().filter(|_| admin).map(|q| q.stats()),
         },
-        pipelines: engine
-            .pipelines
-            .all()
-            .map(|p| (p.name.clone(), p.stats()))
-            .collect(),
+        pipelines: if admin {
+            engine
+                .pipelines
+                .all()
+                .map(|p| (p.name.clone(), p.stats()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        },
     })
 }
 

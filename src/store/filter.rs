@@ -91,6 +91,11 @@ impl Filter {
     }
 
     /// The latest version of each memory (not superseded).
+    /// The versions that `id` superseded.
+    pub fn superseded_by(self, id: &str) -> Filter {
+        self.and(format!("superseded_by = {}", sql_str(id)))
+    }
+
     pub fn current(self) -> Filter {
         self.and("superseded_by IS NULL".into())
     }
@@ -119,6 +124,11 @@ impl Filter {
     /// Memories that may be changed (not `immutable`).
     pub fn mutable(self) -> Filter {
         self.and("NOT immutable".into())
+    }
+
+    /// Only immutable rows.
+    pub fn immutable(self) -> Filter {
+        self.and("immutable".into())
     }
 
     /// Memories not pinned.

@@ -442,6 +442,14 @@ impl Store {
         self.writer.modify(ids, modify).await
     }
 
+    /// The stream and immutability of each stored chunk among `ids`.
+    pub async fn owners<S: AsRef<str>>(
+        &self,
+        ids: &[S],
+    ) -> Result<std::collections::HashMap<String, Owner>> {
+        read_owners(&self.chunks, ids, true).await
+    }
+
     /// Ids (only) of the chunks matching a filter.
     pub async fn ids(&self, filter: &Filter) -> Result<Vec<String>> {
         let batches: Vec<RecordBatch> = self
@@ -746,6 +754,77 @@ fn embedding_dim(schema: &arrow_schema::Schema) -> Option<usize> {
         arrow_schema::DataType::FixedSizeList(_, n) => Some(*n as usize),
         _ => None,
     }
+}
+
+/// The stream of every row of `table` whose id is in `ids`; ids not stored are
+/// absent. This is how a write learns that an id already names a row of
+/// another stream.
+pub async fn owners<S: AsRef<str>>(
+    table: &Table,
+    ids: &[S],
+) -> Result<std::collections::HashMap<String, String>> {
+    Ok(read_owners(table, ids, false)
+        .await?
+        .into_iter()
+        .map(|(id, o)| (id, o.stream))
+        .collect())
+}
+
+/// Who holds a stored chunk id, and whether that memory may be overwritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub stream: String,
+    pub immutable: bool,
+}
+
+impl Owner {
+    /// Why `chunk` may not be written over the memory this owner holds, if
+    /// it may not: the id is another stream's, or the memory is immutable.
+    pub fn refuses(&self, chunk: &Chunk) -> Option<String> {
+        if self.stream != chunk.stream {
+            Some(crate::core::error::id_in_use(&chunk.id))
+        } else if self.immutable {
+            Some(format!(
+                "memory `{}` is immutable: it cannot be overwritten",
+                chunk.id
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+async fn read_owners<S: AsRef<str>>(
+    table: &Table,
+    ids: &[S],
+    immutable: bool,
+) -> Result<std::collections::HashMap<String, Owner>> {
+    let columns: &[&str] = if immutable {
+        &["id", "stream", "immutable"]
+    } else {
+        &["id", "stream"]
+    };
+    let mut out = std::collections::HashMap::new();
+    for part in ids.chunks(1000) {
+        let batches: Vec<RecordBatch> = table
+            .query()
+            .only_if(Filter::new().ids(part).predicate())
+            .select(Select::columns(columns))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        for b in &batches {
+            let c = crate::core::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                if let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) {
+                    let immutable = immutable && c.bool("immutable", r).unwrap_or(false);
+                    out.insert(id, Owner { stream, immutable });
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Every row of `table` matching a Lance filter.

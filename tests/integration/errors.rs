@@ -147,8 +147,9 @@ async fn content_over_a_million_characters_is_413() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn curl_style_form_content_type_is_read_as_json() {
-    // `curl -d '{…}'` sends application/x-www-form-urlencoded; the quickstart relies on it.
+async fn a_form_post_is_refused_with_415_and_stores_nothing() {
+    // `curl -d '{…}'` without a content type sends a form, and so does a
+    // cross-site page: neither reaches the handler.
     let d = Daemon::start(Options::default()).await;
     let resp = d
         .http
@@ -158,7 +159,16 @@ async fn curl_style_form_content_type_is_read_as_json() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.status().as_u16(), 415);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("application/json"),
+        "{body}"
+    );
+    assert_eq!(d.sql("SELECT count(*) AS n FROM chunks").await[0]["n"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,8 @@ use crate::nats::NatsServer;
 
 pub const ADMIN_TOKEN: &str = "admin-secret-token";
 pub const TOKEN_A: &str = "token-for-stream-a";
+/// A second scoped key (`agent-b`, stream `b`).
+pub const TOKEN_B: &str = "token-for-stream-b";
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -22,7 +24,8 @@ pub fn repo_root() -> PathBuf {
 /// How a test wants its daemon configured.
 #[derive(Clone, Default)]
 pub struct Options {
-    /// Set the admin token and a scoped token (`agent-a`, streams `a` and `a2`).
+    /// Set the admin token and two scoped tokens (`agent-a`: streams `a` and
+    /// `a2`; `agent-b`: stream `b`).
     pub auth: bool,
     /// Use the in-process bus instead of a real nats-server.
     pub embedded: bool,
@@ -99,6 +102,7 @@ pub fn daemon_env(
     if opts.auth {
         env.insert("LOOMEM_AUTH_TOKEN".into(), ADMIN_TOKEN.into());
         env.insert("TEST_TOKEN_A".into(), TOKEN_A.into());
+        env.insert("TEST_TOKEN_B".into(), TOKEN_B.into());
     }
     for (k, v) in &opts.env {
         env.insert(k.clone(), v.clone());
@@ -132,6 +136,11 @@ impl Daemon {
                 name: "agent-a".into(),
                 token_env: "TEST_TOKEN_A".into(),
                 streams: vec!["a".into(), "a2".into()],
+            });
+            cfg.server.tokens.push(loomem::service::auth::ScopedToken {
+                name: "agent-b".into(),
+                token_env: "TEST_TOKEN_B".into(),
+                streams: vec!["b".into()],
             });
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -215,15 +224,50 @@ impl Daemon {
         (status, json)
     }
 
-    /// Raw body bytes, for malformed-input tests.
+    /// Raw body bytes sent as JSON, for malformed-input tests.
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let mut req = self.http.post(format!("{}{}", self.url, path)).body(body);
-        if let Some(t) = &self.token {
+        self.send(
+            self.token.as_deref(),
+            "POST",
+            path,
+            Some("application/json"),
+            &[],
+            body,
+        )
+        .await
+    }
+
+    /// Any request: token, content type, extra headers and raw body as given.
+    pub async fn send(
+        &self,
+        token: Option<&str>,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(
+                method.parse().expect("method"),
+                format!("{}{}", self.url, path),
+            )
+            .body(body);
+        if let Some(t) = token {
             req = req.bearer_auth(t);
+        }
+        if let Some(ct) = content_type {
+            req = req.header("content-type", ct);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         let resp = req.send().await.expect("request sent");
         let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        let text = resp.text().await.expect("body");
+        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, json)
     }
 
     /// The rows of a `/v1/sql` query (JSON), asserting it succeeded.

@@ -2,6 +2,7 @@
 //! temp dir.
 
 mod api;
+mod attack;
 mod auth;
 mod context;
 mod dream;
@@ -12,6 +13,7 @@ mod export;
 mod extract_eval;
 mod fixture;
 mod ingest;
+mod isolation;
 mod jetstream;
 mod jobs;
 mod llm_stub;

@@ -10,9 +10,13 @@ use serde_json::{json, Value};
 
 use crate::fixture::{Daemon, Options, ADMIN_TOKEN, TOKEN_A};
 
-type Client = RunningService<RoleClient, ClientConfig>;
+pub(crate) type Client = RunningService<RoleClient, ClientConfig>;
 
-async fn connect(d: &Daemon, token: Option<&str>, query: &str) -> Result<Client, String> {
+pub(crate) async fn connect(
+    d: &Daemon,
+    token: Option<&str>,
+    query: &str,
+) -> Result<Client, String> {
     let mut config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp{query}", d.url));
     if let Some(t) = token {
         config = config.auth_header(t);
@@ -23,7 +27,7 @@ async fn connect(d: &Daemon, token: Option<&str>, query: &str) -> Result<Client,
         .map_err(|e| e.to_string())
 }
 
-async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+pub(crate) async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
     let args = args.as_object().cloned().unwrap_or_default();
     client
         .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(args))
@@ -31,7 +35,7 @@ async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
 }
 
-fn text_of(r: &CallToolResult) -> String {
+pub(crate) fn text_of(r: &CallToolResult) -> String {
     r.content
         .iter()
         .filter_map(|c| c.as_text().map(|t| t.text.clone()))

@@ -69,15 +69,21 @@ fn drop_as(r: &mut Record, reason: &'static str, existing: &str) {
     };
 }
 
-/// What the kept memory remembers of a duplicate it absorbed.
-fn source_of(c: &Chunk) -> serde_json::Value {
-    serde_json::json!({
+/// What the kept memory remembers of a duplicate it absorbed: where it came
+/// from, and its text when that differs from the kept one's (a near
+/// duplicate), so no wording the caller gave is lost.
+fn source_of(kept: &Chunk, c: &Chunk) -> serde_json::Value {
+    let mut source = serde_json::json!({
         "id": c.id,
         "session_id": c.session_id,
         "source": c.source,
         "created_at": c.created_at,
         "metadata": c.metadata.as_deref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok()),
-    })
+    });
+    if c.content != kept.content {
+        source["content"] = serde_json::Value::String(c.content.clone());
+    }
+    source
 }
 
 fn remember(kept: &mut Chunk, duplicate: &Chunk) {
@@ -89,7 +95,7 @@ fn remember(kept: &mut Chunk, duplicate: &Chunk) {
         .and_then(|s| s.as_array().cloned())
         .unwrap_or_default();
     if sources.len() < 100 {
-        sources.push(source_of(duplicate));
+        sources.push(source_of(kept, duplicate));
     }
     kept.annotate("merged_sources", serde_json::Value::Array(sources));
 }

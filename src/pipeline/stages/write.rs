@@ -26,6 +26,40 @@ pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, 
     Ok(Box::new(cfg.build(ctx.store.clone())))
 }
 
+/// An id names one memory in one stream: a record whose id is stored in
+/// another stream fails instead of moving that memory into its own, and one
+/// whose id is an immutable memory is dropped instead of overwriting it. The
+/// services refuse such writes up front with a clear answer; this is the
+/// last line, for every route and for writes that race.
+async fn refuse_foreign_ids(store: &Store, batch: &mut [Record]) -> crate::store::Result<()> {
+    let ids: Vec<&str> = batch
+        .iter()
+        .filter(|r| r.is_kept())
+        .map(|r| r.chunk.id.as_str())
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let owners = store.owners(&ids).await?;
+    for r in batch.iter_mut().filter(|r| r.is_kept()) {
+        match owners.get(&r.chunk.id) {
+            Some(o) if o.stream != r.chunk.stream => {
+                r.disposition = Disposition::Fail(crate::core::error::id_in_use(&r.chunk.id));
+            }
+            // The stored memory stays as it is; a redelivery of the write that
+            // stored it lands here too, so this is no failure.
+            Some(o) if o.immutable => {
+                r.disposition = Disposition::Drop {
+                    reason: "immutable",
+                    existing_id: Some(r.chunk.id.clone()),
+                };
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 pub struct Write {
     store: Arc<Store>,
 }
@@ -37,6 +71,11 @@ impl Stage for Write {
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
         Box::pin(async move {
+            let fail = |e: crate::store::StoreError| PipelineError::Batch {
+                stage: "write",
+                message: e.to_string(),
+            };
+            refuse_foreign_ids(&self.store, batch).await.map_err(fail)?;
             // Side effects of kept and deliberately dropped records (a duplicate
             // updates the memory it duplicates, an update the memory it
             // supersedes); none of failed ones.
@@ -54,10 +93,6 @@ impl Stage for Write {
                 .map(|r| r.chunk.clone())
                 .collect();
             let history: Vec<_> = settled.flat_map(|r| r.history.iter().cloned()).collect();
-            let fail = |e: crate::store::StoreError| PipelineError::Batch {
-                stage: "write",
-                message: e.to_string(),
-            };
             self.store
                 .commit_with_side_effects(rows, side)
                 .await

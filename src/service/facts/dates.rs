@@ -136,8 +136,14 @@ fn add_months(d: NaiveDate, n: i64) -> Option<NaiveDate> {
     }
 }
 
-fn monday_of(d: NaiveDate) -> NaiveDate {
-    d - Duration::days(d.weekday().num_days_from_monday() as i64)
+/// `d` moved by `days`, unless that leaves the calendar (a text can ask for
+/// "in 9999999999 days").
+fn shift(d: NaiveDate, days: i64) -> Option<NaiveDate> {
+    d.checked_add_signed(Duration::try_days(days)?)
+}
+
+fn monday_of(d: NaiveDate) -> Option<NaiveDate> {
+    shift(d, -i64::from(d.weekday().num_days_from_monday()))
 }
 
 impl DateResolver {
@@ -298,7 +304,7 @@ impl DateResolver {
                 } else {
                     0
                 };
-                let (s, g) = day(base + Duration::days(offset));
+                let (s, g) = day(shift(base, offset)?);
                 Some((s, g, "on"))
             }
             Kind::InOffset | Kind::Ago => {
@@ -306,16 +312,16 @@ impl DateResolver {
                 let n = if matches!(kind, Kind::Ago) { -n } else { n };
                 let unit = get("unit")?.to_lowercase();
                 if unit.starts_with("day") {
-                    let (s, g) = day(base + Duration::days(n));
+                    let (s, g) = day(shift(base, n)?);
                     Some((s, g, "on"))
                 } else if unit.starts_with("week") {
-                    let (s, g) = day(base + Duration::days(7 * n));
+                    let (s, g) = day(shift(base, n.checked_mul(7)?)?);
                     Some((s, g, "around"))
                 } else if unit.starts_with("month") {
                     let (s, g) = month(add_months(base, n)?);
                     Some((s, g, "in"))
                 } else {
-                    let (s, g) = year(base.year() + n as i32);
+                    let (s, g) = year(base.year().checked_add(i32::try_from(n).ok()?)?);
                     Some((s, g, "in"))
                 }
             }
@@ -328,11 +334,11 @@ impl DateResolver {
                 };
                 match get("unit")?.to_lowercase().as_str() {
                     "week" => {
-                        let (s, g) = day(base + Duration::days(7 * step));
+                        let (s, g) = day(shift(base, 7 * step)?);
                         Some((s, g, "around"))
                     }
                     "weekend" => {
-                        let saturday = monday_of(base) + Duration::days(5 + 7 * step);
+                        let saturday = shift(monday_of(base)?, 5 + 7 * step)?;
                         let (s, g) = day(saturday);
                         Some((s, g, "on the weekend of"))
                     }
@@ -341,7 +347,7 @@ impl DateResolver {
                         Some((s, g, "in"))
                     }
                     _ => {
-                        let (s, g) = year(base.year() + step as i32);
+                        let (s, g) = year(base.year().checked_add(step as i32)?);
                         Some((s, g, "in"))
                     }
                 }
@@ -350,10 +356,10 @@ impl DateResolver {
                 let wd = weekday(get("wd")?)?;
                 let offset = wd.num_days_from_monday() as i64;
                 let date = match get("rel")?.to_lowercase().as_str() {
-                    "last" => last_before(base, wd),
-                    "next" => monday_of(base) + Duration::days(7 + offset),
-                    "this" => monday_of(base) + Duration::days(offset),
-                    _ => next_after(base, wd),
+                    "last" => last_before(base, wd)?,
+                    "next" => shift(monday_of(base)?, 7 + offset)?,
+                    "this" => shift(monday_of(base)?, offset)?,
+                    _ => next_after(base, wd)?,
                 };
                 let (s, g) = day(date);
                 Some((s, g, "on"))
@@ -376,9 +382,9 @@ impl DateResolver {
             Kind::Weekday => {
                 let wd = weekday(get("wd")?)?;
                 let date = if past {
-                    last_before(base, wd)
+                    last_before(base, wd)?
                 } else {
-                    next_after(base, wd)
+                    next_after(base, wd)?
                 };
                 let (s, g) = day(date);
                 Some((s, g, "on"))
@@ -454,16 +460,16 @@ impl DateResolver {
     }
 }
 
-fn last_before(base: NaiveDate, wd: Weekday) -> NaiveDate {
+fn last_before(base: NaiveDate, wd: Weekday) -> Option<NaiveDate> {
     let back = (base.weekday().num_days_from_monday() as i64 - wd.num_days_from_monday() as i64)
         .rem_euclid(7);
-    base - Duration::days(if back == 0 { 7 } else { back })
+    shift(base, -(if back == 0 { 7 } else { back }))
 }
 
-fn next_after(base: NaiveDate, wd: Weekday) -> NaiveDate {
+fn next_after(base: NaiveDate, wd: Weekday) -> Option<NaiveDate> {
     let ahead = (wd.num_days_from_monday() as i64 - base.weekday().num_days_from_monday() as i64)
         .rem_euclid(7);
-    base + Duration::days(if ahead == 0 { 7 } else { ahead })
+    shift(base, if ahead == 0 { 7 } else { ahead })
 }
 
 #[cfg(test)]
@@ -477,6 +483,31 @@ mod tests {
             .into_iter()
             .map(|d| d.date)
             .collect()
+    }
+
+    #[test]
+    fn dates_at_the_ends_of_the_calendar_resolve_to_nothing_instead_of_panicking() {
+        let r = DateResolver::new();
+        for base in [NaiveDate::MAX, NaiveDate::MIN] {
+            for text in [
+                "I moved here in 99999999999 days",
+                "it was 99999999999 weeks ago",
+                "see you next week",
+                "last weekend was fun",
+                "next Monday we start",
+                "on Friday I left",
+                "tomorrow is the day",
+                "in 5 years",
+            ] {
+                // Whatever it resolves, it must not panic.
+                let _ = r.resolve(text, base);
+            }
+        }
+        let huge = r.resolve(
+            "in 99999999999 days",
+            NaiveDate::from_ymd_opt(2026, 4, 2).unwrap(),
+        );
+        assert!(huge.is_empty(), "{huge:?}");
     }
 
     #[test]

@@ -372,18 +372,15 @@ impl RuleExtractor {
     /// Remove opening discourse markers ("Also, ", "Oh and ").
     fn strip_markers<'t>(&self, mut s: &'t str) -> &'t str {
         loop {
-            let lower = s.to_lowercase();
-            let hit = self.markers.iter().find(|m| {
-                lower.starts_with(m.as_str())
-                    && lower[m.len()..]
-                        .chars()
+            let rest = self.markers.iter().find_map(|m| {
+                strip_prefix_lowercase(s, m).filter(|rest| {
+                    rest.chars()
                         .next()
                         .is_some_and(|c| c == ',' || c.is_whitespace() || c == '-')
+                })
             });
-            match hit {
-                Some(m) => {
-                    s = s[m.len()..].trim_start_matches([',', ' ', '-', '\u{2014}']);
-                }
+            match rest {
+                Some(rest) => s = rest.trim_start_matches([',', ' ', '-', '\u{2014}']),
                 None => return s,
             }
         }
@@ -551,6 +548,24 @@ impl RuleExtractor {
 }
 
 /// Capitalise and end with a period.
+/// `s` after a prefix whose lower case is `lower`, cut on one of `s`'s own
+/// character boundaries. (A length measured on the lower-case form does not
+/// fit the original: "K", the Kelvin sign, is three bytes and lowers to "k".)
+fn strip_prefix_lowercase<'t>(s: &'t str, lower: &str) -> Option<&'t str> {
+    let mut want = lower.chars();
+    for (at, c) in s.char_indices() {
+        if want.as_str().is_empty() {
+            return Some(&s[at..]);
+        }
+        for l in c.to_lowercase() {
+            if want.next() != Some(l) {
+                return None;
+            }
+        }
+    }
+    want.as_str().is_empty().then_some("")
+}
+
 fn finish(s: &str) -> String {
     let s = s.trim().trim_end_matches([',', ';', ':', ' ']);
     let mut out: String = match s.chars().next() {
@@ -716,6 +731,18 @@ mod tests {
             &parse_transcript(text),
             NaiveDate::from_ymd_opt(2026, 4, 2).unwrap(),
         )
+    }
+
+    #[test]
+    fn a_marker_in_letters_that_change_length_when_lowered_is_cut_safely() {
+        // "OK" with the Kelvin sign: three bytes that lower to one. Measuring
+        // the marker on the lower-case text cut inside the character and panicked.
+        let f = facts("User: O\u{212a}, I use Vim every day.");
+        assert!(f.iter().any(|f| f.content.contains("Vim")), "{f:?}");
+        assert_eq!(strip_prefix_lowercase("O\u{212a}, x", "ok"), Some(", x"));
+        assert_eq!(strip_prefix_lowercase("Oh", "ok"), None);
+        assert_eq!(strip_prefix_lowercase("O", "ok"), None);
+        assert_eq!(strip_prefix_lowercase("OK", "ok"), Some(""));
     }
 
     #[test]

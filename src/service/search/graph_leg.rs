@@ -29,6 +29,7 @@ pub fn query_keys(query: &str) -> Vec<String> {
         .filter(|w| !w.is_empty())
         .collect();
     let mut out: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for n in 1..=3 {
         for span in words.windows(n) {
             let stop = |w: &str| STOP.contains(&w.to_lowercase().as_str());
@@ -36,7 +37,7 @@ pub fn query_keys(query: &str) -> Vec<String> {
                 continue;
             }
             let key = entity_key(&span.concat());
-            if key.len() >= 2 && !out.contains(&key) {
+            if key.len() >= 2 && seen.insert(key.clone()) {
                 out.push(key);
             }
         }

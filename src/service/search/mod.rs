@@ -346,10 +346,21 @@ pub async fn search(
 
 /// Run a search: the legs, fusion, ranking, collapse, top-k; and (unless
 /// `dry_run` or `as_of`) count an access to every returned memory.
+/// The longest query taken: a few paragraphs. Every leg's work grows with the
+/// query (the graph leg builds a key for each span of up to three words).
+pub const MAX_QUERY_CHARS: usize = 4000;
+
 pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> Result<Recall> {
     let query = req.query.trim().to_string();
     if query.is_empty() {
         return Err(Error::invalid("query", "must not be empty"));
+    }
+    let chars = query.chars().count();
+    if chars > MAX_QUERY_CHARS {
+        return Err(Error::invalid(
+            "query",
+            format!("{chars} characters; at most {MAX_QUERY_CHARS}"),
+        ));
     }
     let mut top_k = req.top_k.unwrap_or(10);
     if top_k == 0 || top_k > MAX_TOP_K {

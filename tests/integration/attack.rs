@@ -1,0 +1,542 @@
+//! The attack suite: agent A's key tries every route of the router (and every
+//! MCP tool) against stream `b`, which belongs to agent B. Each attempt must
+//! be refused or answer without B's data, and afterwards stream `b` is exactly
+//! as it was. A route added to the router without an entry here fails the
+//! suite.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use crate::fixture::{Daemon, Options, ADMIN_TOKEN, TOKEN_A, TOKEN_B};
+use crate::mcp::{call, connect, text_of};
+
+/// B's secret: no answer to A may contain it.
+const SECRET: &str = "pelican";
+
+/// How an attempt must end.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// Exactly this status.
+    Status(u16),
+    /// Answered (2xx) within A's own streams: only the leak check applies.
+    Scoped,
+}
+use Expect::*;
+
+struct Attempt {
+    /// The router path it exercises (as declared in the route table).
+    route: &'static str,
+    method: &'static str,
+    uri: String,
+    body: Option<Value>,
+    expect: Expect,
+}
+
+fn attempt(
+    route: &'static str,
+    method: &'static str,
+    uri: &str,
+    body: Option<Value>,
+    expect: Expect,
+) -> Attempt {
+    Attempt {
+        route,
+        method,
+        uri: uri.to_string(),
+        body,
+        expect,
+    }
+}
+
+fn attempts() -> Vec<Attempt> {
+    let b = |extra: Value| {
+        let mut v = json!({"stream": "b"});
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        Some(v)
+    };
+    vec![
+        attempt(
+            "/v1/store",
+            "POST",
+            "/v1/store",
+            b(json!({"content": "A writes into b"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/store",
+            "POST",
+            "/v1/store",
+            Some(json!({"id": "b-secret", "content": "overwrite"})),
+            Status(409),
+        ),
+        attempt(
+            "/v1/ingest",
+            "POST",
+            "/v1/ingest",
+            b(json!({"content": "User: I like herons."})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/delete",
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": "b-secret"})),
+            Status(404),
+        ),
+        attempt(
+            "/v1/delete",
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": "b-secret", "stream": "b"})),
+            Status(403),
+        ),
+        attempt(
+            "/api/memories/{id}",
+            "DELETE",
+            "/api/memories/b-secret",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/v1/purge-namespace",
+            "POST",
+            "/v1/purge-namespace",
+            b(json!({"dry_run": false, "confirmed": true})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/import",
+            "POST",
+            "/v1/import?format=jsonl&stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/memories/{id}/history",
+            "GET",
+            "/v1/memories/b-secret/history",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/v1/search",
+            "POST",
+            "/v1/search",
+            b(json!({"query": "launch code word"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/search",
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "launch code word"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/feedback",
+            "POST",
+            "/v1/feedback",
+            Some(json!({"chunk_id": "b-secret", "usefulness": -5, "harmful": true})),
+            Status(404),
+        ),
+        attempt(
+            "/v1/context-pack",
+            "POST",
+            "/v1/context-pack",
+            b(json!({"query": "launch code word"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/context-pack",
+            "POST",
+            "/v1/context-pack",
+            Some(json!({"query": "launch code word"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/ambient",
+            "POST",
+            "/v1/ambient",
+            b(json!({"query": "launch code word"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/profile",
+            "GET",
+            "/v1/profile?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/generate-memory-md",
+            "GET",
+            "/v1/generate-memory-md?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/graph/entity/{name}",
+            "GET",
+            "/v1/graph/entity/bob?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/graph/entity/{name}",
+            "GET",
+            "/v1/graph/entity/bob",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/v1/graph/stats",
+            "GET",
+            "/v1/graph/stats?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/associate",
+            "POST",
+            "/v1/associate",
+            b(json!({"query": "launch code word"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/associate",
+            "POST",
+            "/v1/associate",
+            Some(json!({"query": "launch code word"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/reflect",
+            "POST",
+            "/v1/reflect",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/dream",
+            "POST",
+            "/v1/dream",
+            b(json!({"dry_run": false})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/sql",
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT id, content FROM chunks"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/sql",
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT id, content FROM chunks_as_of(1)"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/sql",
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT * FROM entities"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/sql",
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT * FROM history"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/export",
+            "POST",
+            "/v1/export",
+            b(json!({"format": "jsonl"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/export",
+            "POST",
+            "/v1/export",
+            Some(json!({"format": "jsonl"})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/embed-missing",
+            "POST",
+            "/v1/embed-missing",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/re-embed-all",
+            "POST",
+            "/v1/re-embed-all",
+            Some(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/jobs/{id}",
+            "GET",
+            "/v1/jobs/no-such-job",
+            None,
+            Status(404),
+        ),
+        attempt("/v1/jobs", "GET", "/v1/jobs", None, Status(403)),
+        attempt(
+            "/admin/jobs/{name}/run",
+            "POST",
+            "/admin/jobs/decay/run",
+            Some(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/snapshots",
+            "POST",
+            "/v1/snapshots",
+            Some(json!({"name": "mine"})),
+            Status(403),
+        ),
+        attempt("/v1/snapshots", "GET", "/v1/snapshots", None, Status(403)),
+        attempt(
+            "/v1/snapshots/{name}",
+            "DELETE",
+            "/v1/snapshots/before",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/snapshots/{name}/rollback",
+            "POST",
+            "/v1/snapshots/before/rollback",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/boost",
+            "POST",
+            "/v1/boost",
+            Some(json!({"id": "b-secret"})),
+            Status(404),
+        ),
+        attempt(
+            "/v1/retag-all",
+            "POST",
+            "/v1/retag-all",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/score-all",
+            "POST",
+            "/v1/score-all",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/reset-importance",
+            "POST",
+            "/v1/reset-importance",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/reset-backfill",
+            "POST",
+            "/v1/reset-backfill",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/build-graph",
+            "POST",
+            "/v1/build-graph",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/extract-entities",
+            "POST",
+            "/v1/extract-entities",
+            b(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/admin/workers/pause",
+            "POST",
+            "/admin/workers/pause",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/admin/workers/resume",
+            "POST",
+            "/admin/workers/resume",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/admin/workers/status",
+            "GET",
+            "/admin/workers/status",
+            None,
+            Status(403),
+        ),
+        attempt("/v1/status", "GET", "/v1/status", None, Scoped),
+        attempt("/v1/namespaces", "GET", "/v1/namespaces", None, Scoped),
+        attempt("/v1/whoami", "GET", "/v1/whoami", None, Scoped),
+    ]
+}
+
+/// Everything stream `b` holds, in every table, as the admin reads it.
+async fn stream_b(d: &Daemon) -> Vec<Value> {
+    let mut all = Vec::new();
+    for table in ["chunks", "entities", "edges", "history", "feedback"] {
+        all.push(json!(table));
+        all.extend(
+            d.sql(&format!(
+                "SELECT * FROM {table} WHERE stream = 'b' ORDER BY id"
+            ))
+            .await,
+        );
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_route_lets_one_key_reach_another_streams_data() {
+    let d = Daemon::start(Options::with_auth()).await;
+    // B's memories: a fact with a chosen id, and a conversation (entities,
+    // edges, history), and a snapshot the admin took.
+    let (s, body) = d
+        .call_as(
+            Some(TOKEN_B),
+            "POST",
+            "/v1/store",
+            Some(json!({"id": "b-secret", "content": format!("The launch code word is {SECRET}")})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = d
+        .call_as(
+            Some(TOKEN_B),
+            "POST",
+            "/v1/ingest",
+            Some(json!({"content": format!("User: Bob keeps a {SECRET} named Percy. Bob uses Cursor every day.")})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = d
+        .call_as(
+            Some(ADMIN_TOKEN),
+            "POST",
+            "/v1/snapshots",
+            Some(json!({"name": "before"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    // A has memories of its own, so scoped answers are not trivially empty.
+    let (s, body) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "The launch code word is in the safe"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let before = stream_b(&d).await;
+    assert!(
+        before.iter().any(|r| r.to_string().contains(SECRET)),
+        "{before:?}"
+    );
+
+    // Every route of the router has an entry.
+    let covered: BTreeSet<&str> = attempts().iter().map(|a| a.route).chain(["/mcp"]).collect();
+    let missing: Vec<&str> = loomem::api::route_paths()
+        .into_iter()
+        .filter(|p| !covered.contains(p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "routes without an attack entry: {missing:?}"
+    );
+
+    for a in attempts() {
+        let (status, body) = if a.route == "/v1/import" {
+            let line = format!("{{\"content\":\"A imports into b\"}}\n");
+            d.send(
+                Some(TOKEN_A),
+                a.method,
+                &a.uri,
+                None,
+                &[],
+                line.into_bytes(),
+            )
+            .await
+        } else {
+            d.call_as(Some(TOKEN_A), a.method, &a.uri, a.body.clone())
+                .await
+        };
+        let what = format!("{} {} {:?}", a.method, a.uri, a.body);
+        match a.expect {
+            Status(want) => assert_eq!(status, want, "{what}: {body}"),
+            Scoped => assert!((200..300).contains(&status), "{what}: {status} {body}"),
+        }
+        assert!(
+            !body.to_string().to_lowercase().contains(SECRET),
+            "{what} leaked stream b: {body}"
+        );
+    }
+    // A JSONL import line that takes b's id.
+    let (s, report) = d
+        .send(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/import?format=jsonl",
+            None,
+            &[],
+            b"{\"id\":\"b-secret\",\"content\":\"overwrite\"}\n".to_vec(),
+        )
+        .await;
+    assert_eq!((s, report["accepted"].as_u64()), (200, Some(0)), "{report}");
+
+    // The MCP tools: a session on stream b is refused; a session on A's own
+    // stream cannot reach b's ids or text.
+    assert!(connect(&d, Some(TOKEN_A), "?stream=b").await.is_err());
+    let mcp = connect(&d, Some(TOKEN_A), "")
+        .await
+        .expect("A's own session");
+    for (tool, args) in [
+        ("memory_search", json!({"query": "launch code word"})),
+        ("memory_context", json!({"query": "launch code word"})),
+        ("memory_associate", json!({"query": "launch code word"})),
+        ("memory_profile", json!({})),
+        ("memory_graph", json!({"entity": "bob"})),
+        ("memory_history", json!({"chunk_id": "b-secret"})),
+        ("memory_delete", json!({"chunk_id": "b-secret"})),
+        (
+            "memory_feedback",
+            json!({"chunk_id": "b-secret", "usefulness": -5, "harmful": true}),
+        ),
+        ("memory_reflect", json!({})),
+        ("memory_status", json!({})),
+    ] {
+        let r = call(&mcp, tool, args).await;
+        let text = text_of(&r).to_lowercase();
+        assert!(!text.contains(SECRET), "{tool} leaked stream b: {text}");
+        if matches!(tool, "memory_history" | "memory_delete" | "memory_feedback") {
+            assert_eq!(r.is_error, Some(true), "{tool}: {text}");
+        }
+    }
+    let _ = mcp.cancel().await;
+
+    assert_eq!(stream_b(&d).await, before, "stream b changed");
+}
