@@ -87,13 +87,6 @@ fn attempts() -> Vec<Attempt> {
             Status(404),
         ),
         attempt(
-            "/v1/delete",
-            "POST",
-            "/v1/delete",
-            Some(json!({"id": "b-secret", "stream": "b"})),
-            Status(403),
-        ),
-        attempt(
             "/api/memories/{id}",
             "DELETE",
             "/api/memories/b-secret",
@@ -112,7 +105,7 @@ fn attempts() -> Vec<Attempt> {
             "POST",
             "/v1/import?format=jsonl&stream=b",
             None,
-            Status(403),
+            Scoped,
         ),
         attempt(
             "/v1/memories/{id}/history",
@@ -139,7 +132,7 @@ fn attempts() -> Vec<Attempt> {
             "/v1/feedback",
             "POST",
             "/v1/feedback",
-            Some(json!({"chunk_id": "b-secret", "usefulness": -5, "harmful": true})),
+            Some(json!({"chunk_id": "b-secret", "usefulness": 0, "harmful": true})),
             Status(404),
         ),
         attempt(
@@ -187,7 +180,7 @@ fn attempts() -> Vec<Attempt> {
         attempt(
             "/v1/graph/entity/{name}",
             "GET",
-            "/v1/graph/entity/bob",
+            "/v1/graph/entity/bob?stream=a",
             None,
             Status(404),
         ),
@@ -272,15 +265,15 @@ fn attempts() -> Vec<Attempt> {
             "/v1/embed-missing",
             "POST",
             "/v1/embed-missing",
-            b(json!({})),
-            Status(403),
+            Some(json!({})),
+            Scoped,
         ),
         attempt(
             "/v1/re-embed-all",
             "POST",
             "/v1/re-embed-all",
             Some(json!({})),
-            Status(403),
+            Scoped,
         ),
         attempt(
             "/v1/jobs/{id}",
@@ -366,7 +359,7 @@ fn attempts() -> Vec<Attempt> {
             "POST",
             "/v1/extract-entities",
             b(json!({})),
-            Status(403),
+            Status(409),
         ),
         attempt(
             "/admin/workers/pause",
@@ -441,7 +434,7 @@ async fn no_route_lets_one_key_reach_another_streams_data() {
             Some(json!({"name": "before"})),
         )
         .await;
-    assert_eq!(s, 200, "{body}");
+    assert_eq!(s, 201, "{body}");
     // A has memories of its own, so scoped answers are not trivially empty.
     let (s, body) = d
         .call_as(
@@ -469,6 +462,7 @@ async fn no_route_lets_one_key_reach_another_streams_data() {
         "routes without an attack entry: {missing:?}"
     );
 
+    let mut wrong = Vec::new();
     for a in attempts() {
         let (status, body) = if a.route == "/v1/import" {
             let line = format!("{{\"content\":\"A imports into b\"}}\n");
@@ -486,15 +480,24 @@ async fn no_route_lets_one_key_reach_another_streams_data() {
                 .await
         };
         let what = format!("{} {} {:?}", a.method, a.uri, a.body);
-        match a.expect {
-            Status(want) => assert_eq!(status, want, "{what}: {body}"),
-            Scoped => assert!((200..300).contains(&status), "{what}: {status} {body}"),
+        let ok = match a.expect {
+            Status(want) => status == want,
+            Scoped => (200..300).contains(&status),
+        };
+        if !ok {
+            wrong.push(format!(
+                "{what}: expected {:?}, got {status} {body}",
+                a.expect
+            ));
         }
-        assert!(
-            !body.to_string().to_lowercase().contains(SECRET),
-            "{what} leaked stream b: {body}"
-        );
+        if a.route == "/v1/import" && body["accepted"] != 0 {
+            wrong.push(format!("{what} imported into b: {body}"));
+        }
+        if body.to_string().to_lowercase().contains(SECRET) {
+            wrong.push(format!("{what} leaked stream b: {body}"));
+        }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     // A JSONL import line that takes b's id.
     let (s, report) = d
         .send(
@@ -508,9 +511,29 @@ async fn no_route_lets_one_key_reach_another_streams_data() {
         .await;
     assert_eq!((s, report["accepted"].as_u64()), (200, Some(0)), "{report}");
 
-    // The MCP tools: a session on stream b is refused; a session on A's own
-    // stream cannot reach b's ids or text.
-    assert!(connect(&d, Some(TOKEN_A), "?stream=b").await.is_err());
+    // The MCP tools: on a session for stream b every tool is refused; on A's
+    // own session none reaches b's ids or text.
+    let on_b = connect(&d, Some(TOKEN_A), "?stream=b")
+        .await
+        .expect("initialize");
+    for (tool, args) in [
+        ("memory_search", json!({"query": "launch code word"})),
+        (
+            "memory_store",
+            json!({"content": "A writes into b over MCP"}),
+        ),
+        ("memory_ingest", json!({"content": "User: I like herons."})),
+        ("memory_profile", json!({})),
+        ("memory_dream", json!({})),
+    ] {
+        let r = call(&on_b, tool, args).await;
+        assert_eq!(r.is_error, Some(true), "{tool} on b: {}", text_of(&r));
+        assert!(
+            !text_of(&r).to_lowercase().contains(SECRET),
+            "{tool} leaked"
+        );
+    }
+    let _ = on_b.cancel().await;
     let mcp = connect(&d, Some(TOKEN_A), "")
         .await
         .expect("A's own session");

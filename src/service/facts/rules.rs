@@ -737,8 +737,13 @@ mod tests {
     fn a_marker_in_letters_that_change_length_when_lowered_is_cut_safely() {
         // "OK" with the Kelvin sign: three bytes that lower to one. Measuring
         // the marker on the lower-case text cut inside the character and panicked.
-        let f = facts("User: O\u{212a}, I use Vim every day.");
-        assert!(f.iter().any(|f| f.content.contains("Vim")), "{f:?}");
+        let kelvin = facts("User: O\u{212a}, I switched from VSCode to Cursor last week.");
+        let plain = facts("User: OK, I switched from VSCode to Cursor last week.");
+        assert!(!plain.is_empty());
+        assert_eq!(
+            kelvin.iter().map(|f| &f.content).collect::<Vec<_>>(),
+            plain.iter().map(|f| &f.content).collect::<Vec<_>>()
+        );
         assert_eq!(strip_prefix_lowercase("O\u{212a}, x", "ok"), Some(", x"));
         assert_eq!(strip_prefix_lowercase("Oh", "ok"), None);
         assert_eq!(strip_prefix_lowercase("O", "ok"), None);
