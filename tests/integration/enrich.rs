@@ -84,8 +84,17 @@ async fn switching_editors_supersedes_the_old_fact_and_history_shows_both() {
 async fn an_exact_restore_returns_the_existing_id() {
     let d = Daemon::start(Options::default()).await;
     let first = d.store("Alice is allergic to peanuts", "x").await;
-    let again = d.store("alice is  allergic to PEANUTS", "x").await;
-    assert_eq!(first, again);
+    let (s, again) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "alice is  allergic to PEANUTS", "stream": "x"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(again["status"], "duplicate", "{again}");
+    assert_eq!(again["id"], first.as_str(), "{again}");
+    assert_eq!(again["duplicate_of"], first.as_str(), "{again}");
     let elsewhere = d.store("Alice is allergic to peanuts", "y").await;
     assert_ne!(first, elsewhere, "dedupe is per stream");
     let (_, st) = d.call("GET", "/v1/status", None).await;

@@ -434,11 +434,19 @@ async fn with_an_llm_new_memories_get_llm_entities_and_a_judge_for_silent_update
         !rows[0]["entities"].to_string().contains("nowhere"),
         "out-of-range entity dropped"
     );
-    let graph = sql(
-        &d,
-        "SELECT name, entity_type FROM entities WHERE key = 'beaconhill'",
-    )
-    .await;
+    // The graph is written just after the chunks: wait for it too.
+    let mut graph = Vec::new();
+    for _ in 0..100 {
+        graph = sql(
+            &d,
+            "SELECT name, entity_type FROM entities WHERE key = 'beaconhill'",
+        )
+        .await;
+        if !graph.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(graph.len(), 1, "{graph:?}");
     assert_eq!(graph[0]["entity_type"], "PLACE");
 

@@ -375,3 +375,43 @@ async fn request_values_at_the_edges_get_422_not_a_dead_handler() {
     let (s, _) = d.call("GET", "/health", None).await;
     assert_eq!(s, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_newest_version_makes_the_one_before_current_again() {
+    let d = Daemon::start(Options::default()).await;
+    let old = d.store("I use VSCode for all my coding", "dev").await;
+    let new = d.store("I switched to Cursor last week", "dev").await;
+    let state = |id: String| {
+        let d = &d;
+        async move {
+            d.sql(&format!(
+                "SELECT superseded_by, valid_until FROM chunks WHERE id = '{id}'"
+            ))
+            .await
+            .into_iter()
+            .next()
+            .unwrap()
+        }
+    };
+    assert_eq!(state(old.clone()).await["superseded_by"], new.as_str());
+    let (s, body) = d.call("POST", "/v1/delete", Some(json!({"id": new}))).await;
+    assert_eq!(s, 200, "{body}");
+    let now = state(old.clone()).await;
+    assert_eq!(now["superseded_by"], Value::Null, "{now}");
+    assert_eq!(now["valid_until"], Value::Null, "{now}");
+    let ids = d
+        .search_ids(json!({"query": "coding editor VSCode", "stream": "dev"}))
+        .await;
+    assert_eq!(ids, vec![old.clone()]);
+    let (_, h) = d
+        .call("GET", &format!("/v1/memories/{old}/history"), None)
+        .await;
+    assert!(
+        h["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"] == "reinstated"),
+        "{h}"
+    );
+}
