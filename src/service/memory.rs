@@ -342,6 +342,10 @@ pub async fn delete(
     if n == 0 {
         return Err(not_found(id));
     }
+    engine
+        .store
+        .erase_traces(&chunk.stream, Some(&[chunk.id.clone()]))
+        .await?;
     reinstate_previous(engine, &chunk).await
 }
 
@@ -466,6 +470,12 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
     kept.sort();
     if !req.dry_run {
         engine.store.delete(&filter).await?;
+        // History, feedback and the graph of what went go with it.
+        let whole = kept.is_empty().then_some(None);
+        engine
+            .store
+            .erase_traces(&stream, whole.unwrap_or(Some(&ids)))
+            .await?;
         tracing::info!(%stream, count = ids.len(), kept = kept.len(), "stream purged");
     }
     Ok(PurgeResponse {

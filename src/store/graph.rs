@@ -377,6 +377,52 @@ impl Graph {
         Ok(n)
     }
 
+    /// Forget deleted memories of `stream`: their ids leave every entity's and
+    /// edge's `chunk_ids`, and a row left with none is dropped (its name came
+    /// only from deleted text).
+    pub async fn forget_chunks(&self, stream: &str, ids: &[String]) -> Result<()> {
+        let gone: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
+        let scope = Filter::new().stream(stream).predicate();
+        let strip = |refs: &mut Vec<String>| {
+            let before = refs.len();
+            refs.retain(|c| !gone.contains(c.as_str()));
+            before - refs.len()
+        };
+        let (mut keep, mut drop) = (Vec::new(), Vec::new());
+        for mut row in read_where(&self.entities, scope.clone(), entity_rows).await? {
+            let removed = strip(&mut row.chunk_ids);
+            if removed == 0 {
+                continue;
+            }
+            row.chunk_count = (row.chunk_count - removed as i64).max(0);
+            if row.chunk_ids.is_empty() {
+                drop.push(row.id);
+            } else {
+                keep.push(row);
+            }
+        }
+        upsert(&self.entities, entity_schema(), &keep).await?;
+        if !drop.is_empty() {
+            self.entities.delete(&column_in("id", &drop)).await?;
+        }
+        let (mut keep, mut drop) = (Vec::new(), Vec::new());
+        for mut row in read_where(&self.edges, scope, edge_rows).await? {
+            if strip(&mut row.chunk_ids) == 0 {
+                continue;
+            }
+            if row.chunk_ids.is_empty() {
+                drop.push(row.id);
+            } else {
+                keep.push(row);
+            }
+        }
+        upsert(&self.edges, edge_schema(), &keep).await?;
+        if !drop.is_empty() {
+            self.edges.delete(&column_in("id", &drop)).await?;
+        }
+        Ok(())
+    }
+
     /// Entities and edges counted over the given streams (None = all).
     pub async fn stats(&self, scope: &Filter) -> Result<(usize, usize, i64)> {
         let entities = read_where(&self.entities, scope.predicate(), entity_rows).await?;

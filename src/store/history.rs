@@ -57,6 +57,34 @@ impl super::Store {
         Ok(())
     }
 
+    /// Remove what other tables keep of deleted memories of `stream`: their
+    /// history rows (reasons quote the text), feedback, and graph references.
+    /// `ids: None` means every memory of the stream (a purge).
+    pub async fn erase_traces(&self, stream: &str, ids: Option<&[String]>) -> Result<()> {
+        let scope = super::Filter::new().stream(stream);
+        match ids {
+            None => {
+                for table in [&self.history, self.feedback.table()] {
+                    table.delete(&scope.predicate()).await?;
+                }
+                self.graph.delete(&scope).await?;
+            }
+            Some([]) => return Ok(()),
+            Some(ids) => {
+                let of = format!(
+                    "{} AND {}",
+                    scope.predicate(),
+                    super::filter::column_in("chunk_id", ids.iter().map(String::as_str))
+                );
+                for table in [&self.history, self.feedback.table()] {
+                    table.delete(&of).await?;
+                }
+                self.graph.forget_chunks(stream, ids).await?;
+            }
+        }
+        self.feedback.reload().await
+    }
+
     /// History rows of one chunk, oldest first.
     pub async fn history_of(&self, chunk_id: &str) -> Result<Vec<HistoryRow>> {
         let batches: Vec<RecordBatch> = self

@@ -394,8 +394,37 @@ async fn deleting_the_newest_version_makes_the_one_before_current_again() {
         }
     };
     assert_eq!(state(old.clone()).await["superseded_by"], new.as_str());
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/feedback",
+            Some(json!({"chunk_id": new, "usefulness": 4})),
+        )
+        .await;
+    assert_eq!(s, 201, "{body}");
+    let traces = |id: String| {
+        let d = &d;
+        async move {
+            let mut n = Vec::new();
+            for q in [
+                format!("SELECT count(*) AS n FROM history WHERE chunk_id = '{id}'"),
+                format!("SELECT count(*) AS n FROM feedback WHERE chunk_id = '{id}'"),
+                format!("SELECT count(*) AS n FROM entities WHERE array_has(chunk_ids, '{id}')"),
+            ] {
+                n.push(d.sql(&q).await[0]["n"].as_i64().unwrap());
+            }
+            n
+        }
+    };
+    let before = traces(new.clone()).await;
+    assert!(
+        before[0] > 0 && before[1] == 1 && before[2] > 0,
+        "{before:?}"
+    );
     let (s, body) = d.call("POST", "/v1/delete", Some(json!({"id": new}))).await;
     assert_eq!(s, 200, "{body}");
+    // Delete means gone: no history row, feedback or graph reference is left.
+    assert_eq!(traces(new.clone()).await, vec![0, 0, 0]);
     let now = state(old.clone()).await;
     assert_eq!(now["superseded_by"], Value::Null, "{now}");
     assert_eq!(now["valid_until"], Value::Null, "{now}");
