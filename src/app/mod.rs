@@ -95,7 +95,8 @@ impl Engine {
                 cfg.storage.maintenance(),
             )
             .await?
-            .for_model(embedder.model()),
+            .for_model(embedder.model())
+            .with_hot_budget(cfg.storage.hot_index_bytes()),
         );
         let stale = store
             .count(&crate::store::Filter::new().stale_for(embedder.model()))
@@ -178,6 +179,7 @@ impl Engine {
             ner,
             jobs: Default::default(),
             access,
+            queries: Default::default(),
             profiles: Default::default(),
             ids,
             dreams: Default::default(),

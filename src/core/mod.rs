@@ -8,6 +8,7 @@ pub mod ids;
 pub mod model;
 pub mod time;
 pub mod tokens;
+pub mod vector;
 
 pub use caller::{Caller, Role};
 pub use error::{Error, Result};

@@ -69,6 +69,8 @@ pub struct Services {
     pub jobs: tasks::Tasks,
     /// Buffered access counters of recalled memories.
     pub access: search::access::AccessTracker,
+    /// Recent query vectors.
+    pub queries: search::queries::QueryVectors,
     /// Cached profiles per stream (see [`context`]).
     pub profiles: context::ProfileCache,
     /// Streams a dream is running on.

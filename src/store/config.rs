@@ -28,6 +28,13 @@ pub struct StorageConfig {
     /// A table with more fragments than this is merged at the next check.
     #[serde(default = "default_max_fragments")]
     pub max_fragments: usize,
+    /// Memory for the hot vector index, in MiB (0 = vector reads go to Lance).
+    #[serde(default = "default_hot_index_mb")]
+    pub hot_index_mb: usize,
+}
+
+fn default_hot_index_mb() -> usize {
+    super::hot::DEFAULT_BUDGET >> 20
 }
 
 fn default_compact_every_commits() -> usize {
@@ -44,6 +51,11 @@ fn default_max_fragments() -> usize {
 }
 
 impl StorageConfig {
+    /// The hot index's budget in bytes.
+    pub fn hot_index_bytes(&self) -> usize {
+        self.hot_index_mb.saturating_mul(1 << 20)
+    }
+
     /// The routine maintenance these settings ask for.
     pub fn maintenance(&self) -> Maintenance {
         Maintenance {

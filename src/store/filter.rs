@@ -11,6 +11,27 @@ use crate::core::Caller;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Filter {
     clauses: Vec<String>,
+    /// The same conditions, typed, for the in-memory index (`Opaque` where
+    /// it cannot judge them).
+    conds: Vec<Cond>,
+}
+
+/// One condition of a [`Filter`] in a form the hot index evaluates itself.
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::store) enum Cond {
+    Streams(Vec<String>),
+    Current,
+    Unexpired(Micros),
+    CreatedSince(Micros),
+    CreatedBefore(Micros),
+    CreatedUntil(Micros),
+    ValidAt(Micros),
+    MemoryType(String),
+    /// Lower-cased.
+    Subject(String),
+    MinConfidence(f64),
+    /// Anything else: only Lance can judge it.
+    Opaque,
 }
 
 /// Quote a value for a Lance SQL filter.
@@ -42,9 +63,35 @@ impl Filter {
         Filter::default()
     }
 
-    pub(in crate::store) fn and(mut self, clause: String) -> Filter {
+    /// A condition only Lance can judge.
+    pub(in crate::store) fn and(self, clause: String) -> Filter {
+        self.typed(clause, Cond::Opaque)
+    }
+
+    fn typed(mut self, clause: String, cond: Cond) -> Filter {
         self.clauses.push(clause);
+        self.conds.push(cond);
         self
+    }
+
+    /// The streams the filter confines rows to (its stream conditions
+    /// intersected), whatever else it says; None when it names none.
+    pub(in crate::store) fn streams(&self) -> Option<Vec<String>> {
+        let mut out: Option<Vec<String>> = None;
+        for c in &self.conds {
+            if let Cond::Streams(list) = c {
+                out = Some(match out {
+                    None => list.clone(),
+                    Some(s) => s.into_iter().filter(|x| list.contains(x)).collect(),
+                });
+            }
+        }
+        out
+    }
+
+    /// The typed conditions, or `None` when one of them is opaque.
+    pub(in crate::store) fn conds(&self) -> Option<&[Cond]> {
+        (!self.conds.contains(&Cond::Opaque)).then_some(self.conds.as_slice())
     }
 
     /// True when the filter keeps every row.
@@ -59,12 +106,16 @@ impl Filter {
 
     /// Rows of one stream.
     pub fn stream(self, stream: &str) -> Filter {
-        self.and(format!("stream = {}", sql_str(stream)))
+        self.typed(
+            format!("stream = {}", sql_str(stream)),
+            Cond::Streams(vec![stream.to_string()]),
+        )
     }
 
     /// Rows of any of `streams`.
     pub fn in_streams<S: AsRef<str>>(self, streams: &[S]) -> Filter {
-        self.and(column_in("stream", streams.iter().map(AsRef::as_ref)))
+        let list: Vec<String> = streams.iter().map(|s| s.as_ref().to_string()).collect();
+        self.typed(column_in("stream", &list), Cond::Streams(list))
     }
 
     /// Rows of the streams `caller` may see (every row for an unscoped caller).
@@ -97,15 +148,15 @@ impl Filter {
     }
 
     pub fn current(self) -> Filter {
-        self.and("superseded_by IS NULL".into())
+        self.typed("superseded_by IS NULL".into(), Cond::Current)
     }
 
     /// Rows not expired at `now`.
     pub fn unexpired(self, now: Micros) -> Filter {
-        self.and(format!(
-            "(expires_at IS NULL OR expires_at > {})",
-            ts_lit(now)
-        ))
+        self.typed(
+            format!("(expires_at IS NULL OR expires_at > {})", ts_lit(now)),
+            Cond::Unexpired(now),
+        )
     }
 
     /// Rows whose expiry has passed at `now`.
@@ -138,25 +189,34 @@ impl Filter {
 
     /// Recorded at or after `t`.
     pub fn created_since(self, t: Micros) -> Filter {
-        self.and(format!("created_at >= {}", ts_lit(t)))
+        self.typed(
+            format!("created_at >= {}", ts_lit(t)),
+            Cond::CreatedSince(t),
+        )
     }
 
     /// Recorded strictly before `t`.
     pub fn created_before(self, t: Micros) -> Filter {
-        self.and(format!("created_at < {}", ts_lit(t)))
+        self.typed(
+            format!("created_at < {}", ts_lit(t)),
+            Cond::CreatedBefore(t),
+        )
     }
 
     /// Recorded at or before `t`.
     pub fn created_until(self, t: Micros) -> Filter {
-        self.and(format!("created_at <= {}", ts_lit(t)))
+        self.typed(
+            format!("created_at <= {}", ts_lit(t)),
+            Cond::CreatedUntil(t),
+        )
     }
 
     /// Facts that hold in the world at `t` (open validity bounds hold always).
     pub fn valid_at(self, t: Micros) -> Filter {
-        let t = ts_lit(t);
-        self.and(format!(
-            "(valid_from IS NULL OR valid_from <= {t}) AND (valid_until IS NULL OR valid_until > {t})"
-        ))
+        let lit = ts_lit(t);
+        self.typed(format!(
+            "(valid_from IS NULL OR valid_from <= {lit}) AND (valid_until IS NULL OR valid_until > {lit})"
+        ), Cond::ValidAt(t))
     }
 
     /// Memories that mention `entity` (lower-cased entity names).
@@ -179,20 +239,24 @@ impl Filter {
 
     /// Memories of one type (`fact`, `preference`, …).
     pub fn memory_type(self, memory_type: &str) -> Filter {
-        self.and(format!("memory_type = {}", sql_str(memory_type)))
+        self.typed(
+            format!("memory_type = {}", sql_str(memory_type)),
+            Cond::MemoryType(memory_type.to_string()),
+        )
     }
 
     /// Memories about `subject`, compared case-insensitively.
     pub fn subject(self, subject: &str) -> Filter {
-        self.and(format!(
-            "lower(subject) = {}",
-            sql_str(&subject.to_lowercase())
-        ))
+        let lower = subject.to_lowercase();
+        self.typed(
+            format!("lower(subject) = {}", sql_str(&lower)),
+            Cond::Subject(lower),
+        )
     }
 
     /// Memories with a confidence of at least `min`.
     pub fn min_confidence(self, min: f64) -> Filter {
-        self.and(format!("confidence >= {min}"))
+        self.typed(format!("confidence >= {min}"), Cond::MinConfidence(min))
     }
 
     /// Memories of one conversation session.
@@ -258,6 +322,7 @@ impl Filter {
     /// Both filters at once.
     pub fn with(mut self, other: Filter) -> Filter {
         self.clauses.extend(other.clauses);
+        self.conds.extend(other.conds);
         self
     }
 }

@@ -7,6 +7,7 @@ pub mod feedback;
 pub mod filter;
 pub mod graph;
 pub mod history;
+pub mod hot;
 pub mod job_runs;
 pub mod llm_calls;
 pub mod maintain;
@@ -82,7 +83,6 @@ pub struct Hit {
 pub struct Neighbor {
     pub id: String,
     pub similarity: f32,
-    pub content_hash: String,
 }
 
 /// The columns a search returns: everything but the embedding.
@@ -141,6 +141,8 @@ pub struct Store {
     writer: ChunkWriter,
     /// Vector reads consider only embeddings this model made (None = any).
     embed_model: Option<String>,
+    /// The streams' vectors in memory, kept in step by the writer.
+    hot: std::sync::Arc<hot::HotIndex>,
     /// The pipeline worker holds it shared while it processes a batch; a
     /// snapshot rollback holds it exclusively, so no batch lands mid-restore.
     pub write_gate: tokio::sync::RwLock<()>,
@@ -218,7 +220,14 @@ impl Store {
         )
         .await?;
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
-        let writer = ChunkWriter::spawn(chunks.clone(), dim, write_batch_max_rows, maintenance);
+        let hot = std::sync::Arc::new(hot::HotIndex::new(dim, hot::DEFAULT_BUDGET));
+        let writer = ChunkWriter::spawn(
+            chunks.clone(),
+            dim,
+            write_batch_max_rows,
+            maintenance,
+            hot.clone(),
+        );
         let side_tables = vec![
             (DEAD_LETTERS, dead_letters.clone()),
             (HISTORY, history.clone()),
@@ -246,6 +255,7 @@ impl Store {
             dim,
             writer,
             embed_model: None,
+            hot,
             write_gate: Default::default(),
         })
     }
@@ -254,7 +264,20 @@ impl Store {
     /// live in another space and would rank at random until re-embedded.
     pub fn for_model(mut self, model: &str) -> Store {
         self.embed_model = Some(model.to_string());
+        self.hot.set_model(model);
         self
+    }
+
+    /// Hold at most `bytes` of vectors in memory (0: every vector read goes
+    /// to Lance).
+    pub fn with_hot_budget(self, bytes: usize) -> Store {
+        self.hot.set_budget(bytes);
+        self
+    }
+
+    /// The hot index: bytes held and streams loaded.
+    pub fn hot_usage(&self) -> (usize, usize) {
+        (self.hot.used(), self.hot.loaded())
     }
 
     /// The predicate a row must meet to take part in a vector search. A row
@@ -319,7 +342,10 @@ impl Store {
 
     /// Delete the chunks matching `filter`; returns how many went.
     pub async fn delete(&self, filter: &Filter) -> Result<u64> {
-        let result = self.writer.delete(filter.predicate()).await;
+        let result = self
+            .writer
+            .delete(filter.predicate(), filter.streams())
+            .await;
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         result
@@ -349,6 +375,7 @@ impl Store {
     pub async fn rolled_back(&self) -> Result<()> {
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.hot.invalidate(None);
         self.feedback.reload().await
     }
 
@@ -492,8 +519,28 @@ impl Store {
         scored(&batches, "_score")
     }
 
-    /// Vector leg: the `limit` nearest chunks by cosine distance, prefiltered.
+    /// Vector leg: the `limit` nearest chunks by cosine distance, prefiltered;
+    /// from the hot index when it can answer, else from Lance.
     pub async fn search_vector(
+        &self,
+        at: Option<&Table>,
+        vector: &[f32],
+        filter: &Filter,
+        limit: usize,
+    ) -> Result<Vec<Scored>> {
+        if at.is_none() {
+            if let Some(found) = self.hot_nearest(vector, filter, limit).await? {
+                return Ok(found
+                    .into_iter()
+                    .map(|(score, id)| Scored { id, score })
+                    .collect());
+            }
+        }
+        self.search_vector_lance(at, vector, filter, limit).await
+    }
+
+    /// [`Store::search_vector`] always through Lance.
+    pub async fn search_vector_lance(
         &self,
         at: Option<&Table>,
         vector: &[f32],
@@ -617,6 +664,20 @@ impl Store {
         let Some((first, rest)) = vectors.split_first() else {
             return Ok(out);
         };
+        let current = Filter::new().stream(stream).current();
+        if let Some(indexes) = self.hot_indexes(&current).await? {
+            let conds = current.conds().expect("typed");
+            for (v, list) in vectors.iter().zip(&mut out) {
+                *list = hot::nearest_in(&indexes, v, conds, k)
+                    .into_iter()
+                    .map(|(distance, id)| Neighbor {
+                        id,
+                        similarity: 1.0 - distance,
+                    })
+                    .collect();
+            }
+            return Ok(out);
+        }
         if self.count(&Filter::new().stream(stream)).await? == 0 {
             return Ok(out);
         }
@@ -631,7 +692,7 @@ impl Store {
                 sql_str(stream),
                 self.vector_clause()
             ))
-            .select(Select::columns(&["id", "content_hash", "_distance"]))
+            .select(Select::columns(&["id", "_distance"]))
             .limit(k)
             .execute()
             .await?
@@ -656,7 +717,6 @@ impl Store {
                     list.push(Neighbor {
                         id: c.str("id", r).unwrap_or_default(),
                         similarity: 1.0 - dist.value(r),
-                        content_hash: c.str("content_hash", r).unwrap_or_default(),
                     });
                 }
             }
@@ -665,6 +725,108 @@ impl Store {
             list.sort_by(|a, b| b.similarity.total_cmp(&a.similarity));
         }
         Ok(out)
+    }
+}
+
+/// The columns the hot index loads.
+const HOT_COLUMNS: &[&str] = &[
+    "id",
+    "embedding",
+    "superseded_by",
+    "expires_at",
+    "created_at",
+    "valid_from",
+    "valid_until",
+    "memory_type",
+    "subject",
+    "confidence",
+];
+
+impl Store {
+    /// The hot indexes of the streams a filter names, loading those not in
+    /// memory; None when the index cannot answer (an opaque condition, no
+    /// stream named, a stream loading elsewhere or over the budget).
+    async fn hot_indexes(
+        &self,
+        filter: &Filter,
+    ) -> Result<Option<Vec<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>>> {
+        if filter.conds().is_none() {
+            return Ok(None);
+        }
+        let Some(streams) = filter.streams() else {
+            return Ok(None);
+        };
+        let mut out = Vec::with_capacity(streams.len());
+        for stream in streams {
+            match self.hot.lookup(&stream) {
+                hot::Lookup::Ready(ix) => out.push(ix),
+                hot::Lookup::Skip => return Ok(None),
+                hot::Lookup::Load(guard) => match self.load_hot(guard).await? {
+                    Some(ix) => out.push(ix),
+                    None => return Ok(None),
+                },
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Read one stream's vectors and filter columns from Lance into the index.
+    async fn load_hot(
+        &self,
+        guard: hot::LoadGuard,
+    ) -> Result<Option<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>> {
+        let filter = self.with_vectors(Filter::new().stream(guard.stream()));
+        let rows = self.count(&filter).await?;
+        if rows.saturating_mul(hot::row_bytes(self.dim)) > self.hot.budget() {
+            guard.too_big();
+            return Ok(None);
+        }
+        let batches: Vec<RecordBatch> = self
+            .chunks
+            .query()
+            .only_if(filter.predicate())
+            .select(Select::columns(HOT_COLUMNS))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut index = hot::StreamIndex::new(self.dim);
+        for b in &batches {
+            let c = crate::core::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                let Some(id) = c.str("id", r) else { continue };
+                index.apply(hot::Row {
+                    id,
+                    vector: c.vector("embedding", r),
+                    meta: hot::Meta {
+                        current: c.str("superseded_by", r).is_none(),
+                        expires_at: c.time("expires_at", r),
+                        created_at: c.time("created_at", r).unwrap_or_default(),
+                        valid_from: c.time("valid_from", r),
+                        valid_until: c.time("valid_until", r),
+                        memory_type: c.str("memory_type", r).unwrap_or_default(),
+                        subject: c.str("subject", r).map(|s| s.to_lowercase()),
+                        confidence: c.f32("confidence", r).unwrap_or_default(),
+                    },
+                });
+            }
+        }
+        Ok(guard.finish(index))
+    }
+
+    /// The nearest `limit` memories from the hot index, as (cosine
+    /// distance, id); None when it cannot answer.
+    async fn hot_nearest(
+        &self,
+        vector: &[f32],
+        filter: &Filter,
+        limit: usize,
+    ) -> Result<Option<Vec<(f32, String)>>> {
+        let Some(indexes) = self.hot_indexes(filter).await? else {
+            return Ok(None);
+        };
+        let conds = filter.conds().expect("hot_indexes checked them");
+        Ok(Some(hot::nearest_in(&indexes, vector, conds, limit)))
     }
 }
 

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use lancedb::Table;
 use tokio::sync::{mpsc, oneshot};
 
+use std::sync::Arc;
+
+use super::hot::HotIndex;
 use super::maintain::{merge_small_fragments, refresh_indexes, Maintenance};
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
@@ -22,7 +25,8 @@ enum WriteOp {
     Commit(Vec<Chunk>, Vec<Chunk>, oneshot::Sender<Result<()>>),
     /// Read the chunks with these ids, apply the modifier, write back the changed ones.
     Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
-    Delete(String, oneshot::Sender<Result<u64>>),
+    /// Delete by predicate; the rows are confined to these streams (None: any).
+    Delete(String, Option<Vec<String>>, oneshot::Sender<Result<u64>>),
     /// Everything queued before this is done; stop.
     Close(oneshot::Sender<()>),
 }
@@ -37,9 +41,11 @@ impl ChunkWriter {
         dim: usize,
         max_rows: usize,
         maintenance: Maintenance,
+        hot: Arc<HotIndex>,
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(run(table, dim, max_rows, maintenance, rx));
+        let sink = Sink { table, dim, hot };
+        tokio::spawn(run(sink, max_rows, maintenance, rx));
         ChunkWriter { tx }
     }
 
@@ -74,10 +80,10 @@ impl ChunkWriter {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
-    pub async fn delete(&self, predicate: String) -> Result<u64> {
+    pub async fn delete(&self, predicate: String, streams: Option<Vec<String>>) -> Result<u64> {
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(WriteOp::Delete(predicate, done))
+            .send(WriteOp::Delete(predicate, streams, done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -115,13 +121,51 @@ const BIG_COMMIT_WEIGHT: usize = 8;
 /// and joined without the indexes).
 const INDEX_REFRESH_ROWS: usize = 10_000;
 
-async fn run(
+/// Where the writer's commits go: the table, and the hot index that follows it.
+struct Sink {
     table: Table,
     dim: usize,
+    hot: Arc<HotIndex>,
+}
+
+impl Sink {
+    /// One `merge_insert` on `id`; when an id repeats, its last version wins.
+    /// The hot index learns the rows once they are committed.
+    async fn commit<'a>(&self, chunks: impl Iterator<Item = &'a Chunk>) -> Result<()> {
+        let mut latest: HashMap<&str, &Chunk> = HashMap::new();
+        let mut order: Vec<&str> = Vec::new();
+        for c in chunks {
+            if latest.insert(&c.id, c).is_none() {
+                order.push(&c.id);
+            }
+        }
+        let rows: Vec<Chunk> = order.iter().map(|id| latest[id].clone()).collect();
+        let reader = batch_reader(&rows, self.dim)?;
+        let mut merge = self.table.merge_insert(&["id"]);
+        merge
+            .when_matched_update_all(None)
+            .when_not_matched_insert_all();
+        merge.execute(reader).await?;
+        self.hot.apply(&rows);
+        Ok(())
+    }
+
+    /// Delete by predicate; the hot index drops the streams it touched
+    /// (which rows went is not known one by one).
+    async fn delete(&self, predicate: &str, streams: Option<&[String]>) -> Result<u64> {
+        let result = self.table.delete(predicate).await;
+        self.hot.invalidate(streams);
+        Ok(result?.num_deleted_rows)
+    }
+}
+
+async fn run(
+    sink: Sink,
     max_rows: usize,
     maintenance: Maintenance,
     mut rx: mpsc::Receiver<WriteOp>,
 ) {
+    let table = &sink.table;
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
     let refresher = Refresher::default();
@@ -137,7 +181,7 @@ async fn run(
         {
             since_compact = 0;
             let started = std::time::Instant::now();
-            match merge_small_fragments(&table, maintenance.target_rows_per_fragment).await {
+            match merge_small_fragments(table, maintenance.target_rows_per_fragment).await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
@@ -154,12 +198,8 @@ async fn run(
                 let _ = done.send(());
                 return;
             }
-            WriteOp::Delete(predicate, done) => {
-                let result = table
-                    .delete(predicate.as_str())
-                    .await
-                    .map(|r| r.num_deleted_rows)
-                    .map_err(StoreError::from);
+            WriteOp::Delete(predicate, streams, done) => {
+                let result = sink.delete(&predicate, streams.as_deref()).await;
                 since_compact += BIG_COMMIT_WEIGHT;
                 let _ = done.send(result);
             }
@@ -175,7 +215,7 @@ async fn run(
                     let mut current: HashMap<String, Chunk> = if ids.is_empty() {
                         HashMap::new()
                     } else {
-                        super::read_chunks(&table, super::Filter::new().ids(&ids).predicate(), None)
+                        super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
                             .await?
                             .into_iter()
                             .map(|c| (c.id.clone(), c))
@@ -189,7 +229,7 @@ async fn run(
                         })
                         .collect();
                     // Side effects first: a record's own row wins the fold by id.
-                    commit(&table, dim, rebased.iter().chain(rows.iter())).await?;
+                    sink.commit(rebased.iter().chain(rows.iter())).await?;
                     Ok::<usize, StoreError>(rows.len() + rebased.len())
                 }
                 .await;
@@ -201,10 +241,10 @@ async fn run(
             WriteOp::Modify(ids, mut modify, done) => {
                 let result = async {
                     let filter = super::Filter::new().ids(&ids).predicate();
-                    let mut current = super::read_chunks(&table, filter, None).await?;
+                    let mut current = super::read_chunks(table, filter, None).await?;
                     current.retain_mut(|c| modify(c));
                     if !current.is_empty() {
-                        commit(&table, dim, current.iter()).await?;
+                        sink.commit(current.iter()).await?;
                     }
                     Ok(current.len())
                 }
@@ -234,7 +274,7 @@ async fn run(
                         Err(_) => break,
                     }
                 }
-                let result = commit(&table, dim, group.iter().flat_map(|(c, _)| c)).await;
+                let result = sink.commit(group.iter().flat_map(|(c, _)| c)).await;
                 since_refresh += rows;
                 since_compact += weight(rows);
                 for (_, done) in group {
@@ -245,7 +285,7 @@ async fn run(
                         })),
                     });
                 }
-                if since_refresh >= INDEX_REFRESH_ROWS && refresher.start(&table) {
+                if since_refresh >= INDEX_REFRESH_ROWS && refresher.start(table) {
                     since_refresh = 0;
                 }
             }
@@ -304,29 +344,6 @@ fn rebase(mut now: Chunk, side: Chunk) -> Chunk {
         _ => {}
     }
     now
-}
-
-/// One `merge_insert` on `id`; when an id repeats, its last version wins.
-async fn commit<'a>(
-    table: &Table,
-    dim: usize,
-    chunks: impl Iterator<Item = &'a Chunk>,
-) -> Result<()> {
-    let mut latest: HashMap<&str, &Chunk> = HashMap::new();
-    let mut order: Vec<&str> = Vec::new();
-    for c in chunks {
-        if latest.insert(&c.id, c).is_none() {
-            order.push(&c.id);
-        }
-    }
-    let rows: Vec<Chunk> = order.iter().map(|id| latest[id].clone()).collect();
-    let reader = batch_reader(&rows, dim)?;
-    let mut merge = table.merge_insert(&["id"]);
-    merge
-        .when_matched_update_all(None)
-        .when_not_matched_insert_all();
-    merge.execute(reader).await?;
-    Ok(())
 }
 
 #[cfg(test)]

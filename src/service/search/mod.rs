@@ -8,6 +8,7 @@
 pub mod access;
 pub mod config;
 pub mod graph_leg;
+pub mod queries;
 pub mod rank;
 
 use std::collections::HashMap;
@@ -409,7 +410,6 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     let at = snapshot.as_ref().map(|(t, _)| t);
     let candidates = s.candidates.max(top_k);
 
-    let texts = [query.clone()];
     let bm25 = async {
         if bm25_weight > 0.0 {
             Ok(engine
@@ -422,11 +422,10 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     };
     let vector = async {
         if vector_weight > 0.0 {
-            let v = engine.embedder.embed(&texts).await?;
-            let v = v
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::Internal("no query vector".into()))?;
+            let v = engine
+                .queries
+                .embed(engine.embedder.as_ref(), &query)
+                .await?;
             let mut hits = engine
                 .store
                 .search_vector(at, &v, &filter, candidates)

@@ -1,0 +1,321 @@
+//! The ordinary agent workload, the way a user meets it: a real daemon on a
+//! port (JetStream, the shipped config, MiniLM unless `LOOMEM_EMBED__PROVIDER`
+//! says otherwise), W writers each storing one chat turn per
+//! `POST /v1/store` into S streams (a session's turns go to one stream), and
+//! R searchers asking LongMemEval questions of random streams all the while.
+//! Figures are printed per phase of `LOOMEM_WORKLOAD_PHASE` stores, so a
+//! latency that grows with the number of commits shows.
+//!
+//! `just bench --bench workload` (needs `nats-server` and the model, `just
+//! setup`; the text comes from `../shared/datasets/longmemeval/`, or
+//! `LOOMEM_WORKLOAD_DATA`). Knobs: `LOOMEM_WORKLOAD_TURNS` (6000),
+//! `LOOMEM_WORKLOAD_WRITERS` (8), `LOOMEM_WORKLOAD_STREAMS` (10),
+//! `LOOMEM_WORKLOAD_SEARCHERS` (2), `LOOMEM_WORKLOAD_PHASE` (1000).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loomem::app::config::Config;
+
+#[path = "../tests/integration/nats.rs"]
+#[allow(dead_code)]
+mod nats;
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: a number")))
+        .unwrap_or(default)
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var_os("LOOMEM_WORKLOAD_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets/longmemeval")
+        })
+}
+
+/// The lines of a gzipped JSONL file (read through `zcat`).
+fn jsonl_gz(path: &Path) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new("zcat")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("zcat {}: {e}", path.display()));
+    assert!(out.status.success(), "zcat {} failed", path.display());
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// Up to `n` user turns, with the session each came from.
+fn turns(n: usize) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (s, session) in jsonl_gz(&data_dir().join("sessions.jsonl.gz"))
+        .iter()
+        .enumerate()
+    {
+        for t in session["turns"].as_array().into_iter().flatten() {
+            let text = t["content"].as_str().unwrap_or_default().trim();
+            if t["role"] == "user" && !text.is_empty() && text.len() <= 2000 {
+                out.push((s, text.to_string()));
+                if out.len() == n {
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn questions() -> Vec<String> {
+    jsonl_gz(&data_dir().join("s.questions.jsonl.gz"))
+        .iter()
+        .filter_map(|q| q["question"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+/// Latencies gathered in the current phase.
+#[derive(Default)]
+struct Phase {
+    stores: Vec<Duration>,
+    searches: Vec<Duration>,
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        // `cargo bench` asks harness-less benches to list themselves.
+        return;
+    }
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let total = knob("LOOMEM_WORKLOAD_TURNS", 6000);
+    let writers = knob("LOOMEM_WORKLOAD_WRITERS", 8);
+    let streams = knob("LOOMEM_WORKLOAD_STREAMS", 10);
+    let searchers = knob("LOOMEM_WORKLOAD_SEARCHERS", 2);
+    let phase_len = knob("LOOMEM_WORKLOAD_PHASE", 1000).max(1);
+    let turns = Arc::new(turns(total));
+    let questions = Arc::new(questions());
+    let total = turns.len();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let nats = nats::NatsServer::start(&dir.path().join("nats"));
+    let mut env: HashMap<String, String> = HashMap::new();
+    for (k, v) in std::env::vars() {
+        if k.starts_with("LOOMEM_") && !k.starts_with("LOOMEM_WORKLOAD") {
+            env.insert(k, v);
+        }
+    }
+    env.insert(
+        "LOOMEM_STORAGE__DATA_DIR".into(),
+        dir.path().join("data").display().to_string(),
+    );
+    env.insert("LOOMEM_BUS__KIND".into(), "jetstream".into());
+    env.insert("LOOMEM_BUS__NATS_URL".into(), nats.url());
+    env.insert("LOOMEM_SERVER__PORT".into(), "0".into());
+    let cfg = Config::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"),
+        &env,
+    )
+    .unwrap();
+    let provider = cfg.embed.provider.clone();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(loomem::api::server::serve(cfg, env, listener, async {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    rt.block_on(async {
+        let started = Instant::now();
+        while http.get(format!("{base}/health")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "daemon did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+
+    println!(
+        "workload: {total} turns, {writers} writers, {streams} streams, {searchers} searchers, embedder {provider:?}"
+    );
+    println!("| stored | store/s | store p50 / p95 ms | search p50 / p95 ms | searches |");
+    println!("|---|---|---|---|---|");
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let writing = Arc::new(AtomicBool::new(true));
+    let phase = Arc::new(Mutex::new(Phase::default()));
+    let all = Arc::new(Mutex::new(Phase::default()));
+    let began = Instant::now();
+    let phase_began = Arc::new(Mutex::new(Instant::now()));
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..writers {
+            let (http, base, turns, next, done) = (
+                http.clone(),
+                base.clone(),
+                turns.clone(),
+                next.clone(),
+                done.clone(),
+            );
+            let (phase, all, phase_began) = (phase.clone(), all.clone(), phase_began.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((session, text)) = turns.get(i) else {
+                        return;
+                    };
+                    let t = Instant::now();
+                    let r = http
+                        .post(format!("{base}/v1/store"))
+                        .json(&serde_json::json!({
+                            "content": text,
+                            "stream": format!("agent-{}", session % streams),
+                        }))
+                        .send()
+                        .await
+                        .expect("store");
+                    let status = r.status();
+                    assert!(
+                        status.is_success(),
+                        "store: {status} {}",
+                        r.text().await.unwrap_or_default()
+                    );
+                    let took = t.elapsed();
+                    let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                    let report = {
+                        let mut p = phase.lock().unwrap();
+                        p.stores.push(took);
+                        all.lock().unwrap().stores.push(took);
+                        (n % phase_len == 0 || n == turns.len()).then(|| std::mem::take(&mut *p))
+                    };
+                    if let Some(mut p) = report {
+                        let secs = {
+                            let mut b = phase_began.lock().unwrap();
+                            let s = b.elapsed().as_secs_f64();
+                            *b = Instant::now();
+                            s
+                        };
+                        p.stores.sort();
+                        p.searches.sort();
+                        println!(
+                            "| {n} | {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {} |",
+                            p.stores.len() as f64 / secs,
+                            percentile(&p.stores, 0.5),
+                            percentile(&p.stores, 0.95),
+                            percentile(&p.searches, 0.5),
+                            percentile(&p.searches, 0.95),
+                            p.searches.len(),
+                        );
+                    }
+                }
+            }));
+        }
+        let mut search_tasks = Vec::new();
+        for s in 0..searchers {
+            let (http, base, questions, writing) = (
+                http.clone(),
+                base.clone(),
+                questions.clone(),
+                writing.clone(),
+            );
+            let (phase, all) = (phase.clone(), all.clone());
+            search_tasks.push(tokio::spawn(async move {
+                let mut k = s * 7919;
+                while writing.load(Ordering::Relaxed) {
+                    k += 1;
+                    let q = &questions[k % questions.len()];
+                    let t = Instant::now();
+                    let r = http
+                        .post(format!("{base}/v1/search"))
+                        .json(&serde_json::json!({
+                            "query": q,
+                            "stream": format!("agent-{}", k % streams),
+                            "top_k": 10,
+                        }))
+                        .send()
+                        .await
+                        .expect("search");
+                    assert!(r.status().is_success(), "search: {}", r.status());
+                    let _ = r.bytes().await;
+                    let took = t.elapsed();
+                    phase.lock().unwrap().searches.push(took);
+                    all.lock().unwrap().searches.push(took);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        writing.store(false, Ordering::Relaxed);
+        for t in search_tasks {
+            t.await.unwrap();
+        }
+    });
+    let secs = began.elapsed().as_secs_f64();
+    let mut all = std::mem::take(&mut *all.lock().unwrap());
+    all.stores.sort();
+    all.searches.sort();
+    println!(
+        "\nwhole run: {} stores in {secs:.1} s = {:.1} memories/s; store p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms; {} searches while writing: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+        all.stores.len(),
+        all.stores.len() as f64 / secs,
+        percentile(&all.stores, 0.5),
+        percentile(&all.stores, 0.95),
+        percentile(&all.stores, 0.99),
+        all.searches.len(),
+        percentile(&all.searches, 0.5),
+        percentile(&all.searches, 0.95),
+        percentile(&all.searches, 0.99),
+    );
+    // Searches after the writes, on the store as it is left.
+    let after: Vec<Duration> = rt.block_on(async {
+        let mut t = Vec::new();
+        for k in 0..300 {
+            let q = &questions[k % questions.len()];
+            let s = Instant::now();
+            let r = http
+                .post(format!("{base}/v1/search"))
+                .json(&serde_json::json!({"query": q, "stream": format!("agent-{}", k % streams), "top_k": 10}))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success());
+            let _ = r.bytes().await;
+            t.push(s.elapsed());
+        }
+        t.sort();
+        t
+    });
+    println!(
+        "searches after the writes (300, one at a time): p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+        percentile(&after, 0.5),
+        percentile(&after, 0.95),
+        percentile(&after, 0.99),
+    );
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+    drop(nats);
+}

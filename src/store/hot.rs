@@ -1,0 +1,818 @@
+//! The hot index: per stream, the unit vectors of its memories in one
+//! contiguous matrix, beside the columns a search filters on, held in memory
+//! and kept in step with the chunk writer. Lance stays the source of truth:
+//! a stream is loaded from it on its first vector read, every commit the
+//! writer makes is applied to the loaded streams, and a delete or a rollback
+//! (whose rows are not known row by row) drops them all, to be loaded again.
+//! A vector read the index cannot answer (an opaque filter, a stream being
+//! loaded or too large for the budget, a past version) goes to Lance.
+//!
+//! A flat scan is exact, so recall is never below the ANN index's; on this
+//! machine it reads a 10k-memory stream in about a millisecond.
+
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::filter::Cond;
+use crate::core::model::{Chunk, Micros};
+use crate::core::vector::{dot, l2_normalize};
+
+/// What a search filters on, per memory.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Meta {
+    pub current: bool,
+    pub expires_at: Option<Micros>,
+    pub created_at: Micros,
+    pub valid_from: Option<Micros>,
+    pub valid_until: Option<Micros>,
+    pub memory_type: String,
+    /// Lower-cased.
+    pub subject: Option<String>,
+    pub confidence: f32,
+}
+
+impl Meta {
+    pub fn of(c: &Chunk) -> Meta {
+        Meta {
+            current: c.superseded_by.is_none(),
+            expires_at: c.expires_at,
+            created_at: c.created_at,
+            valid_from: c.valid_from,
+            valid_until: c.valid_until,
+            memory_type: c.memory_type.clone(),
+            subject: c.subject.as_deref().map(str::to_lowercase),
+            confidence: c.confidence,
+        }
+    }
+
+    /// Whether the row meets every condition (stream conditions are the
+    /// caller's business: an index holds one stream).
+    fn meets(&self, conds: &[Cond]) -> bool {
+        conds.iter().all(|c| match c {
+            Cond::Streams(_) => true,
+            Cond::Current => self.current,
+            Cond::Unexpired(now) => self.expires_at.is_none_or(|e| e > *now),
+            Cond::CreatedSince(t) => self.created_at >= *t,
+            Cond::CreatedBefore(t) => self.created_at < *t,
+            Cond::CreatedUntil(t) => self.created_at <= *t,
+            Cond::ValidAt(t) => {
+                self.valid_from.is_none_or(|f| f <= *t) && self.valid_until.is_none_or(|u| u > *t)
+            }
+            Cond::MemoryType(m) => self.memory_type == *m,
+            Cond::Subject(s) => self.subject.as_deref() == Some(s.as_str()),
+            Cond::MinConfidence(min) => f64::from(self.confidence) >= *min,
+            Cond::Opaque => false,
+        })
+    }
+}
+
+/// One memory as the index holds it; `vector: None` removes it.
+#[derive(Debug, Clone)]
+pub(super) struct Row {
+    pub id: String,
+    pub vector: Option<Vec<f32>>,
+    pub meta: Meta,
+}
+
+/// One stream's memories.
+#[derive(Debug, Default)]
+pub(super) struct StreamIndex {
+    dim: usize,
+    ids: Vec<String>,
+    pos: HashMap<String, usize>,
+    /// Row-major, `dim` floats a memory, each of unit length.
+    vectors: Vec<f32>,
+    meta: Vec<Meta>,
+    id_bytes: usize,
+}
+
+/// Bytes a memory costs beside its vector and id: its filter columns, its
+/// place in the id map, the vectors' slack.
+const ROW_OVERHEAD: usize = 160;
+
+impl StreamIndex {
+    pub fn new(dim: usize) -> StreamIndex {
+        StreamIndex {
+            dim,
+            ..Default::default()
+        }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// What the index holds in memory, roughly.
+    pub fn bytes(&self) -> usize {
+        row_bytes(self.dim) * self.ids.len() + 2 * self.id_bytes
+    }
+
+    /// Insert, replace or (`vector: None`) remove a memory.
+    pub fn apply(&mut self, row: Row) {
+        match row.vector {
+            Some(mut v) if v.len() == self.dim => {
+                l2_normalize(&mut v);
+                match self.pos.get(&row.id) {
+                    Some(&i) => {
+                        self.vectors[i * self.dim..(i + 1) * self.dim].copy_from_slice(&v);
+                        self.meta[i] = row.meta;
+                    }
+                    None => {
+                        self.pos.insert(row.id.clone(), self.ids.len());
+                        self.id_bytes += row.id.len();
+                        self.ids.push(row.id);
+                        self.vectors.extend_from_slice(&v);
+                        self.meta.push(row.meta);
+                    }
+                }
+            }
+            _ => self.remove(&row.id),
+        }
+    }
+
+    /// Remove a memory: the last row takes its place.
+    fn remove(&mut self, id: &str) {
+        let Some(i) = self.pos.remove(id) else {
+            return;
+        };
+        let last = self.ids.len() - 1;
+        let d = self.dim;
+        if i != last {
+            self.vectors.copy_within(last * d..(last + 1) * d, i * d);
+            self.ids.swap(i, last);
+            self.meta.swap(i, last);
+            self.pos.insert(self.ids[i].clone(), i);
+        }
+        self.vectors.truncate(last * d);
+        self.meta.pop();
+        if let Some(gone) = self.ids.pop() {
+            self.id_bytes -= gone.len();
+        }
+    }
+
+    /// The `k` rows meeting `conds` nearest to the unit vector `q`, as
+    /// (cosine distance, id), nearest first; ties go to the smaller id.
+    pub fn nearest(&self, q: &[f32], conds: &[Cond], k: usize, out: &mut Vec<(f32, String)>) {
+        if k == 0 || q.len() != self.dim {
+            return;
+        }
+        let mut heap: BinaryHeap<Candidate<'_>> = BinaryHeap::with_capacity(k + 1);
+        for (i, (v, m)) in self
+            .vectors
+            .chunks_exact(self.dim)
+            .zip(&self.meta)
+            .enumerate()
+        {
+            if !m.meets(conds) {
+                continue;
+            }
+            let candidate = Candidate {
+                distance: 1.0 - dot(q, v),
+                id: &self.ids[i],
+            };
+            if heap.len() < k {
+                heap.push(candidate);
+            } else if heap.peek().is_some_and(|worst| candidate < *worst) {
+                heap.pop();
+                heap.push(candidate);
+            }
+        }
+        let mut found = heap.into_vec();
+        found.sort();
+        out.extend(found.into_iter().map(|c| (c.distance, c.id.to_string())));
+    }
+}
+
+/// A row in the running top k: ordered by distance, then id (the heap's top
+/// is the worst kept).
+#[derive(PartialEq)]
+struct Candidate<'a> {
+    distance: f32,
+    id: &'a str,
+}
+
+impl Eq for Candidate<'_> {}
+
+impl PartialOrd for Candidate<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Candidate<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.distance
+            .total_cmp(&other.distance)
+            .then_with(|| self.id.cmp(other.id))
+    }
+}
+
+/// What a memory costs in the index, its id aside.
+pub(super) fn row_bytes(dim: usize) -> usize {
+    dim * std::mem::size_of::<f32>() + ROW_OVERHEAD
+}
+
+enum Slot {
+    Ready {
+        index: Arc<RwLock<StreamIndex>>,
+        bytes: usize,
+        used_at: u64,
+    },
+    /// A reader is loading the stream; commits meanwhile wait here, and a
+    /// delete poisons the load.
+    Loading { pending: Vec<Row>, poisoned: bool },
+    /// Larger than the whole budget: served by Lance until the next delete.
+    TooBig,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashMap<String, Slot>,
+    used: usize,
+    tick: u64,
+}
+
+/// Every loaded stream, within a memory budget; the least recently searched
+/// stream is evicted first.
+pub struct HotIndex {
+    dim: usize,
+    budget: std::sync::atomic::AtomicUsize,
+    /// Only vectors of this model take part (None: any).
+    model: RwLock<Option<String>>,
+    state: Mutex<State>,
+}
+
+/// What a reader should do for a stream.
+pub(super) enum Lookup {
+    Ready(Arc<RwLock<StreamIndex>>),
+    /// Load it from Lance and hand it to [`LoadGuard::finish`].
+    Load(LoadGuard),
+    /// Ask Lance.
+    Skip,
+}
+
+/// A load in progress; dropped unfinished (an error, a cancelled search), it
+/// frees the slot for the next reader.
+pub(super) struct LoadGuard {
+    hot: Arc<HotIndex>,
+    stream: String,
+    done: bool,
+}
+
+impl LoadGuard {
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// Install the loaded index with the commits that arrived meanwhile; None
+    /// when a delete poisoned the load (the index may hold deleted rows) or
+    /// the stream does not fit the budget.
+    pub fn finish(mut self, mut index: StreamIndex) -> Option<Arc<RwLock<StreamIndex>>> {
+        self.done = true;
+        let hot = self.hot.clone();
+        let mut st = hot.state.lock().expect("hot index lock");
+        let Some(Slot::Loading { pending, poisoned }) = st.streams.remove(&self.stream) else {
+            return None;
+        };
+        if poisoned {
+            return None;
+        }
+        for row in pending {
+            index.apply(row);
+        }
+        let bytes = index.bytes();
+        if bytes > hot.budget() {
+            st.streams.insert(self.stream.clone(), Slot::TooBig);
+            return None;
+        }
+        st.tick += 1;
+        let index = Arc::new(RwLock::new(index));
+        st.used += bytes;
+        let used_at = st.tick;
+        st.streams.insert(
+            self.stream.clone(),
+            Slot::Ready {
+                index: index.clone(),
+                bytes,
+                used_at,
+            },
+        );
+        hot.evict(&mut st, &self.stream);
+        Some(index)
+    }
+
+    /// The stream is larger than the budget: do not try again until a delete.
+    pub fn too_big(mut self) {
+        self.done = true;
+        let mut st = self.hot.state.lock().expect("hot index lock");
+        st.streams.insert(self.stream.clone(), Slot::TooBig);
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut st = self.hot.state.lock().expect("hot index lock");
+            if matches!(st.streams.get(&self.stream), Some(Slot::Loading { .. })) {
+                st.streams.remove(&self.stream);
+            }
+        }
+    }
+}
+
+/// Default memory budget: 1 GiB, about 600k memories of 384 dimensions.
+pub const DEFAULT_BUDGET: usize = 1 << 30;
+
+impl HotIndex {
+    pub fn new(dim: usize, budget: usize) -> HotIndex {
+        HotIndex {
+            dim,
+            budget: budget.into(),
+            model: RwLock::new(None),
+            state: Mutex::default(),
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Change the budget (0 turns the index off); loaded streams go.
+    pub fn set_budget(&self, bytes: usize) {
+        self.budget
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.clear();
+    }
+
+    /// Only vectors of `model` take part from now on.
+    pub fn set_model(&self, model: &str) {
+        *self.model.write().expect("hot model lock") = Some(model.to_string());
+        self.clear();
+    }
+
+    /// Whether the chunk's vector takes part in vector reads.
+    pub fn admits(&self, c: &Chunk) -> bool {
+        c.embedding.as_ref().is_some_and(|v| v.len() == self.dim)
+            && match &*self.model.read().expect("hot model lock") {
+                Some(m) => c.embed_model.as_deref() == Some(m.as_str()),
+                None => true,
+            }
+    }
+
+    /// Bytes held by loaded streams.
+    pub fn used(&self) -> usize {
+        self.state.lock().expect("hot index lock").used
+    }
+
+    /// Streams loaded now.
+    pub fn loaded(&self) -> usize {
+        let st = self.state.lock().expect("hot index lock");
+        st.streams
+            .values()
+            .filter(|s| matches!(s, Slot::Ready { .. }))
+            .count()
+    }
+
+    pub(super) fn lookup(self: &Arc<Self>, stream: &str) -> Lookup {
+        if self.budget() == 0 {
+            return Lookup::Skip;
+        }
+        let mut st = self.state.lock().expect("hot index lock");
+        st.tick += 1;
+        let tick = st.tick;
+        match st.streams.get_mut(stream) {
+            Some(Slot::Ready { index, used_at, .. }) => {
+                *used_at = tick;
+                Lookup::Ready(index.clone())
+            }
+            Some(Slot::Loading { .. } | Slot::TooBig) => Lookup::Skip,
+            None => {
+                st.streams.insert(
+                    stream.to_string(),
+                    Slot::Loading {
+                        pending: Vec::new(),
+                        poisoned: false,
+                    },
+                );
+                Lookup::Load(LoadGuard {
+                    hot: self.clone(),
+                    stream: stream.to_string(),
+                    done: false,
+                })
+            }
+        }
+    }
+
+    /// A commit of these chunks landed: apply it to the loaded streams.
+    pub fn apply<'a>(&self, chunks: impl IntoIterator<Item = &'a Chunk>) {
+        let mut st = self.state.lock().expect("hot index lock");
+        if st.streams.is_empty() {
+            return;
+        }
+        let mut grown: Vec<String> = Vec::new();
+        for c in chunks {
+            let Some(slot) = st.streams.get_mut(&c.stream) else {
+                continue;
+            };
+            let row = || Row {
+                id: c.id.clone(),
+                vector: self.admits(c).then(|| c.embedding.clone()).flatten(),
+                meta: Meta::of(c),
+            };
+            match slot {
+                Slot::Ready { index, .. } => {
+                    index.write().expect("stream index lock").apply(row());
+                    if !grown.contains(&c.stream) {
+                        grown.push(c.stream.clone());
+                    }
+                }
+                Slot::Loading { pending, .. } => pending.push(row()),
+                Slot::TooBig => {}
+            }
+        }
+        for stream in grown {
+            self.account(&mut st, &stream);
+        }
+    }
+
+    /// Rows of `streams` (None: of any stream) went that are not known one
+    /// by one (a delete, a rollback): drop those streams and poison their
+    /// loads under way.
+    pub fn invalidate(&self, streams: Option<&[String]>) {
+        let mut st = self.state.lock().expect("hot index lock");
+        let mut freed = 0;
+        st.streams.retain(|stream, slot| {
+            if streams.is_some_and(|list| !list.contains(stream)) {
+                return true;
+            }
+            match slot {
+                Slot::Loading { poisoned, .. } => {
+                    *poisoned = true;
+                    true
+                }
+                Slot::Ready { bytes, .. } => {
+                    freed += *bytes;
+                    false
+                }
+                Slot::TooBig => false,
+            }
+        });
+        st.used -= freed;
+    }
+
+    fn clear(&self) {
+        self.invalidate(None);
+    }
+
+    /// Re-measure a stream after commits; evict others (or itself) to fit.
+    fn account(&self, st: &mut State, stream: &str) {
+        let Some(Slot::Ready { index, bytes, .. }) = st.streams.get_mut(stream) else {
+            return;
+        };
+        let now = index.read().expect("stream index lock").bytes();
+        let before = std::mem::replace(bytes, now);
+        st.used = st.used - before + now;
+        if now > self.budget() {
+            st.streams.insert(stream.to_string(), Slot::TooBig);
+            st.used -= now;
+            return;
+        }
+        self.evict(st, stream);
+    }
+
+    /// Evict the least recently used streams other than `keep` until the
+    /// loaded streams fit the budget.
+    fn evict(&self, st: &mut State, keep: &str) {
+        while st.used > self.budget() {
+            let victim = st
+                .streams
+                .iter()
+                .filter_map(|(s, slot)| match slot {
+                    Slot::Ready { used_at, bytes, .. } if s != keep => Some((*used_at, *bytes, s)),
+                    _ => None,
+                })
+                .min_by_key(|(used_at, _, _)| *used_at)
+                .map(|(_, bytes, s)| (bytes, s.clone()));
+            let Some((bytes, victim)) = victim else {
+                return;
+            };
+            st.streams.remove(&victim);
+            st.used -= bytes;
+        }
+    }
+}
+
+/// The nearest `k` memories to `query` over several streams' indexes, as
+/// (cosine distance, id), nearest first.
+pub(super) fn nearest_in(
+    indexes: &[Arc<RwLock<StreamIndex>>],
+    query: &[f32],
+    conds: &[Cond],
+    k: usize,
+) -> Vec<(f32, String)> {
+    let mut q = query.to_vec();
+    l2_normalize(&mut q);
+    let mut out = Vec::new();
+    for index in indexes {
+        index
+            .read()
+            .expect("stream index lock")
+            .nearest(&q, conds, k, &mut out);
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+    out.truncate(k);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(id: &str, stream: &str, v: &[f32]) -> Chunk {
+        let mut c = Chunk::new(id.into(), stream.into(), id.into(), 10);
+        c.embedding = Some(v.to_vec());
+        c
+    }
+
+    fn row(c: &Chunk) -> Row {
+        Row {
+            id: c.id.clone(),
+            vector: c.embedding.clone(),
+            meta: Meta::of(c),
+        }
+    }
+
+    #[test]
+    fn nearest_is_exact_filtered_and_follows_replacements_and_removals() {
+        let mut ix = StreamIndex::new(2);
+        for (id, v) in [
+            ("a", [1.0, 0.0]),
+            ("b", [0.0, 1.0]),
+            ("c", [1.0, 1.0]),
+            ("d", [-1.0, 0.0]),
+        ] {
+            ix.apply(row(&chunk(id, "s", &v)));
+        }
+        let near = |ix: &StreamIndex, conds: &[Cond], k| {
+            let mut out = Vec::new();
+            ix.nearest(&[1.0, 0.0], conds, k, &mut out);
+            out.into_iter().map(|(_, id)| id).collect::<Vec<_>>()
+        };
+        assert_eq!(near(&ix, &[], 3), ["a", "c", "b"]);
+        // Superseded rows fall out of `current` reads.
+        let mut old = chunk("a", "s", &[1.0, 0.0]);
+        old.superseded_by = Some("c".into());
+        ix.apply(row(&old));
+        assert_eq!(near(&ix, &[Cond::Current], 2), ["c", "b"]);
+        assert_eq!(near(&ix, &[], 1), ["a"]);
+        // A new vector replaces the old one in place.
+        ix.apply(row(&chunk("d", "s", &[2.0, 0.1])));
+        assert_eq!(near(&ix, &[Cond::Current], 1), ["d"]);
+        // Removal moves the last row into the hole and keeps the id map right.
+        ix.apply(Row {
+            id: "a".into(),
+            vector: None,
+            meta: Meta::of(&old),
+        });
+        assert_eq!(ix.len(), 3);
+        assert_eq!(near(&ix, &[], 4), ["d", "c", "b"]);
+        ix.apply(Row {
+            id: "d".into(),
+            vector: None,
+            meta: Meta::of(&old),
+        });
+        assert_eq!(near(&ix, &[], 4), ["c", "b"]);
+        let mut out = Vec::new();
+        ix.nearest(&[1.0, 0.0], &[], 1, &mut out);
+        assert!((out[0].0 - (1.0 - std::f32::consts::FRAC_1_SQRT_2)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn filters_match_the_lance_predicates() {
+        let mut c = chunk("x", "s", &[1.0, 0.0]);
+        c.expires_at = Some(100);
+        c.valid_from = Some(5);
+        c.valid_until = Some(50);
+        c.memory_type = "preference".into();
+        c.subject = Some("Alice".into());
+        c.confidence = 0.5;
+        let m = Meta::of(&c);
+        assert!(m.meets(&[
+            Cond::Unexpired(99),
+            Cond::ValidAt(5),
+            Cond::CreatedSince(10)
+        ]));
+        assert!(!m.meets(&[Cond::Unexpired(100)]));
+        assert!(!m.meets(&[Cond::ValidAt(50)]));
+        assert!(!m.meets(&[Cond::ValidAt(4)]));
+        assert!(m.meets(&[Cond::CreatedUntil(10)]) && !m.meets(&[Cond::CreatedBefore(10)]));
+        assert!(m.meets(&[
+            Cond::Subject("alice".into()),
+            Cond::MemoryType("preference".into())
+        ]));
+        assert!(!m.meets(&[Cond::MinConfidence(0.6)]));
+        assert!(!m.meets(&[Cond::Opaque]));
+    }
+
+    #[test]
+    fn loads_see_commits_made_meanwhile_deletes_poison_them_and_the_budget_evicts() {
+        let dim = 2;
+        let hot = Arc::new(HotIndex::new(dim, 3 * (row_bytes(dim) + 2)));
+        let Lookup::Load(guard) = hot.lookup("s") else {
+            panic!("first lookup loads")
+        };
+        assert!(
+            matches!(hot.lookup("s"), Lookup::Skip),
+            "one loader at a time"
+        );
+        // A commit while the load runs reaches the index it installs.
+        hot.apply([&chunk("late", "s", &[0.0, 1.0])]);
+        let index = guard.finish(StreamIndex::new(dim)).expect("installed");
+        assert_eq!(index.read().unwrap().len(), 1);
+        // Later commits apply in place.
+        hot.apply([&chunk("b", "s", &[1.0, 0.0])]);
+        assert!(matches!(hot.lookup("s"), Lookup::Ready(ix) if ix.read().unwrap().len() == 2));
+        // A delete during a load poisons it.
+        let Lookup::Load(guard) = hot.lookup("t") else {
+            panic!()
+        };
+        hot.invalidate(Some(&["t".to_string()]));
+        assert!(guard.finish(StreamIndex::new(dim)).is_none());
+        assert_eq!(hot.loaded(), 1, "another stream's delete leaves `s` loaded");
+        hot.invalidate(None);
+        assert_eq!(hot.loaded(), 0);
+        // A dropped load frees the slot.
+        match hot.lookup("u") {
+            Lookup::Load(g) => drop(g),
+            _ => panic!(),
+        }
+        assert!(matches!(hot.lookup("u"), Lookup::Load(_)));
+        // Two streams of two rows do not fit three rows: the older goes.
+        for s in ["v", "w"] {
+            let Lookup::Load(g) = hot.lookup(s) else {
+                panic!()
+            };
+            let mut ix = StreamIndex::new(dim);
+            ix.apply(row(&chunk("1", s, &[1.0, 0.0])));
+            ix.apply(row(&chunk("2", s, &[0.0, 1.0])));
+            assert!(g.finish(ix).is_some());
+        }
+        assert_eq!(hot.loaded(), 1);
+        assert!(matches!(hot.lookup("w"), Lookup::Ready(_)));
+        assert!(hot.used() <= hot.budget());
+        // A stream over the whole budget is left to Lance.
+        let Lookup::Load(g) = hot.lookup("big") else {
+            panic!()
+        };
+        let mut ix = StreamIndex::new(dim);
+        for i in 0..4 {
+            ix.apply(row(&chunk(&i.to_string(), "big", &[1.0, 0.0])));
+        }
+        assert!(g.finish(ix).is_none());
+        assert!(matches!(hot.lookup("big"), Lookup::Skip));
+    }
+}
+
+#[cfg(test)]
+mod against_lance {
+    use crate::core::model::Chunk;
+    use crate::store::{Filter, Store};
+
+    /// A deterministic unit-ish vector per seed.
+    fn vector(seed: u64, dim: usize) -> Vec<f32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..dim)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn memory(i: u64, stream: &str, dim: usize) -> Chunk {
+        let mut c = Chunk::new(
+            format!("m{i}"),
+            stream.into(),
+            format!("memory {i}"),
+            i as i64 * 10,
+        );
+        c.embedding = Some(vector(i, dim));
+        c.embed_model = Some("m".into());
+        c.memory_type = if i % 3 == 0 { "preference" } else { "fact" }.into();
+        c
+    }
+
+    /// The hot answer and Lance's agree (same ids in the same order) for
+    /// each filter, after every kind of write.
+    async fn agree(store: &Store, filters: &[Filter], round: &str) {
+        for (f, filter) in filters.iter().enumerate() {
+            for q in 0..5u64 {
+                let v = vector(1000 + q, store.dim());
+                let hot = store.search_vector(None, &v, filter, 7).await.unwrap();
+                let lance = store
+                    .search_vector_lance(None, &v, filter, 7)
+                    .await
+                    .unwrap();
+                let ids =
+                    |x: &[crate::store::Scored]| x.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+                assert_eq!(ids(&hot), ids(&lance), "{round}: filter {f}, query {q}");
+                for (h, l) in hot.iter().zip(&lance) {
+                    assert!(
+                        (h.score - l.score).abs() < 1e-4,
+                        "{round}: distances {} vs {}",
+                        h.score,
+                        l.score
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn hot_reads_match_lance_through_writes_supersessions_and_deletes() {
+        let dim = 16;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), dim, 1000)
+            .await
+            .unwrap()
+            .for_model("m");
+        store
+            .upsert(
+                (0..120)
+                    .map(|i| memory(i, if i % 2 == 0 { "a" } else { "b" }, dim))
+                    .collect(),
+            )
+            .await
+            .unwrap();
+        let filters = [
+            Filter::new().stream("a").current().unexpired(500),
+            Filter::new().in_streams(&["a", "b"]).current(),
+            Filter::new()
+                .stream("b")
+                .memory_type("preference")
+                .created_since(300),
+            Filter::new().stream("a").current().valid_at(100),
+        ];
+        agree(&store, &filters, "loaded").await;
+        assert_eq!(store.hot_usage().1, 2, "both streams are in memory");
+        // New memories, a supersession, a new vector, an expiry, another model.
+        let mut writes: Vec<Chunk> = (120..160).map(|i| memory(i, "a", dim)).collect();
+        let mut old = memory(2, "a", dim);
+        old.superseded_by = Some("m120".into());
+        let mut moved = memory(4, "a", dim);
+        moved.embedding = Some(vector(1001, dim));
+        let mut expiring = memory(6, "a", dim);
+        expiring.expires_at = Some(100);
+        let mut other_model = memory(8, "a", dim);
+        other_model.embed_model = Some("other".into());
+        let mut bounded = memory(10, "a", dim);
+        bounded.valid_from = Some(200);
+        writes.extend([old, moved, expiring, other_model, bounded]);
+        store.upsert(writes).await.unwrap();
+        agree(&store, &filters, "after upserts").await;
+        // Changes through the writer's modify path.
+        store
+            .modify(
+                vec!["m12".into(), "m13".into()],
+                Box::new(|c| {
+                    c.superseded_by = Some("x".into());
+                    true
+                }),
+            )
+            .await
+            .unwrap();
+        agree(&store, &filters, "after modify").await;
+        // A delete drops the streams it touched; the next read loads them again.
+        store
+            .delete(&Filter::new().stream("a").created_since(1000))
+            .await
+            .unwrap();
+        assert_eq!(store.hot_usage().1, 1, "b stays loaded");
+        agree(&store, &filters, "after delete").await;
+        // Neighbours for the pipeline come from the same index.
+        let v = vector(1002, dim);
+        let near = store.nearest_many("a", &[&v], 3).await.unwrap();
+        let lance = store
+            .search_vector_lance(None, &v, &Filter::new().stream("a").current(), 3)
+            .await
+            .unwrap();
+        let ids: Vec<String> = near[0].iter().map(|n| n.id.clone()).collect();
+        assert_eq!(ids, lance.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
+        // An opaque condition goes to Lance (and still answers).
+        let opaque = Filter::new().stream("a").session("none");
+        assert!(store
+            .search_vector(None, &v, &opaque, 3)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+}
