@@ -315,6 +315,45 @@ fn main() {
         percentile(&after, 0.95),
         percentile(&after, 0.99),
     );
+    // Where a store's time went: the pipeline's own counters, per batch.
+    let status: serde_json::Value = rt.block_on(async {
+        http.get(format!("{base}/v1/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    for (pipeline, stages) in status["pipelines"].as_object().into_iter().flatten() {
+        let stages = stages.as_array().cloned().unwrap_or_default();
+        let batches = stages
+            .first()
+            .and_then(|s| s["batches"].as_u64())
+            .unwrap_or(0);
+        if batches == 0 {
+            continue;
+        }
+        let line: Vec<String> = stages
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} {:.1}",
+                    s["stage"].as_str().unwrap_or("?"),
+                    s["total_micros"].as_u64().unwrap_or(0) as f64 / batches as f64 / 1e3
+                )
+            })
+            .collect();
+        let records = stages
+            .first()
+            .and_then(|s| s["records_in"].as_u64())
+            .unwrap_or(0);
+        println!(
+            "pipeline {pipeline}: {batches} batches of {:.1} on average; ms per batch: {}",
+            records as f64 / batches as f64,
+            line.join(", ")
+        );
+    }
     let _ = stop.send(());
     rt.block_on(server).unwrap().unwrap();
     drop(nats);

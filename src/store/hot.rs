@@ -66,10 +66,12 @@ impl Meta {
     }
 }
 
-/// One memory as the index holds it; `vector: None` removes it.
+/// One memory as the index holds it (`vector: None`: it takes no part in
+/// vector reads).
 #[derive(Debug, Clone)]
 pub(super) struct Row {
     pub id: String,
+    pub content_hash: String,
     pub vector: Option<Vec<f32>>,
     pub meta: Meta,
 }
@@ -84,11 +86,17 @@ pub(super) struct StreamIndex {
     vectors: Vec<f32>,
     meta: Vec<Meta>,
     id_bytes: usize,
+    /// Every memory of the stream, with or without a vector: its text's hash.
+    hash_of: HashMap<String, String>,
+    /// The current memories by the hash of their text.
+    current_by_hash: HashMap<String, Vec<String>>,
 }
 
 /// Bytes a memory costs beside its vector and id: its filter columns, its
 /// place in the id map, the vectors' slack.
 const ROW_OVERHEAD: usize = 160;
+/// Bytes of a memory's text hash and its two map entries.
+const HASH_BYTES: usize = 64 + 2 * 48;
 
 impl StreamIndex {
     pub fn new(dim: usize) -> StreamIndex {
@@ -105,11 +113,37 @@ impl StreamIndex {
 
     /// What the index holds in memory, roughly.
     pub fn bytes(&self) -> usize {
-        row_bytes(self.dim) * self.ids.len() + 2 * self.id_bytes
+        row_bytes(self.dim) * self.hash_of.len() + 3 * self.id_bytes
     }
 
-    /// Insert, replace or (`vector: None`) remove a memory.
+    /// The current memories whose text hashes to `hash`.
+    pub fn current_with_hash(&self, hash: &str) -> &[String] {
+        self.current_by_hash.get(hash).map_or(&[], Vec::as_slice)
+    }
+
+    /// Insert or replace a memory.
     pub fn apply(&mut self, row: Row) {
+        if let Some(old) = self.hash_of.remove(&row.id) {
+            if let Some(ids) = self.current_by_hash.get_mut(&old) {
+                ids.retain(|x| *x != row.id);
+                if ids.is_empty() {
+                    self.current_by_hash.remove(&old);
+                }
+            }
+        }
+        if row.meta.current {
+            self.current_by_hash
+                .entry(row.content_hash.clone())
+                .or_default()
+                .push(row.id.clone());
+        }
+        if self
+            .hash_of
+            .insert(row.id.clone(), row.content_hash)
+            .is_none()
+        {
+            self.id_bytes += row.id.len();
+        }
         match row.vector {
             Some(mut v) if v.len() == self.dim => {
                 l2_normalize(&mut v);
@@ -120,7 +154,6 @@ impl StreamIndex {
                     }
                     None => {
                         self.pos.insert(row.id.clone(), self.ids.len());
-                        self.id_bytes += row.id.len();
                         self.ids.push(row.id);
                         self.vectors.extend_from_slice(&v);
                         self.meta.push(row.meta);
@@ -131,7 +164,7 @@ impl StreamIndex {
         }
     }
 
-    /// Remove a memory: the last row takes its place.
+    /// Take a memory out of the vector matrix: the last row takes its place.
     fn remove(&mut self, id: &str) {
         let Some(i) = self.pos.remove(id) else {
             return;
@@ -146,9 +179,7 @@ impl StreamIndex {
         }
         self.vectors.truncate(last * d);
         self.meta.pop();
-        if let Some(gone) = self.ids.pop() {
-            self.id_bytes -= gone.len();
-        }
+        self.ids.pop();
     }
 
     /// The `k` rows meeting `conds` nearest to the unit vector `q`, as
@@ -210,7 +241,7 @@ impl Ord for Candidate<'_> {
 
 /// What a memory costs in the index, its id aside.
 pub(super) fn row_bytes(dim: usize) -> usize {
-    dim * std::mem::size_of::<f32>() + ROW_OVERHEAD
+    dim * std::mem::size_of::<f32>() + ROW_OVERHEAD + HASH_BYTES
 }
 
 enum Slot {
@@ -421,6 +452,7 @@ impl HotIndex {
             };
             let row = || Row {
                 id: c.id.clone(),
+                content_hash: c.content_hash.clone(),
                 vector: self.admits(c).then(|| c.embedding.clone()).flatten(),
                 meta: Meta::of(c),
             };
@@ -542,6 +574,7 @@ mod tests {
     fn row(c: &Chunk) -> Row {
         Row {
             id: c.id.clone(),
+            content_hash: c.content_hash.clone(),
             vector: c.embedding.clone(),
             meta: Meta::of(c),
         }
@@ -573,9 +606,15 @@ mod tests {
         // A new vector replaces the old one in place.
         ix.apply(row(&chunk("d", "s", &[2.0, 0.1])));
         assert_eq!(near(&ix, &[Cond::Current], 1), ["d"]);
-        // Removal moves the last row into the hole and keeps the id map right.
+        // Hashes of current memories only: `a` is superseded.
+        let hash = |id: &str| chunk(id, "s", &[0.0, 0.0]).content_hash;
+        assert_eq!(ix.current_with_hash(&hash("c")), ["c"]);
+        assert!(ix.current_with_hash(&hash("a")).is_empty());
+        // A memory that loses its vector leaves the matrix (the last row
+        // moves into the hole) but is still known by its hash.
         ix.apply(Row {
             id: "a".into(),
+            content_hash: old.content_hash.clone(),
             vector: None,
             meta: Meta::of(&old),
         });
@@ -583,10 +622,12 @@ mod tests {
         assert_eq!(near(&ix, &[], 4), ["d", "c", "b"]);
         ix.apply(Row {
             id: "d".into(),
+            content_hash: hash("d"),
             vector: None,
-            meta: Meta::of(&old),
+            meta: Meta::of(&chunk("d", "s", &[0.0, 0.0])),
         });
         assert_eq!(near(&ix, &[], 4), ["c", "b"]);
+        assert_eq!(ix.current_with_hash(&hash("d")), ["d"]);
         let mut out = Vec::new();
         ix.nearest(&[1.0, 0.0], &[], 1, &mut out);
         assert!((out[0].0 - (1.0 - std::f32::consts::FRAC_1_SQRT_2)).abs() < 1e-6);
@@ -622,7 +663,7 @@ mod tests {
     #[test]
     fn loads_see_commits_made_meanwhile_deletes_poison_them_and_the_budget_evicts() {
         let dim = 2;
-        let hot = Arc::new(HotIndex::new(dim, 3 * (row_bytes(dim) + 2)));
+        let hot = Arc::new(HotIndex::new(dim, 3 * row_bytes(dim) + 15));
         let Lookup::Load(guard) = hot.lookup("s") else {
             panic!("first lookup loads")
         };
@@ -714,6 +755,36 @@ mod against_lance {
     /// The hot answer and Lance's agree (same ids in the same order) for
     /// each filter, after every kind of write.
     async fn agree(store: &Store, filters: &[Filter], round: &str) {
+        // Exact duplicates: the current memories with these texts, vector or not.
+        let hashes: Vec<String> = (0..40)
+            .map(|i| memory(i, "a", store.dim()).content_hash)
+            .collect();
+        let mut hot: Vec<String> = store
+            .current_with_hashes("a", &hashes)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let mut lance: Vec<String> = store
+            .find(
+                &Filter::new().stream("a").current().content_hash_in(&hashes),
+                None,
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        hot.sort();
+        lance.sort();
+        assert_eq!(hot, lance, "{round}: duplicates by hash");
+        if round != "loaded" {
+            assert!(
+                hot.contains(&"m8".to_string()),
+                "{round}: found without a vector of the model"
+            );
+        }
         for (f, filter) in filters.iter().enumerate() {
             for q in 0..5u64 {
                 let v = vector(1000 + q, store.dim());

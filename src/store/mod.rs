@@ -731,6 +731,8 @@ impl Store {
 /// The columns the hot index loads.
 const HOT_COLUMNS: &[&str] = &[
     "id",
+    "content_hash",
+    "embed_model",
     "embedding",
     "superseded_by",
     "expires_at",
@@ -775,7 +777,7 @@ impl Store {
         &self,
         guard: hot::LoadGuard,
     ) -> Result<Option<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>> {
-        let filter = self.with_vectors(Filter::new().stream(guard.stream()));
+        let filter = Filter::new().stream(guard.stream());
         let rows = self.count(&filter).await?;
         if rows.saturating_mul(hot::row_bytes(self.dim)) > self.hot.budget() {
             guard.too_big();
@@ -795,9 +797,15 @@ impl Store {
             let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
                 let Some(id) = c.str("id", r) else { continue };
+                let model = c.str("embed_model", r);
+                let admitted = match &self.embed_model {
+                    Some(m) => model.as_deref() == Some(m.as_str()),
+                    None => true,
+                };
                 index.apply(hot::Row {
                     id,
-                    vector: c.vector("embedding", r),
+                    content_hash: c.str("content_hash", r).unwrap_or_default(),
+                    vector: c.vector("embedding", r).filter(|_| admitted),
                     meta: hot::Meta {
                         current: c.str("superseded_by", r).is_none(),
                         expires_at: c.time("expires_at", r),
@@ -812,6 +820,33 @@ impl Store {
             }
         }
         Ok(guard.finish(index))
+    }
+
+    /// The current memories of `stream` whose text hashes to any of `hashes`
+    /// (the hot index names them; Lance is read only for those found).
+    pub async fn current_with_hashes<S: AsRef<str>>(
+        &self,
+        stream: &str,
+        hashes: &[S],
+    ) -> Result<Vec<Chunk>> {
+        let filter = Filter::new().stream(stream).current();
+        let Some(indexes) = self.hot_indexes(&filter).await? else {
+            return self.find(&filter.content_hash_in(hashes), None).await;
+        };
+        let ids: Vec<String> = indexes
+            .iter()
+            .flat_map(|ix| {
+                let ix = ix.read().expect("stream index lock");
+                hashes
+                    .iter()
+                    .flat_map(|h| ix.current_with_hash(h.as_ref()).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.find(&filter.ids(&ids), None).await
     }
 
     /// The nearest `limit` memories from the hot index, as (cosine

@@ -16,7 +16,7 @@ use crate::core::model::Chunk;
 use crate::pipeline::{
     ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage, StreamVectors,
 };
-use crate::store::{Filter, Store};
+use crate::store::Store;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -129,13 +129,7 @@ impl Dedupe {
         for (stream, hashes) in by_stream {
             let rows = self
                 .store
-                .find(
-                    &Filter::new()
-                        .stream(stream)
-                        .current()
-                        .content_hash_in(&hashes),
-                    None,
-                )
+                .current_with_hashes(stream, &hashes)
                 .await
                 .map_err(|e| PipelineError::Batch {
                     stage: "dedupe",
