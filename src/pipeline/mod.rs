@@ -131,6 +131,12 @@ pub trait Stage: Send + Sync {
     fn name(&self) -> &'static str;
     /// An `Err` fails the whole batch (to be retried); per-record trouble is a `Disposition`.
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>>;
+    /// True when what the stage does to a record depends on the record alone,
+    /// not on the store or the batches before it: such a stage may run on a
+    /// batch while the batch before it is still being written.
+    fn runs_ahead(&self) -> bool {
+        false
+    }
 }
 
 /// A stage that looks at one record at a time.
@@ -142,6 +148,10 @@ pub trait RecordStage: Send + Sync {
 impl<T: RecordStage> Stage for T {
     fn name(&self) -> &'static str {
         RecordStage::name(self)
+    }
+
+    fn runs_ahead(&self) -> bool {
+        true
     }
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
@@ -320,8 +330,34 @@ impl Pipeline {
 
     /// Run the batch through every stage; the `write` stage commits what is kept.
     pub async fn run(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
-        let mut reports = Vec::with_capacity(self.stages.len());
-        for (stage, stats) in self.stages.iter().zip(&self.stats) {
+        let mut reports = self.run_ahead(batch).await?;
+        reports.extend(self.run_rest(batch).await?);
+        Ok(reports)
+    }
+
+    /// How many leading stages may run ahead (see [`Stage::runs_ahead`]).
+    fn ahead(&self) -> usize {
+        self.stages.iter().take_while(|s| s.runs_ahead()).count()
+    }
+
+    /// The leading stages that may run while earlier batches are written.
+    pub async fn run_ahead(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
+        self.run_stages(batch, 0..self.ahead()).await
+    }
+
+    /// The stages after [`Pipeline::run_ahead`]'s, in batch order.
+    pub async fn run_rest(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
+        self.run_stages(batch, self.ahead()..self.stages.len())
+            .await
+    }
+
+    async fn run_stages(
+        &self,
+        batch: &mut [Record],
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<StageReport>, PipelineError> {
+        let mut reports = Vec::with_capacity(range.len());
+        for (stage, stats) in self.stages[range.clone()].iter().zip(&self.stats[range]) {
             let before: Vec<bool> = batch.iter().map(Record::is_kept).collect();
             let records_in = before.iter().filter(|k| **k).count();
             let started = Instant::now();

@@ -33,23 +33,65 @@ fn backoff(attempt: u32) -> Duration {
         .min(Duration::from_secs(10))
 }
 
+/// Batches a worker holds at once: one being written while the next runs
+/// the stages that run ahead (for the default pipelines: sanitize, PII,
+/// entities and, above all, the embedder).
+const IN_FLIGHT: usize = 2;
+
+/// One pipeline's share of a batch, after the stages that run ahead.
+struct Group {
+    name: String,
+    deliveries: Vec<Delivery>,
+    records: Vec<Record>,
+    /// `Err` when a stage that runs ahead failed the batch.
+    ahead: Result<(), crate::pipeline::PipelineError>,
+}
+
 impl Worker {
-    /// Run until the bus is closed (embedded: and drained) or the worker is stopped.
+    /// Run until the bus is closed (embedded: and drained) or the worker is
+    /// stopped. While a batch is written the next one is pulled and runs the
+    /// stages that run ahead; the rest of the stages (those that read the
+    /// store: dedupe, surprise, contradictions, write) and the
+    /// acknowledgements run one batch at a time, in the order pulled.
     pub async fn run(self, mut consumer: Consumer) {
+        let this = Arc::new(self);
+        let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut previous: Option<tokio::sync::oneshot::Receiver<()>> = None;
         while let Some(batch) = consumer
-            .next_batch(self.cfg.batch_size, self.cfg.batch_wait)
+            .next_batch(this.cfg.batch_size, this.cfg.batch_wait)
             .await
         {
-            let _keepalive = Keepalive::start(&batch, self.cfg.keepalive);
-            let _gate = self.store.write_gate.read().await;
-            self.process(batch).await;
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let (done, turn) = tokio::sync::oneshot::channel();
+            let before = previous.replace(turn);
+            let worker = this.clone();
+            tasks.spawn(async move {
+                let _keepalive = Keepalive::start(&batch, worker.cfg.keepalive);
+                let _gate = worker.store.write_gate.read().await;
+                let groups = worker.run_ahead(batch).await;
+                if let Some(before) = before {
+                    // Resolves when the batch before is done (or its task ended).
+                    let _ = before.await;
+                }
+                for g in groups {
+                    worker.finish_group(g).await;
+                }
+                drop(done);
+                drop(slot);
+            });
+            while tasks.try_join_next().is_some() {}
         }
+        while tasks.join_next().await.is_some() {}
         tracing::debug!("pipeline worker stopped");
     }
 
-    async fn process(&self, batch: Vec<Delivery>) {
-        // Group by pipeline, keeping arrival order within each group.
-        let mut groups: Vec<(String, Vec<Delivery>)> = Vec::new();
+    /// Group a batch by pipeline (arrival order kept within each) and run
+    /// each group's leading stages.
+    async fn run_ahead(&self, batch: Vec<Delivery>) -> Vec<Group> {
+        let mut groups: Vec<Group> = Vec::new();
         for d in batch {
             let name = match &d.envelope {
                 Ok(e) => e.pipeline.clone(),
@@ -59,16 +101,44 @@ impl Worker {
                     continue;
                 }
             };
-            match groups.iter_mut().find(|(p, _)| *p == name) {
-                Some((_, g)) => g.push(d),
-                None => groups.push((name, vec![d])),
+            match groups.iter_mut().find(|g| g.name == name) {
+                Some(g) => g.deliveries.push(d),
+                None => groups.push(Group {
+                    name,
+                    deliveries: vec![d],
+                    records: Vec::new(),
+                    ahead: Ok(()),
+                }),
             }
         }
-        for (name, deliveries) in groups {
-            self.process_group(&name, deliveries).await;
+        for g in &mut groups {
+            g.records = records_of(&g.deliveries);
+            if let Some(pipeline) = self.pipelines.get(&g.name) {
+                g.ahead = pipeline.run_ahead(&mut g.records).await.map(|_| ());
+            }
         }
+        groups
     }
 
+    /// The rest of a group's stages, then its acknowledgements.
+    async fn finish_group(&self, g: Group) {
+        let Some(pipeline) = self.pipelines.get(&g.name) else {
+            for d in g.deliveries {
+                self.give_up(d, format!("no pipeline named `{}`", g.name))
+                    .await;
+            }
+            return;
+        };
+        let mut records = g.records;
+        let result = match g.ahead {
+            Ok(()) => pipeline.run_rest(&mut records).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        self.settle_group(&g.name, g.deliveries, records, result)
+            .await;
+    }
+
+    /// A group run through its whole pipeline at once (a record retried alone).
     async fn process_group(&self, name: &str, deliveries: Vec<Delivery>) {
         let Some(pipeline) = self.pipelines.get(name) else {
             for d in deliveries {
@@ -76,14 +146,22 @@ impl Worker {
             }
             return;
         };
-        let mut records: Vec<Record> = deliveries
-            .iter()
-            .filter_map(|d| d.envelope.as_ref().ok())
-            .map(|e| Record::new(e.chunk.clone()))
-            .collect();
-        match pipeline.run(&mut records).await {
-            Ok(reports) => {
-                tracing::debug!(pipeline = %name, ?reports, "batch committed");
+        let mut records = records_of(&deliveries);
+        let result = pipeline.run(&mut records).await.map(|_| ());
+        self.settle_group(name, deliveries, records, result).await;
+    }
+
+    /// Acknowledge (or retry, or dead-letter) each delivery by its record's fate.
+    async fn settle_group(
+        &self,
+        name: &str,
+        deliveries: Vec<Delivery>,
+        records: Vec<Record>,
+        result: Result<(), crate::pipeline::PipelineError>,
+    ) {
+        match result {
+            Ok(()) => {
+                tracing::debug!(pipeline = %name, "batch committed");
                 for (d, r) in deliveries.into_iter().zip(records) {
                     match r.disposition {
                         Disposition::Fail(error) => self.retry_or_give_up(d, error).await,
@@ -181,6 +259,15 @@ impl Worker {
         }
         d.ack().await;
     }
+}
+
+/// A fresh record for each well-formed delivery.
+fn records_of(deliveries: &[Delivery]) -> Vec<Record> {
+    deliveries
+        .iter()
+        .filter_map(|d| d.envelope.as_ref().ok())
+        .map(|e| Record::new(e.chunk.clone()))
+        .collect()
 }
 
 /// Envelopes for chunks that go through `pipeline`.

@@ -165,6 +165,9 @@ pub struct Graph {
     pub edges: Table,
     /// Rows upserted since the `id` indexes were last refreshed.
     unindexed: std::sync::atomic::AtomicUsize,
+    /// Held by each read-merge-write of rows (the pipeline's batches, which
+    /// overlap, and the LLM entity queue), so no merge loses another's counts.
+    merging: tokio::sync::Mutex<()>,
 }
 
 /// Graph rows written between two refreshes of the `id` indexes (rows added
@@ -217,6 +220,7 @@ impl Graph {
             entities,
             edges,
             unindexed: Default::default(),
+            merging: Default::default(),
         })
     }
 
@@ -240,6 +244,7 @@ impl Graph {
 
     /// Fold a batch's mentions and relations into the tables (one commit each).
     pub async fn record(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
+        let _merging = self.merging.lock().await;
         if !mentions.is_empty() {
             let ids: BTreeSet<String> = mentions
                 .iter()
@@ -381,6 +386,7 @@ impl Graph {
     /// edge's `chunk_ids`, and a row left with none is dropped (its name came
     /// only from deleted text).
     pub async fn forget_chunks(&self, stream: &str, ids: &[String]) -> Result<()> {
+        let _merging = self.merging.lock().await;
         let gone: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
         let scope = Filter::new().stream(stream).predicate();
         let strip = |refs: &mut Vec<String>| {

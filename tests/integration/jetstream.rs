@@ -370,3 +370,37 @@ async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivere
     assert_eq!(st["dead_letters"], 0, "{st}");
     assert_eq!(st["chunks"], 2, "{st}");
 }
+
+/// The worker holds two batches at once (the next one embeds while the one
+/// before is written); the stages that read the store still see every batch
+/// before theirs, and writes land in the order they were published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
+    let d = Daemon::start(Options::default().env("LOOMEM_BUS__BATCH_SIZE", "2")).await;
+    let store = |body: Value| {
+        let d = &d;
+        async move {
+            let (s, resp) = d.call("POST", "/v1/store", Some(body)).await;
+            assert_eq!(s, 200, "{resp}");
+            resp
+        }
+    };
+    // Each note twice, back to back: the copy lands in the same batch or in
+    // the next one, never unnoticed.
+    for i in 0..15 {
+        for _ in 0..2 {
+            store(json!({"content": format!("Garden note {i}: the tulips by the shed need water"), "stream": "g", "wait": false})).await;
+        }
+        // The same id rewritten: the later text must win.
+        store(json!({"id": "plan", "content": format!("The plan is revision {i}"), "stream": "g", "wait": false})).await;
+    }
+    // Published last and stored in order: once it is stored, so is everything before.
+    let last = store(json!({"content": "The sentinel is stored last", "stream": "g"})).await;
+    assert_eq!(last["status"], "stored", "{last}");
+    let rows = d
+        .sql("SELECT count(*) AS n FROM chunks WHERE stream = 'g' AND content LIKE 'Garden note%'")
+        .await;
+    assert_eq!(rows[0]["n"], 15, "one memory per note");
+    let plan = d.sql("SELECT content FROM chunks WHERE id = 'plan'").await;
+    assert_eq!(plan[0]["content"], "The plan is revision 14");
+}

@@ -50,6 +50,10 @@ impl EmbedStage {
 }
 
 impl Stage for EmbedStage {
+    fn runs_ahead(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "embed"
     }

@@ -352,6 +352,10 @@ impl ExtractEntities {
 }
 
 impl Stage for ExtractEntities {
+    fn runs_ahead(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "extract_entities"
     }
