@@ -188,18 +188,52 @@ impl StreamIndex {
         if k == 0 || q.len() != self.dim {
             return;
         }
+        let n = self.ids.len();
+        let threads = if n >= PARALLEL_ROWS {
+            std::thread::available_parallelism().map_or(1, |p| p.get().min(4))
+        } else {
+            1
+        };
+        let mut found = if threads <= 1 {
+            self.top_k(q, conds, k, 0..n)
+        } else {
+            // A large stream is scanned in parts, one thread each; the
+            // parts' best k are merged.
+            let per = n.div_ceil(threads);
+            std::thread::scope(|s| {
+                let parts: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let rows = (t * per).min(n)..((t + 1) * per).min(n);
+                        s.spawn(move || self.top_k(q, conds, k, rows))
+                    })
+                    .collect();
+                parts
+                    .into_iter()
+                    .flat_map(|h| h.join().expect("scan thread"))
+                    .collect::<Vec<_>>()
+            })
+        };
+        found.sort();
+        found.truncate(k);
+        out.extend(found.into_iter().map(|c| (c.distance, c.id.to_string())));
+    }
+
+    /// The best `k` of `rows` meeting `conds`, unordered.
+    fn top_k(
+        &self,
+        q: &[f32],
+        conds: &[Cond],
+        k: usize,
+        rows: std::ops::Range<usize>,
+    ) -> Vec<Candidate<'_>> {
+        let d = self.dim;
         let mut heap: BinaryHeap<Candidate<'_>> = BinaryHeap::with_capacity(k + 1);
-        for (i, (v, m)) in self
-            .vectors
-            .chunks_exact(self.dim)
-            .zip(&self.meta)
-            .enumerate()
-        {
-            if !m.meets(conds) {
+        for i in rows {
+            if !self.meta[i].meets(conds) {
                 continue;
             }
             let candidate = Candidate {
-                distance: 1.0 - dot(q, v),
+                distance: 1.0 - dot(q, &self.vectors[i * d..(i + 1) * d]),
                 id: &self.ids[i],
             };
             if heap.len() < k {
@@ -209,11 +243,12 @@ impl StreamIndex {
                 heap.push(candidate);
             }
         }
-        let mut found = heap.into_vec();
-        found.sort();
-        out.extend(found.into_iter().map(|c| (c.distance, c.id.to_string())));
+        heap.into_vec()
     }
 }
+
+/// Streams with at least this many vectors are scanned by several threads.
+const PARALLEL_ROWS: usize = 32_768;
 
 /// A row in the running top k: ordered by distance, then id (the heap's top
 /// is the worst kept).
@@ -631,6 +666,37 @@ mod tests {
         let mut out = Vec::new();
         ix.nearest(&[1.0, 0.0], &[], 1, &mut out);
         assert!((out[0].0 - (1.0 - std::f32::consts::FRAC_1_SQRT_2)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_large_stream_scanned_in_parts_finds_what_one_pass_finds() {
+        let dim = 4;
+        let mut ix = StreamIndex::new(dim);
+        let mut x = 7u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
+        };
+        let n = PARALLEL_ROWS + 5_000;
+        for i in 0..n {
+            let v: Vec<f32> = (0..dim).map(|_| next()).collect();
+            let mut c = chunk(&format!("r{i}"), "s", &v);
+            c.superseded_by = (i % 5 == 0).then(|| "x".to_string());
+            ix.apply(row(&c));
+        }
+        let q = [0.3, -0.2, 0.9, 0.1];
+        let mut parallel = Vec::new();
+        ix.nearest(&q, &[Cond::Current], 25, &mut parallel);
+        let mut one = ix.top_k(&q, &[Cond::Current], 25, 0..n);
+        one.sort();
+        let one: Vec<(f32, String)> = one
+            .into_iter()
+            .map(|c| (c.distance, c.id.to_string()))
+            .collect();
+        assert_eq!(parallel, one);
+        assert_eq!(parallel.len(), 25);
     }
 
     #[test]
