@@ -206,10 +206,12 @@ impl Config {
             return Err(invalid("embed.batch_size", "must be > 0"));
         }
         match self.embed.provider {
-            EmbedProvider::Minilm if self.embed.dim != 384 => {
-                return Err(invalid("embed.dim", "must be 384 for the minilm provider"));
+            EmbedProvider::Minilm | EmbedProvider::Static if self.embed.dim != 384 => {
+                return Err(invalid("embed.dim", "must be 384 for the minilm and static providers"));
             }
-            EmbedProvider::Minilm if !(8..=512).contains(&self.embed.max_tokens) => {
+            EmbedProvider::Minilm | EmbedProvider::Static
+                if !(8..=512).contains(&self.embed.max_tokens) =>
+            {
                 return Err(invalid("embed.max_tokens", "must be between 8 and 512"));
             }
             EmbedProvider::Openai => check_endpoint(

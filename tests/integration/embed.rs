@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loomem::app::config::Config;
-use loomem::providers::embed::{dot, Embedder, MiniLmEmbedder};
+use loomem::providers::embed::{dot, Embedder, MiniLmEmbedder, StaticEmbedder};
 use serde_json::{json, Value};
 
 use crate::fixture::{repo_root, Daemon, Options};
@@ -167,6 +167,94 @@ async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
     assert_eq!(status["embedder"]["stale"], 0);
     assert_eq!(status["config_summary"]["embeddings_count"], 5);
     assert_eq!(status["config_summary"]["vector_enabled"], true);
+}
+
+/// A model directory of links to the installed model's files, so that the
+/// static table a test distils is its own.
+fn linked_model_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in loomem::providers::embed::minilm::MODEL_FILES {
+        std::os::unix::fs::symlink(model_dir().join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_embedder_is_distilled_once_and_keeps_meaning() {
+    let dir = linked_model_dir();
+    let table = dir.path().join(loomem::providers::embed::distilled::TABLE_FILE);
+    let model = StaticEmbedder::load(dir.path(), 256).expect("distils from the installed model");
+    assert!(table.is_file(), "the distilled table is saved beside the model");
+    assert_eq!(model.model(), "static-all-MiniLM-L6-v2");
+    assert_eq!(model.dim(), 384);
+    let texts: Vec<String> = [
+        "I adopted a puppy last week",
+        "We brought home a new dog",
+        "The quarterly tax return is due in April",
+        "My flight to Lisbon was delayed by three hours",
+        "The airline postponed my plane to Portugal",
+        "",
+    ]
+    .map(String::from)
+    .to_vec();
+    let v = model.embed(&texts).await.unwrap();
+    for x in &v[..5] {
+        let norm: f32 = x.iter().map(|a| a * a).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "not unit length: {norm}");
+    }
+    assert!(v[5].iter().all(|x| *x == 0.0), "no token, no direction");
+    // Paraphrases with no word in common are closer than unrelated texts.
+    assert!(dot(&v[0], &v[1]) > dot(&v[0], &v[2]) + 0.1, "dog: {} tax: {}", dot(&v[0], &v[1]), dot(&v[0], &v[2]));
+    assert!(dot(&v[3], &v[4]) > dot(&v[3], &v[0]) + 0.1, "plane: {} dog: {}", dot(&v[3], &v[4]), dot(&v[3], &v[0]));
+
+    // Loaded again: the saved table, not a second distillation.
+    let saved = std::fs::metadata(&table).unwrap().modified().unwrap();
+    let again = StaticEmbedder::load(dir.path(), 256).unwrap();
+    assert_eq!(again.embed(&texts).await.unwrap(), v);
+    assert_eq!(std::fs::metadata(&table).unwrap().modified().unwrap(), saved);
+
+    // A torn table is distilled anew, to the same vectors.
+    let len = std::fs::metadata(&table).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&table).unwrap().set_len(len / 2).unwrap();
+    let mended = StaticEmbedder::load(dir.path(), 256).unwrap();
+    assert_eq!(std::fs::metadata(&table).unwrap().len(), len);
+    let w = mended.embed(&texts).await.unwrap();
+    for (a, b) in v.iter().zip(&w).take(5) {
+        assert!(dot(a, b) > 0.9999);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_stores_and_recalls_with_the_static_embedder() {
+    let dir = linked_model_dir();
+    let d = Daemon::start(
+        Options::embedded()
+            .env("LOOMEM_EMBED__PROVIDER", "static")
+            .env("LOOMEM_EMBED__MODEL_DIR", &dir.path().display().to_string())
+            .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for text in [
+        "The team standup moved to 9:30 every Monday",
+        "Adopted a golden retriever puppy named Biscuit",
+        "Bought oat milk, eggs and sourdough bread",
+        "The flight to Lisbon leaves on Friday evening",
+        "Quarterly revenue grew twelve percent",
+    ] {
+        ids.push(d.store(text, "dev").await);
+    }
+    let (_, resp) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "What kind of dog does the user have?", "stream": "dev"})),
+        )
+        .await;
+    assert_eq!(resp["results"][0]["chunk_id"], ids[1].as_str(), "{resp}");
+    let (_, status) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(status["embedder"]["model"], "static-all-MiniLM-L6-v2");
+    assert_eq!(status["config_summary"]["embeddings_count"], 5);
 }
 
 /// A local stand-in for an OpenAI-compatible embeddings API: vectors from a

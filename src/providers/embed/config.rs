@@ -9,6 +9,9 @@ use serde::Deserialize;
 pub enum EmbedProvider {
     /// sentence-transformers all-MiniLM-L6-v2, in-process (candle).
     Minilm,
+    /// Per-token vectors distilled from the MiniLM model in `model_dir`: a
+    /// tokenizer pass and a weighted sum, for bulk back-fills.
+    Static,
     /// An OpenAI-compatible `/v1/embeddings` endpoint.
     Openai,
     /// Feature hashing; no model (tests, benches).

@@ -230,6 +230,94 @@ pub enum LoadError {
     Invalid { dir: PathBuf, message: String },
 }
 
+fn invalid(dir: &Path, message: String) -> LoadError {
+    LoadError::Invalid {
+        dir: dir.to_path_buf(),
+        message,
+    }
+}
+
+/// The model's configuration, once every model file is found.
+fn read_config(dir: &Path) -> Result<BertConfig, LoadError> {
+    for file in MODEL_FILES {
+        let path = dir.join(file);
+        if !path.is_file() {
+            return Err(LoadError::Missing {
+                path,
+                files: MODEL_FILES.join(", "),
+            });
+        }
+    }
+    let cfg: BertConfig = std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| e.to_string())
+        .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+        .map_err(|e| invalid(dir, format!("config.json: {e}")))?;
+    if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "gelu") {
+        return Err(invalid(
+            dir,
+            format!("config.json: hidden_act {act:?} is not supported (gelu only)"),
+        ));
+    }
+    if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
+        return Err(invalid(
+            dir,
+            "config.json: hidden_size is not a multiple of num_attention_heads".into(),
+        ));
+    }
+    Ok(cfg)
+}
+
+fn read_tokenizer(dir: &Path, cfg: &BertConfig, max_tokens: usize) -> Result<Tokenizer, LoadError> {
+    let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| invalid(dir, format!("tokenizer.json: {e}")))?;
+    // The shipped tokenizer pads and truncates to a fixed 128; padding is done
+    // here per sub-batch, truncation at the model's sequence limit.
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(Some(TruncationParams {
+            max_length: max_tokens.min(cfg.max_position_embeddings),
+            ..Default::default()
+        }))
+        .map_err(|e| invalid(dir, format!("tokenizer truncation: {e}")))?;
+    Ok(tokenizer)
+}
+
+/// The model's tokenizer, truncating at `max_tokens`, and its hidden size.
+pub(super) fn tokenizer(dir: &Path, max_tokens: usize) -> Result<(Tokenizer, usize), LoadError> {
+    let cfg = read_config(dir)?;
+    Ok((read_tokenizer(dir, &cfg, max_tokens)?, cfg.hidden_size))
+}
+
+/// One vector per entry of the model's vocabulary: the model's own sentence
+/// vector of a text that is that token alone (`[CLS] token [SEP]`,
+/// mean-pooled, unit length). The static embedder is distilled from these.
+/// Rows in vocabulary order, hidden-size floats each.
+pub(super) fn token_vectors(dir: &Path) -> Result<Vec<f32>, LoadError> {
+    let cfg = read_config(dir)?;
+    let tokenizer = read_tokenizer(dir, &cfg, cfg.max_position_embeddings)?;
+    let encoder = Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
+    let special = |t: &str| {
+        tokenizer
+            .token_to_id(t)
+            .ok_or_else(|| invalid(dir, format!("tokenizer.json: no {t} token")))
+    };
+    let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
+    let vocab = tokenizer.get_vocab_size(true).min(cfg.vocab_size) as u32;
+    let mut rows = Vec::with_capacity(vocab as usize * cfg.hidden_size);
+    const PASS: u32 = 512;
+    for start in (0..vocab).step_by(PASS as usize) {
+        let ids: Vec<u32> = (start..(start + PASS).min(vocab))
+            .flat_map(|t| [cls, t, sep])
+            .collect();
+        let mask = vec![1u32; ids.len()];
+        let vectors = encoder
+            .embed(&ids, &mask, ids.len() / 3, 3)
+            .map_err(|e| invalid(dir, format!("distilling token vectors: {e}")))?;
+        rows.extend(vectors.into_iter().flatten());
+    }
+    Ok(rows)
+}
+
 impl MiniLmEmbedder {
     /// Load the model from `dir` and start the inference thread.
     /// `max_tokens` truncates longer texts; `batch_size` bounds one forward pass.
@@ -238,46 +326,10 @@ impl MiniLmEmbedder {
         max_tokens: usize,
         batch_size: usize,
     ) -> Result<MiniLmEmbedder, LoadError> {
-        for file in MODEL_FILES {
-            let path = dir.join(file);
-            if !path.is_file() {
-                return Err(LoadError::Missing {
-                    path,
-                    files: MODEL_FILES.join(", "),
-                });
-            }
-        }
-        let invalid = |message: String| LoadError::Invalid {
-            dir: dir.to_path_buf(),
-            message,
-        };
-        let cfg: BertConfig = std::fs::read_to_string(dir.join("config.json"))
-            .map_err(|e| e.to_string())
-            .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
-            .map_err(|e| invalid(format!("config.json: {e}")))?;
-        if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "gelu") {
-            return Err(invalid(format!(
-                "config.json: hidden_act {act:?} is not supported (gelu only)"
-            )));
-        }
-        if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
-            return Err(invalid(
-                "config.json: hidden_size is not a multiple of num_attention_heads".into(),
-            ));
-        }
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| invalid(format!("tokenizer.json: {e}")))?;
-        // The shipped tokenizer pads and truncates to a fixed 128; padding is done
-        // here per sub-batch, truncation at the model's sequence limit.
-        tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: max_tokens.min(cfg.max_position_embeddings),
-                ..Default::default()
-            }))
-            .map_err(|e| invalid(format!("tokenizer truncation: {e}")))?;
+        let cfg = read_config(dir)?;
+        let tokenizer = read_tokenizer(dir, &cfg, max_tokens)?;
         let encoder =
-            Encoder::load(dir, &cfg).map_err(|e| invalid(format!("model.safetensors: {e}")))?;
+            Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
         let dim = cfg.hidden_size;
         let model = Model {
             tokenizer,
@@ -288,7 +340,7 @@ impl MiniLmEmbedder {
         std::thread::Builder::new()
             .name("loomem-minilm".into())
             .spawn(move || serve(model, rx))
-            .map_err(|e| invalid(format!("cannot start the inference thread: {e}")))?;
+            .map_err(|e| invalid(dir, format!("cannot start the inference thread: {e}")))?;
         Ok(MiniLmEmbedder { jobs, dim })
     }
 }

@@ -2,6 +2,7 @@
 
 mod cache;
 pub mod config;
+pub mod distilled;
 mod hash;
 pub mod minilm;
 mod openai;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 pub use cache::CachedEmbedder;
+pub use distilled::StaticEmbedder;
 pub use hash::HashEmbedder;
 pub use minilm::MiniLmEmbedder;
 pub use openai::OpenAiEmbedder;
@@ -49,6 +51,10 @@ pub fn from_config(
             &cfg.model_dir,
             cfg.max_tokens,
             cfg.batch_size,
+        )?)),
+        EmbedProvider::Static => Ok(Arc::new(StaticEmbedder::load(
+            &cfg.model_dir,
+            cfg.max_tokens,
         )?)),
         EmbedProvider::Openai => {
             let api_key = match cfg.api_key_env.as_str() {

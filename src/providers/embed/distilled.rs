@@ -1,0 +1,198 @@
+//! The static embedder (`embed.provider = "static"`): one vector per token,
+//! distilled from the installed MiniLM model, so that embedding a text is a
+//! tokenizer pass and a weighted sum instead of six transformer layers.
+//!
+//! Distillation, done once and kept beside the model (`static-v1.bin`):
+//! 1. every vocabulary entry is run through MiniLM alone (`[CLS] t [SEP]`),
+//!    giving the model's own sentence vector of that token;
+//! 2. the mean of those vectors (the direction every text shares) is taken
+//!    out of each;
+//! 3. each is scaled by a smooth inverse frequency weight, `a / (a + p(t))`,
+//!    with `p` a Zipf law over the vocabulary's frequency order (BERT's
+//!    WordPiece vocabulary lists words by frequency from `the` on), so that
+//!    function words count little and rare words much.
+//!
+//! A text's vector is the sum of its tokens' rows, scaled to unit length.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokenizers::Tokenizer;
+
+use super::minilm::{token_vectors, LoadError};
+use super::{EmbedError, Embedder};
+use crate::core::vector::l2_normalize;
+
+/// Name recorded in `embed_model`.
+pub const MODEL_NAME: &str = "static-all-MiniLM-L6-v2";
+
+/// The distilled table's file, in the model's directory.
+pub const TABLE_FILE: &str = "static-v1.bin";
+
+const MAGIC: &[u8; 8] = b"LOOMSTv1";
+
+/// The smooth inverse frequency constant (`a`).
+const SIF: f64 = 1e-4;
+
+/// The first vocabulary entry in frequency order (`the` in BERT's uncased
+/// vocabulary); entries before it (special tokens, single characters) are
+/// taken as the most frequent.
+const FIRST_WORD: usize = 1996;
+
+struct Table {
+    tokenizer: Tokenizer,
+    dim: usize,
+    /// `vocab × dim`, row per token id, weighted.
+    rows: Vec<f32>,
+}
+
+impl Table {
+    fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let encodings = self
+            .tokenizer
+            .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), false)
+            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+        Ok(encodings
+            .iter()
+            .map(|enc| {
+                let mut v = vec![0f32; self.dim];
+                for &id in enc.get_ids() {
+                    let start = id as usize * self.dim;
+                    if let Some(row) = self.rows.get(start..start + self.dim) {
+                        v.iter_mut().zip(row).for_each(|(a, b)| *a += b);
+                    }
+                }
+                l2_normalize(&mut v);
+                v
+            })
+            .collect())
+    }
+}
+
+/// The static provider: the distilled table, shared by the blocking tasks
+/// that embed with it.
+pub struct StaticEmbedder {
+    table: Arc<Table>,
+}
+
+impl StaticEmbedder {
+    /// Load the table distilled from the MiniLM model in `dir`, distilling it
+    /// first (a few seconds to a minute) when `dir` holds none, or one made
+    /// from other weights. A table that cannot be saved (a read-only
+    /// directory) is used all the same. Texts are cut at `max_tokens`.
+    pub fn load(dir: &Path, max_tokens: usize) -> Result<StaticEmbedder, LoadError> {
+        let (tokenizer, dim) = super::minilm::tokenizer(dir, max_tokens)?;
+        let vocab = tokenizer.get_vocab_size(true);
+        let path = dir.join(TABLE_FILE);
+        let stamp = weights_stamp(dir);
+        let rows = match read_table(&path, stamp, vocab, dim) {
+            Some(rows) => rows,
+            None => {
+                let rows = distil(token_vectors(dir)?, dim);
+                if let Err(e) = write_table(&path, stamp, vocab, dim, &rows) {
+                    tracing::warn!(path = %path.display(), "cannot save the static embedding table: {e}");
+                }
+                rows
+            }
+        };
+        Ok(StaticEmbedder {
+            table: Arc::new(Table {
+                tokenizer,
+                dim,
+                rows,
+            }),
+        })
+    }
+}
+
+/// Steps 2 and 3 of the distillation (see the module's documentation).
+fn distil(mut rows: Vec<f32>, dim: usize) -> Vec<f32> {
+    let vocab = rows.len() / dim;
+    let mut mean = vec![0f64; dim];
+    for row in rows.chunks_exact(dim) {
+        mean.iter_mut().zip(row).for_each(|(m, x)| *m += *x as f64);
+    }
+    mean.iter_mut().for_each(|m| *m /= vocab.max(1) as f64);
+    // Zipf: p(rank) = 1 / (rank · H), H the harmonic number of the vocabulary.
+    let harmonic: f64 = (1..=vocab).map(|r| 1.0 / r as f64).sum();
+    for (id, row) in rows.chunks_exact_mut(dim).enumerate() {
+        let rank = id.saturating_sub(FIRST_WORD) + 1;
+        let p = 1.0 / (rank as f64 * harmonic);
+        let weight = SIF / (SIF + p);
+        row.iter_mut()
+            .zip(&mean)
+            .for_each(|(x, m)| *x = ((*x as f64 - m) * weight) as f32);
+    }
+    rows
+}
+
+/// What identifies the weights a table was distilled from: their size.
+fn weights_stamp(dir: &Path) -> u64 {
+    std::fs::metadata(dir.join("model.safetensors"))
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+fn header(stamp: u64, vocab: usize, dim: usize) -> Vec<u8> {
+    let mut h = MAGIC.to_vec();
+    h.extend(stamp.to_le_bytes());
+    h.extend((vocab as u64).to_le_bytes());
+    h.extend((dim as u64).to_le_bytes());
+    h
+}
+
+/// The saved table, if it is whole and was made from these weights for this
+/// vocabulary and dimension.
+fn read_table(path: &Path, stamp: u64, vocab: usize, dim: usize) -> Option<Vec<f32>> {
+    let bytes = std::fs::read(path).ok()?;
+    let head = header(stamp, vocab, dim);
+    let body = bytes.strip_prefix(head.as_slice())?;
+    if body.len() != vocab * dim * 4 {
+        return None;
+    }
+    Some(
+        body.chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    )
+}
+
+/// Saved whole or not at all (written aside, then renamed).
+fn write_table(path: &Path, stamp: u64, vocab: usize, dim: usize, rows: &[f32]) -> std::io::Result<()> {
+    let aside: PathBuf = path.with_extension("part");
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&aside)?);
+    out.write_all(&header(stamp, vocab, dim))?;
+    for x in rows {
+        out.write_all(&x.to_le_bytes())?;
+    }
+    out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&aside, path)
+}
+
+impl Embedder for StaticEmbedder {
+    fn model(&self) -> &str {
+        MODEL_NAME
+    }
+
+    fn dim(&self) -> usize {
+        self.table.dim
+    }
+
+    fn embed<'a>(
+        &'a self,
+        texts: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>> {
+        Box::pin(async move {
+            if texts.is_empty() {
+                return Ok(Vec::new());
+            }
+            let table = self.table.clone();
+            let texts = texts.to_vec();
+            tokio::task::spawn_blocking(move || table.embed(&texts))
+                .await
+                .map_err(|e| EmbedError::Provider(format!("static embedder: {e}")))?
+        })
+    }
+}
