@@ -1,6 +1,7 @@
 //! MiniLM (all-MiniLM-L6-v2, candle, CPU) throughput and latency: texts per
 //! second at batch sizes 1, 8, 32 and 128 for short (~16 tokens) and long
-//! (~200 tokens) texts, and the latency of one short query.
+//! (~200 tokens) texts, and the latency of one short query; the same for the
+//! static embedder distilled from it.
 //!
 //! `cargo bench --bench embed` (the model must be installed: `just setup`).
 
@@ -9,7 +10,7 @@ use std::collections::HashMap;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 use loomem::app::config::Config;
-use loomem::providers::embed::{Embedder, MiniLmEmbedder};
+use loomem::providers::embed::{Embedder, MiniLmEmbedder, StaticEmbedder};
 
 const SHORT: &[&str] = &[
     "Prefers Cursor over VSCode for AI features and inline completions",
@@ -25,19 +26,26 @@ fn long_text(i: usize) -> String {
     format!("Note {i}: {}", sentence.repeat(5))
 }
 
-fn model() -> MiniLmEmbedder {
-    let cfg = Config::load(
+fn config() -> Config {
+    Config::load(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config.toml"),
         &std::env::vars().collect::<HashMap<_, _>>(),
     )
-    .expect("config loads");
-    MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)
-        .expect("model installed (just setup)")
+    .expect("config loads")
 }
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let model = model();
+    let cfg = config();
+    let minilm = MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)
+        .expect("model installed (just setup)");
+    let distilled = StaticEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens)
+        .expect("model installed (just setup)");
+    bench_model(c, &rt, "minilm", &minilm);
+    bench_model(c, &rt, "static", &distilled);
+}
+
+fn bench_model(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, model: &dyn Embedder) {
     for (kind, make) in [
         (
             "short",
@@ -45,7 +53,7 @@ fn bench(c: &mut Criterion) {
         ),
         ("long", long_text as fn(usize) -> String),
     ] {
-        let mut group = c.benchmark_group(format!("minilm/{kind}"));
+        let mut group = c.benchmark_group(format!("{name}/{kind}"));
         group.sample_size(10);
         for batch in [1usize, 8, 32, 128] {
             if kind == "long" && batch == 128 {
@@ -62,7 +70,7 @@ fn bench(c: &mut Criterion) {
     }
     // One query as search embeds it: a short question, alone.
     let query = vec!["What IDE does the user prefer?".to_string()];
-    c.bench_function("minilm/query_latency", |b| {
+    c.bench_function(&format!("{name}/query_latency"), |b| {
         b.iter(|| rt.block_on(model.embed(&query)).unwrap())
     });
 }

@@ -152,11 +152,13 @@ fn rig(rt: &tokio::runtime::Runtime, jetstream: bool, provider: &str) -> Rig {
     }
 }
 
-/// (label, JetStream?, embedder, memories per iteration). MiniLM runs fewer:
+/// (label, JetStream?, embedder, memories per iteration; `LOOMEM_BENCH_CASES`
+/// picks labels, comma-separated). MiniLM runs fewer:
 /// the model, not the pipeline, sets its pace (~2.5 ms per text on 2 cores).
-const CASES: [(&str, bool, &str, usize); 3] = [
+const CASES: [(&str, bool, &str, usize); 4] = [
     ("jetstream", true, "hash", 5000),
     ("embedded", false, "hash", 5000),
+    ("jetstream_static", true, "static", 5000),
     ("jetstream_minilm", true, "minilm", 1000),
 ];
 
@@ -165,7 +167,14 @@ fn bench_e2e(c: &mut Criterion) {
     let mut group = c.benchmark_group("ingest_e2e");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(30));
+    let picked = std::env::var("LOOMEM_BENCH_CASES").ok();
     for (label, jetstream, provider, n) in CASES {
+        if picked
+            .as_deref()
+            .is_some_and(|p| !p.split(',').any(|l| l == label))
+        {
+            continue;
+        }
         let rig = rig(&rt, jetstream, provider);
         let mut round = 0;
         let mut wall = Duration::ZERO;

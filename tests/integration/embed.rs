@@ -92,6 +92,29 @@ async fn minilm_concurrent_calls_each_get_their_own_vectors() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_search_query_does_not_wait_for_a_batch_pass() {
+    let model = Arc::new(minilm());
+    // A pass of long texts that takes seconds on this machine.
+    let long: Vec<String> = (0..192)
+        .map(|i| format!("Note {i}: {}", "the quarterly planning meeting covered the migration of the billing service, the hiring plan and the slow exports; ".repeat(8)))
+        .collect();
+    let mut bulk = Box::pin(model.embed(&long));
+    assert!(futures::poll!(bulk.as_mut()).is_pending(), "the batch is queued");
+    // Give the inference thread a moment to take the batch up. This only makes
+    // the check below sharp: with one lane the query would wait for the pass.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let query = "What IDE does the user prefer?";
+    let q = model.embed_query(query).await.unwrap();
+    assert!(
+        futures::poll!(bulk.as_mut()).is_pending(),
+        "the batch pass ended before the query was answered"
+    );
+    let same = model.embed(&[query.to_string()]).await.unwrap().remove(0);
+    assert!(dot(&q, &same) > 0.9999, "both lanes embed alike");
+    assert_eq!(bulk.await.unwrap().len(), 192);
+}
+
 #[tokio::test]
 async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
     let empty = tempfile::tempdir().unwrap();

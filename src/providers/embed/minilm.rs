@@ -5,8 +5,10 @@
 //! scaled to unit length — exactly what sentence-transformers' `Pooling` +
 //! `Normalize` modules compute.
 //!
-//! Inference runs on one dedicated thread, never on the async runtime. Calls
-//! that arrive while the thread is busy are merged into its next pass, and each
+//! Inference runs on dedicated threads, never on the async runtime: one for
+//! the pipeline's batches, one for search queries (a query does not wait for a
+//! batch pass to end). Calls that arrive while a thread is busy are merged
+//! into its next pass, and each
 //! pass sorts its texts by token count and pads per sub-batch to the longest
 //! member, so short texts do not pay for long ones.
 
@@ -216,9 +218,12 @@ struct Job {
     reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
 }
 
-/// The MiniLM provider: a handle to the inference thread.
+/// The MiniLM provider: handles to its two inference threads, one for the
+/// pipeline's batches and one for search queries, so that a query never waits
+/// behind a batch pass (the two share the CPU instead).
 pub struct MiniLmEmbedder {
     jobs: std_mpsc::Sender<Job>,
+    queries: std_mpsc::Sender<Job>,
     dim: usize,
 }
 
@@ -327,21 +332,25 @@ impl MiniLmEmbedder {
         batch_size: usize,
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
-        let tokenizer = read_tokenizer(dir, &cfg, max_tokens)?;
-        let encoder =
-            Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
-        let dim = cfg.hidden_size;
-        let model = Model {
-            tokenizer,
-            encoder,
-            batch_size: batch_size.max(1),
+        let start = |name: &str| -> Result<std_mpsc::Sender<Job>, LoadError> {
+            let model = Model {
+                tokenizer: read_tokenizer(dir, &cfg, max_tokens)?,
+                encoder: Encoder::load(dir, &cfg)
+                    .map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?,
+                batch_size: batch_size.max(1),
+            };
+            let (tx, rx) = std_mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || serve(model, rx))
+                .map_err(|e| invalid(dir, format!("cannot start the inference thread: {e}")))?;
+            Ok(tx)
         };
-        let (jobs, rx) = std_mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("loomem-minilm".into())
-            .spawn(move || serve(model, rx))
-            .map_err(|e| invalid(dir, format!("cannot start the inference thread: {e}")))?;
-        Ok(MiniLmEmbedder { jobs, dim })
+        Ok(MiniLmEmbedder {
+            jobs: start("loomem-minilm")?,
+            queries: start("loomem-minilm-query")?,
+            dim: cfg.hidden_size,
+        })
     }
 }
 
@@ -399,18 +408,24 @@ impl Embedder for MiniLmEmbedder {
             if texts.is_empty() {
                 return Ok(Vec::new());
             }
-            let (reply, rx) = oneshot::channel();
-            self.jobs
-                .send(Job {
-                    texts: texts.to_vec(),
-                    reply,
-                })
-                .map_err(|_| {
-                    EmbedError::Provider("the MiniLM inference thread has stopped".into())
-                })?;
-            rx.await.map_err(|_| {
-                EmbedError::Provider("the MiniLM inference thread has stopped".into())
-            })?
+            run(&self.jobs, texts.to_vec()).await
         })
     }
+
+    fn embed_query<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Vec<f32>, EmbedError>> {
+        Box::pin(async move {
+            run(&self.queries, vec![text.to_string()])
+                .await?
+                .pop()
+                .ok_or_else(|| EmbedError::Provider("no vector for the query".into()))
+        })
+    }
+}
+
+/// Hand `texts` to an inference thread and wait for their vectors.
+async fn run(thread: &std_mpsc::Sender<Job>, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+    let stopped = || EmbedError::Provider("the MiniLM inference thread has stopped".into());
+    let (reply, rx) = oneshot::channel();
+    thread.send(Job { texts, reply }).map_err(|_| stopped())?;
+    rx.await.map_err(|_| stopped())?
 }

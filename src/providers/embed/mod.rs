@@ -37,6 +37,16 @@ pub trait Embedder: Send + Sync {
     /// One vector per text, in order.
     fn embed<'a>(&'a self, texts: &'a [String])
         -> BoxFuture<'a, Result<Vec<Vec<f32>>, EmbedError>>;
+    /// One search query, which someone is waiting on: a provider that queues
+    /// work runs it apart from the bulk passes of the pipeline.
+    fn embed_query<'a>(&'a self, text: &'a str) -> BoxFuture<'a, Result<Vec<f32>, EmbedError>> {
+        Box::pin(async move {
+            self.embed(&[text.to_string()])
+                .await?
+                .pop()
+                .ok_or_else(|| EmbedError::Provider("no vector for the query".into()))
+        })
+    }
 }
 
 /// The embedder the configuration names.

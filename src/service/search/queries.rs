@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::core::error::{Error, Result};
+use crate::core::error::Result;
 use crate::providers::embed::Embedder;
 
 /// Query vectors kept.
@@ -35,13 +35,7 @@ impl QueryVectors {
         {
             return Ok(v.clone());
         }
-        let v: Arc<[f32]> = embedder
-            .embed(&[query.to_string()])
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::Internal("no query vector".into()))?
-            .into();
+        let v: Arc<[f32]> = embedder.embed_query(query).await?.into();
         let mut inner = self.inner.lock().expect("query cache lock");
         if inner.vectors.insert(key.clone(), v.clone()).is_none() {
             inner.order.push_back(key);
