@@ -138,6 +138,18 @@ fn main() {
     )
     .unwrap();
     let provider = cfg.embed.provider.clone();
+    // The ceiling a store rate is judged against: the embedder alone on these
+    // turns, a batch per round of the writers, on an idle machine.
+    let ceiling = rt.block_on(async {
+        let embedder = loomem::providers::embed::from_config(&cfg.embed, &env).unwrap();
+        let sample: Vec<String> = turns.iter().take(256).map(|(_, t)| t.clone()).collect();
+        embedder.embed(&sample[..8]).await.unwrap();
+        let t = Instant::now();
+        for batch in sample.chunks(writers.max(1)) {
+            embedder.embed(batch).await.unwrap();
+        }
+        sample.len() as f64 / t.elapsed().as_secs_f64()
+    });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -158,8 +170,9 @@ fn main() {
         }
     });
 
+    let chars = turns.iter().map(|(_, t)| t.chars().count()).sum::<usize>() as f64 / total as f64;
     println!(
-        "workload: {total} turns, {writers} writers, {streams} streams, {searchers} searchers, embedder {provider:?}"
+        "workload: {total} turns ({chars:.0} characters on average), {writers} writers, {streams} streams, {searchers} searchers, embedder {provider:?} ({ceiling:.0} texts/s alone on these turns)"
     );
     println!("| stored | store/s | store p50 / p95 ms | search p50 / p95 ms | searches |");
     println!("|---|---|---|---|---|");
