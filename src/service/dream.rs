@@ -184,6 +184,77 @@ fn merge_meta(meta: &Option<String>, key: &str, value: serde_json::Value) -> Opt
 
 const MERGE_PROMPT: &str = "You consolidate notes an assistant keeps about a user. Merge the numbered notes into one concise statement (at most 3 sentences) that keeps every distinct fact, date and name; when notes disagree, the later note wins. Answer as JSON {\"summary\": \"...\"}.";
 
+/// Which memories a newer one supersedes (index → index) and the groups of
+/// related current ones, oldest first: O(n²) comparisons, so it runs off the
+/// async runtime.
+fn cluster(
+    pool: &[Chunk],
+    similarity: f32,
+    related: f32,
+    contra: f32,
+) -> (HashMap<usize, usize>, Vec<Vec<usize>>) {
+    // 1. Contradictions: newer wins.
+    let mut superseded_by: HashMap<usize, usize> = HashMap::new();
+    for j in 0..pool.len() {
+        let new = &pool[j];
+        let (Some(subject), true) = (
+            subject_of(new),
+            SINGLE_VALUED.contains(&new.memory_type.as_str()),
+        ) else {
+            continue;
+        };
+        for (i, old) in pool.iter().enumerate().take(j) {
+            if superseded_by.contains_key(&i)
+                || old.memory_type != new.memory_type
+                || subject_of(old).as_deref() != Some(subject.as_str())
+                || old.created_at >= new.created_at
+            {
+                continue;
+            }
+            let c = cos(old, new);
+            let differ = old.entities.iter().any(|e| !new.entities.contains(e))
+                && new.entities.iter().any(|e| !old.entities.contains(e));
+            if c >= contra && c < similarity && differ {
+                superseded_by.insert(i, j);
+            }
+        }
+    }
+    // 2. Groups over what is still current.
+    let live: Vec<usize> = (0..pool.len())
+        .filter(|i| !superseded_by.contains_key(i))
+        .collect();
+    let mut parent: Vec<usize> = (0..pool.len()).collect();
+    for (x, &i) in live.iter().enumerate() {
+        for &j in &live[x + 1..] {
+            let (a, b) = (&pool[i], &pool[j]);
+            let c = cos(a, b);
+            let shared = (subject_of(a).is_some() && subject_of(a) == subject_of(b))
+                || a.entities.iter().any(|e| b.entities.contains(e));
+            if c >= similarity || (shared && c >= related) {
+                let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
+                parent[ri.max(rj)] = ri.min(rj);
+            }
+        }
+    }
+    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for &i in &live {
+        let r = find(&mut parent, i);
+        groups.entry(r).or_default().push(i);
+    }
+    let groups: Vec<Vec<usize>> = groups
+        .into_values()
+        .filter(|g| g.len() >= 2)
+        .map(|mut g| {
+            if g.len() > MAX_GROUP {
+                g.drain(..g.len() - MAX_GROUP);
+            }
+            g
+        })
+        .collect();
+
+    (superseded_by, groups)
+}
+
 pub async fn dream(engine: &Services, caller: &Caller, req: DreamRequest) -> Result<DreamReport> {
     let started = Instant::now();
     let stream = caller.resolve_stream(req.stream.as_deref())?;
@@ -233,32 +304,12 @@ pub async fn dream(engine: &Services, caller: &Caller, req: DreamRequest) -> Res
     pool.reverse(); // oldest first
     let processed = pool.len();
 
-    // 1. Contradictions: newer wins.
-    let mut superseded_by: HashMap<usize, usize> = HashMap::new();
-    for j in 0..pool.len() {
-        let new = &pool[j];
-        let (Some(subject), true) = (
-            subject_of(new),
-            SINGLE_VALUED.contains(&new.memory_type.as_str()),
-        ) else {
-            continue;
-        };
-        for (i, old) in pool.iter().enumerate().take(j) {
-            if superseded_by.contains_key(&i)
-                || old.memory_type != new.memory_type
-                || subject_of(old).as_deref() != Some(subject.as_str())
-                || old.created_at >= new.created_at
-            {
-                continue;
-            }
-            let c = cos(old, new);
-            let differ = old.entities.iter().any(|e| !new.entities.contains(e))
-                && new.entities.iter().any(|e| !old.entities.contains(e));
-            if c >= contra && c < similarity && differ {
-                superseded_by.insert(i, j);
-            }
-        }
-    }
+    let (pool, (superseded_by, groups)) = tokio::task::spawn_blocking(move || {
+        let planned = cluster(&pool, similarity, related, contra);
+        (pool, planned)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("dream: {e}")))?;
     let contradictions: Vec<Resolved> = superseded_by
         .iter()
         .map(|(&i, &j)| Resolved {
@@ -270,39 +321,6 @@ pub async fn dream(engine: &Services, caller: &Caller, req: DreamRequest) -> Res
                 subject_of(&pool[j]).unwrap_or_default(),
                 pool[j].content
             ),
-        })
-        .collect();
-
-    // 2. Groups over what is still current.
-    let live: Vec<usize> = (0..pool.len())
-        .filter(|i| !superseded_by.contains_key(i))
-        .collect();
-    let mut parent: Vec<usize> = (0..pool.len()).collect();
-    for (x, &i) in live.iter().enumerate() {
-        for &j in &live[x + 1..] {
-            let (a, b) = (&pool[i], &pool[j]);
-            let c = cos(a, b);
-            let shared = (subject_of(a).is_some() && subject_of(a) == subject_of(b))
-                || a.entities.iter().any(|e| b.entities.contains(e));
-            if c >= similarity || (shared && c >= related) {
-                let (ri, rj) = (find(&mut parent, i), find(&mut parent, j));
-                parent[ri.max(rj)] = ri.min(rj);
-            }
-        }
-    }
-    let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for &i in &live {
-        let r = find(&mut parent, i);
-        groups.entry(r).or_default().push(i);
-    }
-    let groups: Vec<Vec<usize>> = groups
-        .into_values()
-        .filter(|g| g.len() >= 2)
-        .map(|mut g| {
-            if g.len() > MAX_GROUP {
-                g.drain(..g.len() - MAX_GROUP);
-            }
-            g
         })
         .collect();
 
