@@ -233,6 +233,9 @@ async fn resolve_version(table: &Table, arg: &str) -> Result<u64> {
         })
 }
 
+/// Past versions of `chunks` one query may open (each is a table checkout).
+const MAX_PAST_VERSIONS: usize = 8;
+
 /// Run one read-only query for `caller`: at most `max_rows` rows (the
 /// request's, else `limits.default_max_rows`).
 pub async fn query(
@@ -309,55 +312,60 @@ async fn execute(
         }
     }
 
-    let wants_embedding = Regex::new(r"(?i)\bembedding\b")
-        .expect("static regex")
-        .is_match(sql);
-    let tables = store.tables();
-    for name in TABLES {
-        let df = scoped(
-            &ctx,
-            &tables[name],
-            caller,
-            *name == CHUNKS && !wants_embedding,
-        )
-        .await?;
-        ctx.register_table(*name, df.into_view()).map_err(sql_err)?;
-    }
-    let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
-    ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
-
-    let as_of =
-        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
-    let mut by_arg = HashMap::new();
-    for caps in as_of.captures_iter(sql) {
-        let arg = caps
-            .get(1)
-            .or_else(|| caps.get(2))
-            .expect("one group")
-            .as_str()
-            .to_string();
-        if by_arg.contains_key(&arg) {
-            continue;
-        }
-        let version = resolve_version(&tables[CHUNKS], &arg).await?;
-        let old = store
-            .connection()
-            .open_table(CHUNKS)
-            .execute()
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        old.checkout(version)
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        by_arg.insert(arg, scoped(&ctx, &old, caller, !wants_embedding).await?);
-    }
-    ctx.register_udtf("chunks_as_of", Arc::new(AsOf { by_arg }));
-
     let options = lancedb::datafusion::execution::context::SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
+    // Everything that reads the store, opening past versions included, runs
+    // within the timeout.
     let run = async {
+        let wants_embedding = Regex::new(r"(?i)\bembedding\b")
+            .expect("static regex")
+            .is_match(sql);
+        let tables = store.tables();
+        for name in TABLES {
+            let df = scoped(
+                &ctx,
+                &tables[name],
+                caller,
+                *name == CHUNKS && !wants_embedding,
+            )
+            .await?;
+            ctx.register_table(*name, df.into_view()).map_err(sql_err)?;
+        }
+        let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
+        ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
+
+        let as_of =
+            Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
+        let mut args: Vec<String> = Vec::new();
+        for caps in as_of.captures_iter(sql) {
+            let arg = caps.get(1).or_else(|| caps.get(2)).expect("one group").as_str();
+            if !args.iter().any(|a| a == arg) {
+                args.push(arg.to_string());
+            }
+        }
+        if args.len() > MAX_PAST_VERSIONS {
+            return Err(Error::invalid(
+                "sql",
+                format!("at most {MAX_PAST_VERSIONS} distinct chunks_as_of versions in one query"),
+            ));
+        }
+        let mut by_arg = HashMap::new();
+        for arg in args {
+            let version = resolve_version(&tables[CHUNKS], &arg).await?;
+            let old = store
+                .connection()
+                .open_table(CHUNKS)
+                .execute()
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            old.checkout(version)
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            by_arg.insert(arg, scoped(&ctx, &old, caller, !wants_embedding).await?);
+        }
+        ctx.register_udtf("chunks_as_of", Arc::new(AsOf { by_arg }));
         let mut df = ctx.sql_with_options(sql, options).await.map_err(sql_err)?;
         if !params.is_empty() {
             df = df

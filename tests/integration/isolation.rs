@@ -363,6 +363,20 @@ async fn request_values_at_the_edges_get_422_not_a_dead_handler() {
         )
         .await;
     assert_eq!(s, 422, "{body}");
+    // Past versions named even in a comment are opened: a query names a few.
+    let many: Vec<String> = (1..=9).map(|v| format!("chunks_as_of({v})")).collect();
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": format!("SELECT 1 -- {}", many.join(" "))})),
+        )
+        .await;
+    assert_eq!(s, 422, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("at most 8"),
+        "{body}"
+    );
     let (s, body) = d
         .call(
             "POST",
