@@ -149,6 +149,21 @@ async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
     assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
 }
 
+/// Stores `memory` second among four unrelated ones in stream `dev`; the ids in order.
+async fn store_among_four(d: &Daemon, memory: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for text in [
+        "The team standup moved to 9:30 every Monday",
+        memory,
+        "Bought oat milk, eggs and sourdough bread",
+        "The flight to Lisbon leaves on Friday evening",
+        "Quarterly revenue grew twelve percent",
+    ] {
+        ids.push(d.store(text, "dev").await);
+    }
+    ids
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
     let d = Daemon::start(
@@ -157,16 +172,7 @@ async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
             .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
     )
     .await;
-    let mut ids = Vec::new();
-    for text in [
-        "The team standup moved to 9:30 every Monday",
-        "Prefers Cursor over VSCode for AI features",
-        "Bought oat milk, eggs and sourdough bread",
-        "The flight to Lisbon leaves on Friday evening",
-        "Quarterly revenue grew twelve percent",
-    ] {
-        ids.push(d.store(text, "dev").await);
-    }
+    let ids = store_among_four(&d, "Prefers Cursor over VSCode for AI features").await;
     let (_, resp) = d
         .call(
             "POST",
@@ -257,16 +263,7 @@ async fn the_daemon_stores_and_recalls_with_the_static_embedder() {
             .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
     )
     .await;
-    let mut ids = Vec::new();
-    for text in [
-        "The team standup moved to 9:30 every Monday",
-        "Adopted a golden retriever puppy named Biscuit",
-        "Bought oat milk, eggs and sourdough bread",
-        "The flight to Lisbon leaves on Friday evening",
-        "Quarterly revenue grew twelve percent",
-    ] {
-        ids.push(d.store(text, "dev").await);
-    }
+    let ids = store_among_four(&d, "Adopted a golden retriever puppy named Biscuit").await;
     let (_, resp) = d
         .call(
             "POST",
