@@ -149,7 +149,8 @@ async fn a_missing_model_is_a_startup_error_naming_the_setup_command() {
     assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
 }
 
-/// Stores `memory` second among four unrelated ones in stream `dev`; the ids in order.
+/// Stores `memory` and four unrelated memories (it comes second) in stream
+/// `dev`; the ids in order.
 async fn store_among_four(d: &Daemon, memory: &str) -> Vec<String> {
     let mut ids = Vec::new();
     for text in [
