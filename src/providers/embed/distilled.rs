@@ -196,3 +196,40 @@ impl Embedder for StaticEmbedder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_table_is_used_only_whole_and_for_the_same_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TABLE_FILE);
+        let rows: Vec<f32> = (0..12).map(|i| i as f32 / 4.0).collect();
+        write_table(&path, 99, 3, 4, &rows).unwrap();
+        assert_eq!(read_table(&path, 99, 3, 4), Some(rows));
+        assert_eq!(read_table(&path, 98, 3, 4), None, "other weights");
+        assert_eq!(read_table(&path, 99, 4, 3), None, "another shape");
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 4)
+            .unwrap();
+        assert_eq!(read_table(&path, 99, 3, 4), None, "torn");
+        assert!(!path.with_extension("part").exists());
+    }
+
+    #[test]
+    fn function_words_weigh_less_than_rare_ones() {
+        let dim = 2;
+        // Every token's vector is (1, 0) plus a distinct offset; the mean is taken out.
+        let vocab = FIRST_WORD + 5000;
+        let rows: Vec<f32> = (0..vocab).flat_map(|t| [1.0, (t % 2) as f32]).collect();
+        let out = distil(rows, dim);
+        let norm = |t: usize| out[t * dim..(t + 1) * dim].iter().map(|x| x * x).sum::<f32>().sqrt();
+        // `the` (the first word) against a word 4,000 places down the frequency order.
+        assert!(norm(FIRST_WORD) * 20.0 < norm(FIRST_WORD + 4000), "{} {}", norm(FIRST_WORD), norm(FIRST_WORD + 4000));
+    }
+}
