@@ -14,10 +14,10 @@ setup:
     bash scripts/setup.sh
 
 # Set up, start a local nats-server -js if none listens on :4222, and run the daemon on config.toml (port 3030, data in ./data).
-# The `run` profile: the crate optimised, dependencies as the test build has them.
+# The `daemon` profile: the crate optimised, dependencies as the test build has them.
 run: setup
     bash scripts/nats.sh 127.0.0.1 4222 data/nats
-    cargo run --profile run --locked --bin loomem -- serve --config config.toml
+    cargo run --profile daemon --locked --bin loomem -- serve --config config.toml
 
 # Run every test: unit, router and integration (real daemon, real nats-server, real Lance tables).
 test:
@@ -28,9 +28,9 @@ test:
 bench *ARGS:
     RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo bench --locked {{ARGS}}
 
-# Retrieval quality on a LongMemEval-format file (the `run` profile's binary; default: the
+# Retrieval quality on a LongMemEval-format file (the `daemon` profile's binary; default: the
 # shipped 62-question set): each haystack
 # through the import pipeline, every question searched in each mode; results in
 # bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
 bench-recall DATA="datasets/recall/loomem_recall_s30.json" *ARGS:
-    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --profile run --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
+    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --profile daemon --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
