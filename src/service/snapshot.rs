@@ -3,7 +3,9 @@
 //! A rollback puts every table back to its tagged version as a *new* version
 //! (later versions stay readable through `as_of` until pruned), with the
 //! pipeline worker and the scheduled jobs held off meanwhile: writes accepted
-//! during a rollback wait on the bus and land after it.
+//! during a rollback wait on the bus and land after it, and every other write
+//! to these tables (a delete, feedback, an access-counter flush, the LLM entity
+//! queue) waits for the rollback to end.
 
 use std::collections::BTreeMap;
 
@@ -174,6 +176,9 @@ pub async fn rollback(engine: &Services, name: &str) -> Result<Rollback> {
     engine.workers.set(true);
     let result = async {
         let _gate = engine.store.write_gate.write().await;
+        // Deletes, feedback, access-counter flushes, the LLM entity queue and
+        // the jobs write outside the pipeline: each of their writes waits here.
+        let _writes = engine.store.hold_writes().await;
         let tables = engine.store.tables();
         let mut report = Rollback {
             name: name.to_string(),

@@ -73,14 +73,16 @@ impl Tally {
 pub struct FeedbackBook {
     table: Table,
     tallies: RwLock<HashMap<String, Tally>>,
+    gate: super::TableGate,
 }
 
 impl FeedbackBook {
-    pub async fn open(table: Table) -> Result<FeedbackBook> {
+    pub async fn open(table: Table, gate: super::TableGate) -> Result<FeedbackBook> {
         let tallies = tally_all(&table).await?;
         Ok(FeedbackBook {
             table,
             tallies: RwLock::new(tallies),
+            gate,
         })
     }
 
@@ -118,7 +120,10 @@ async fn tally_all(table: &Table) -> Result<HashMap<String, Tally>> {
 impl FeedbackBook {
     pub async fn add(&self, row: &FeedbackRow) -> Result<Tally> {
         let batch = super::graph::rows_to_batch(schema(), std::slice::from_ref(row))?;
-        self.table.add(batch).execute().await?;
+        {
+            let _gate = self.gate.read().await;
+            self.table.add(batch).execute().await?;
+        }
         let mut tallies = self.tallies.write().expect("feedback lock");
         let t = tallies.entry(row.chunk_id.clone()).or_default();
         t.add(row.usefulness, row.harmful);

@@ -168,6 +168,8 @@ pub struct Graph {
     /// Held by each read-merge-write of rows (the pipeline's batches, which
     /// overlap, and the LLM entity queue), so no merge loses another's counts.
     merging: tokio::sync::Mutex<()>,
+    /// The store's table gate (see `Store::hold_writes`).
+    gate: super::TableGate,
 }
 
 /// Graph rows written between two refreshes of the `id` indexes (rows added
@@ -202,7 +204,7 @@ fn push_ref(list: &mut Vec<String>, id: &str) {
 impl Graph {
     /// Open the graph over its two tables, with a BTree index on each `id`
     /// (every batch reads and merges by id).
-    pub async fn open(entities: Table, edges: Table) -> Result<Graph> {
+    pub async fn open(entities: Table, edges: Table, gate: super::TableGate) -> Result<Graph> {
         for table in [&entities, &edges] {
             let indexed = table
                 .list_indices()
@@ -221,6 +223,7 @@ impl Graph {
             edges,
             unindexed: Default::default(),
             merging: Default::default(),
+            gate,
         })
     }
 
@@ -245,6 +248,7 @@ impl Graph {
     /// Fold a batch's mentions and relations into the tables (one commit each).
     pub async fn record(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
         let _merging = self.merging.lock().await;
+        let _gate = self.gate.read().await;
         if !mentions.is_empty() {
             let ids: BTreeSet<String> = mentions
                 .iter()
@@ -374,6 +378,7 @@ impl Graph {
     /// Drop the entity and edge rows matching a filter (a stream scope);
     /// returns how many went.
     pub async fn delete(&self, filter: &Filter) -> Result<usize> {
+        let _gate = self.gate.read().await;
         let mut n = 0;
         for table in [&self.entities, &self.edges] {
             n += table.count_rows(filter.sql()).await?;
@@ -387,6 +392,7 @@ impl Graph {
     /// only from deleted text).
     pub async fn forget_chunks(&self, stream: &str, ids: &[String]) -> Result<()> {
         let _merging = self.merging.lock().await;
+        let _gate = self.gate.read().await;
         let gone: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
         let scope = Filter::new().stream(stream).predicate();
         let strip = |refs: &mut Vec<String>| {

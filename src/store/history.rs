@@ -53,6 +53,7 @@ impl super::Store {
             return Ok(());
         }
         let batch = crate::store::graph::rows_to_batch(history_schema(), &rows)?;
+        let _gate = self.table_gate.read().await;
         self.history.add(batch).execute().await?;
         Ok(())
     }
@@ -65,6 +66,7 @@ impl super::Store {
         match ids {
             None => {
                 for table in [&self.history, self.feedback.table()] {
+                    let _gate = self.table_gate.read().await;
                     table.delete(&scope.predicate()).await?;
                 }
                 self.graph.delete(&scope).await?;
@@ -77,6 +79,7 @@ impl super::Store {
                     super::filter::column_in("chunk_id", ids.iter().map(String::as_str))
                 );
                 for table in [&self.history, self.feedback.table()] {
+                    let _gate = self.table_gate.read().await;
                     table.delete(&of).await?;
                 }
                 self.graph.forget_chunks(stream, ids).await?;

@@ -146,9 +146,17 @@ pub struct Store {
     /// The pipeline worker holds it shared while it processes a batch; a
     /// snapshot rollback holds it exclusively, so no batch lands mid-restore.
     pub write_gate: tokio::sync::RwLock<()>,
+    /// Every single write to a table a snapshot covers (the chunk writer's
+    /// operations, history, feedback, the graph) holds it shared for that
+    /// write alone; a rollback holds it exclusively (see [`Store::hold_writes`]).
+    table_gate: TableGate,
     /// Merges the small fragments of every table but `chunks` (its writer does).
     _maintainer: maintain::AbortOnDrop,
 }
+
+/// Shared by every writer of the tables a snapshot covers; a write holds it
+/// shared for one operation, never while waiting for another write.
+pub type TableGate = std::sync::Arc<tokio::sync::RwLock<()>>;
 
 impl Store {
     /// Open the tables under `data_dir`, creating them (and their indexes) on first start.
@@ -210,13 +218,16 @@ impl Store {
         let dead_letters = open_or_create(&db, &names, DEAD_LETTERS, dead_letter_schema()).await?;
         let history = open_or_create(&db, &names, HISTORY, history_schema()).await?;
         let llm_calls = open_or_create(&db, &names, LLM_CALLS, llm_calls::call_schema()).await?;
+        let table_gate = TableGate::default();
         let graph = crate::store::graph::Graph::open(
             open_or_create(&db, &names, ENTITIES, crate::store::graph::entity_schema()).await?,
             open_or_create(&db, &names, EDGES, crate::store::graph::edge_schema()).await?,
+            table_gate.clone(),
         )
         .await?;
         let feedback = feedback::FeedbackBook::open(
             open_or_create(&db, &names, FEEDBACK, feedback::schema()).await?,
+            table_gate.clone(),
         )
         .await?;
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
@@ -227,6 +238,7 @@ impl Store {
             write_batch_max_rows,
             maintenance,
             hot.clone(),
+            table_gate.clone(),
         );
         let side_tables = vec![
             (DEAD_LETTERS, dead_letters.clone()),
@@ -257,6 +269,7 @@ impl Store {
             embed_model: None,
             hot,
             write_gate: Default::default(),
+            table_gate,
         })
     }
 
@@ -372,6 +385,14 @@ impl Store {
     }
 
     /// Every table was put back to an earlier version: every cache is stale.
+    /// Hold off every write to the tables a snapshot covers until the guard
+    /// is dropped: writes already under way finish first, later ones wait.
+    /// Take it after `write_gate` (a pipeline batch holds that one while it
+    /// writes).
+    pub async fn hold_writes(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.table_gate.write().await
+    }
+
     pub async fn rolled_back(&self) -> Result<()> {
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -42,10 +42,11 @@ impl ChunkWriter {
         max_rows: usize,
         maintenance: Maintenance,
         hot: Arc<HotIndex>,
+        gate: super::TableGate,
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
         let sink = Sink { table, dim, hot };
-        tokio::spawn(run(sink, max_rows, maintenance, rx));
+        tokio::spawn(run(sink, max_rows, maintenance, gate, rx));
         ChunkWriter { tx }
     }
 
@@ -163,6 +164,7 @@ async fn run(
     sink: Sink,
     max_rows: usize,
     maintenance: Maintenance,
+    gate: super::TableGate,
     mut rx: mpsc::Receiver<WriteOp>,
 ) {
     let table = &sink.table;
@@ -181,6 +183,7 @@ async fn run(
         {
             since_compact = 0;
             let started = std::time::Instant::now();
+            let _gate = gate.read().await;
             match merge_small_fragments(table, maintenance.target_rows_per_fragment).await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
@@ -193,6 +196,9 @@ async fn run(
                 None => return,
             },
         };
+        // One operation at a time under the table gate (a rollback waits for
+        // it, and it for a rollback).
+        let _gate = gate.read().await;
         match op {
             WriteOp::Close(done) => {
                 let _ = done.send(());

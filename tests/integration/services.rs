@@ -309,3 +309,43 @@ async fn dream_folds_near_copies_into_one_consolidated_memory() {
     assert_eq!(l1.len(), done.groups_found);
     assert!(l1[0].content.contains("Lisbon"), "{}", l1[0].content);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_outside_the_pipeline_wait_while_a_rollback_holds_the_tables() {
+    let l = Local::start().await;
+    let s = l.services();
+    let kept = l
+        .store(&admin(), json!({"content": "Keeps a sourdough starter", "stream": "a"}))
+        .await;
+    let doomed = l
+        .store(&admin(), json!({"content": "Owns a red bicycle", "stream": "a"}))
+        .await;
+    let held = s.store.hold_writes().await;
+    let feedback = tokio::spawn({
+        let (engine, id) = (l.engine.clone(), kept.clone());
+        async move {
+            loomem::service::feedback::record(
+                &engine.services,
+                &admin(),
+                req(json!({"chunk_id": id, "usefulness": 4})),
+            )
+            .await
+        }
+    });
+    let delete = tokio::spawn({
+        let (engine, id) = (l.engine.clone(), doomed.clone());
+        async move { memory::delete(&engine.services, &admin(), &id, None).await }
+    });
+    // Neither lands while a rollback would be restoring the tables. (A wait
+    // for something that must not happen: the window only has to be long
+    // enough for a write that skipped the gate to land.)
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!feedback.is_finished() && !delete.is_finished());
+    assert_eq!(s.store.feedback.tally(&kept).count, 0);
+    assert!(s.store.get(&doomed).await.unwrap().is_some());
+    drop(held);
+    feedback.await.unwrap().unwrap();
+    delete.await.unwrap().unwrap();
+    assert_eq!(s.store.feedback.tally(&kept).count, 1);
+    assert!(s.store.get(&doomed).await.unwrap().is_none());
+}
