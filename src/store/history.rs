@@ -59,13 +59,14 @@ impl super::Store {
     }
 
     /// Remove what other tables keep of deleted memories of `stream`: their
-    /// history rows (reasons quote the text), feedback, and graph references.
-    /// `ids: None` means every memory of the stream (a purge).
+    /// history rows (reasons quote the text), feedback, graph references and
+    /// dead letters (failed writes of the same ids quote it too). `ids: None`
+    /// means every memory of the stream (a purge).
     pub async fn erase_traces(&self, stream: &str, ids: Option<&[String]>) -> Result<()> {
         let scope = super::Filter::new().stream(stream);
         match ids {
             None => {
-                for table in [&self.history, self.feedback.table()] {
+                for table in [&self.history, self.feedback.table(), &self.dead_letters] {
                     let _gate = self.table_gate.read().await;
                     table.delete(&scope.predicate()).await?;
                 }
@@ -82,6 +83,12 @@ impl super::Store {
                     let _gate = self.table_gate.read().await;
                     table.delete(&of).await?;
                 }
+                let letters = format!(
+                    "{} AND {}",
+                    scope.predicate(),
+                    super::filter::column_in("memory_id", ids.iter().map(String::as_str))
+                );
+                self.dead_letters.delete(&letters).await?;
                 self.graph.forget_chunks(stream, ids).await?;
             }
         }

@@ -196,6 +196,22 @@ async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
             .await,
         vec!["good-one".to_string()]
     );
+    // Purging the stream takes its dead letters (they quote what was written)
+    // too; the undecodable message names no stream and stays for the admin.
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/purge-namespace",
+            Some(json!({"stream": "p", "dry_run": false, "confirmed": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["dead_letters"], 1, "{st}");
+    let left = d
+        .sql("SELECT count(*) AS n FROM dead_letters WHERE stream IS NULL")
+        .await;
+    assert_eq!(left[0]["n"], 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
