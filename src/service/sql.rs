@@ -244,17 +244,32 @@ pub async fn query(
     limits: &SqlLimits,
     req: &SqlRequest,
 ) -> Result<SqlResult> {
-    execute(store, caller, limits, req, true).await
+    execute(store, caller, limits, req).await
 }
 
-/// [`query`] without a row cap: every row the query selects (exports).
+/// Every row the query selects (exports), up to `limits.max_rows_cap`: a query
+/// that selects more is refused rather than cut short or held whole in memory.
 pub async fn query_all(
     store: &Store,
     caller: &Caller,
     limits: &SqlLimits,
     req: &SqlRequest,
 ) -> Result<SqlResult> {
-    execute(store, caller, limits, req, false).await
+    let req = SqlRequest {
+        max_rows: Some(limits.max_rows_cap),
+        ..req.clone()
+    };
+    let result = execute(store, caller, limits, &req).await?;
+    if result.truncated {
+        return Err(Error::invalid(
+            "sql",
+            format!(
+                "the export selects more than {} rows (sql.max_rows_cap): narrow it with a query or a stream",
+                limits.max_rows_cap
+            ),
+        ));
+    }
+    Ok(result)
 }
 
 async fn execute(
@@ -262,14 +277,12 @@ async fn execute(
     caller: &Caller,
     limits: &SqlLimits,
     req: &SqlRequest,
-    capped: bool,
 ) -> Result<SqlResult> {
     let sql = req.sql.trim();
     if sql.is_empty() {
         return Err(Error::invalid("sql", "must not be empty"));
     }
     let max_rows = match req.max_rows.unwrap_or(limits.default_max_rows) {
-        _ if !capped => None,
         m if m == 0 || m > limits.max_rows_cap => {
             return Err(Error::invalid(
                 "max_rows",

@@ -400,3 +400,35 @@ async fn the_export_job_writes_one_file_per_stream_atomically() {
     let s2_dir = Path::new(&s2).parent().unwrap();
     assert_eq!(std::fs::read_dir(s2_dir).unwrap().count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_past_the_row_cap_is_refused_not_cut_short() {
+    let d = Daemon::start(
+        Options::embedded()
+            .env("LOOMEM_SQL__MAX_ROWS_CAP", "2")
+            .env("LOOMEM_SQL__DEFAULT_MAX_ROWS", "2"),
+    )
+    .await;
+    for text in ["Walks the dog at seven", "Reads before bed", "Cycles to work"] {
+        d.store(text, "cap").await;
+    }
+    let (status, body) = d
+        .call("POST", "/v1/export", Some(json!({"format": "csv"})))
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["detail"].as_str().unwrap().contains("more than 2 rows"),
+        "{body}"
+    );
+    // Within the cap, the export is whole.
+    let (status, body) = d
+        .call(
+            "POST",
+            "/v1/export",
+            Some(json!({"format": "csv", "sql": "SELECT content FROM chunks ORDER BY content LIMIT 2"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let csv = body.as_str().unwrap();
+    assert!(csv.contains("Cycles to work") && csv.contains("Reads before bed"), "{csv}");
+}
