@@ -133,3 +133,45 @@ mod tests {
         assert!(parse_instant("x", &json!(true)).is_err());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever a request sends, an instant is read within range or refused.
+        #[test]
+        fn any_text_is_an_instant_in_range_or_none(s in "\\PC{0,40}") {
+            if let Some(m) = parse_instant_str(&s) {
+                prop_assert!(m.unsigned_abs() <= MAX_ABS_MICROS as u64);
+            }
+        }
+
+        /// Dates anywhere in chrono's calendar and beyond: in range, they print
+        /// and read back to the same second; out of range, they are refused.
+        #[test]
+        fn dates_at_the_extremes_read_back(
+            y in -300_000i32..300_000, mo in 1u32..=12, d in 1u32..=31,
+            h in 0u32..24, mi in 0u32..60,
+        ) {
+            let text = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:00Z");
+            if let Some(m) = parse_instant_str(&text) {
+                prop_assert!(m.unsigned_abs() <= MAX_ABS_MICROS as u64);
+                prop_assert_eq!(parse_instant_str(&to_rfc3339(m)), Some(m));
+            }
+        }
+
+        /// Unix seconds of any size or kind never overflow.
+        #[test]
+        fn unix_seconds_of_any_size(secs in any::<i64>(), f in any::<f64>()) {
+            if let Some(m) = from_secs(secs) {
+                prop_assert!(m.unsigned_abs() <= MAX_ABS_MICROS as u64);
+                prop_assert_eq!(to_secs(m), secs);
+            }
+            if let Some(m) = from_secs_f64(f) {
+                prop_assert!(m.unsigned_abs() <= MAX_ABS_MICROS as u64);
+            }
+        }
+    }
+}

@@ -582,3 +582,38 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const PHRASES: &[&str] = &[
+        "tomorrow", "yesterday", "the day after tomorrow", "next week", "last week",
+        "last weekend", "next month", "last month", "last year", "next year",
+        "next Friday", "this Friday", "on Monday", "in {n} days", "in {n} weeks",
+        "in {n} months", "in {n} years", "{n} days ago", "{n} weeks ago",
+        "{n} months ago", "{n} years ago", "back in March", "early May",
+        "late December", "mid June", "on March {n}", "by {n}/12",
+    ];
+
+    proptest! {
+        /// Relative and partial dates from any base day of chrono's calendar,
+        /// the first and the last included, resolve or are skipped: never a
+        /// panic or an overflow.
+        #[test]
+        fn relative_dates_from_any_base_day(
+            day in prop_oneof![
+                Just(NaiveDate::MIN.num_days_from_ce()),
+                Just(NaiveDate::MAX.num_days_from_ce()),
+                NaiveDate::MIN.num_days_from_ce()..=NaiveDate::MAX.num_days_from_ce(),
+            ],
+            phrase in proptest::sample::select(PHRASES),
+            n in prop_oneof![Just(0u64), Just(1), Just(31), Just(u64::MAX), any::<u64>()],
+        ) {
+            let base = NaiveDate::from_num_days_from_ce_opt(day).unwrap();
+            let text = format!("We met {}.", phrase.replace("{n}", &n.to_string()));
+            let _ = DateResolver::new().resolve(&text, base);
+        }
+    }
+}

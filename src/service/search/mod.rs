@@ -644,3 +644,23 @@ mod tests {
         assert!(!is_aggregation("What IDE do I use?"));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::core::time::MAX_ABS_MICROS;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every instant a request may name starts each relative window at
+        /// or before itself, without overflow.
+        #[test]
+        fn time_filters_start_at_or_before_now(now in -MAX_ABS_MICROS..=MAX_ABS_MICROS) {
+            for tf in ["today", "this_week", "this_month"] {
+                let start = time_filter_start(tf, now).unwrap();
+                prop_assert!(start <= now);
+                prop_assert!(now - start < 31 * crate::core::time::DAY_MICROS);
+            }
+        }
+    }
+}
