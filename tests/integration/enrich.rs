@@ -81,6 +81,27 @@ async fn switching_editors_supersedes_the_old_fact_and_history_shows_both() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_about_a_named_person_supersedes_like_the_users_own() {
+    let d = Daemon::start(Options::default()).await;
+    let old = d.store("Alice uses VSCode as her editor", "team").await;
+    let new = d
+        .store("Alice switched from VSCode to Cursor as her editor", "team")
+        .await;
+    let row = d
+        .sql(&format!(
+            "SELECT subject, superseded_by FROM chunks WHERE id = '{old}'"
+        ))
+        .await;
+    assert_eq!(row[0]["superseded_by"], new.as_str(), "{row:?}");
+    assert_eq!(row[0]["subject"], "Alice", "{row:?}");
+    let ids = d
+        .search_ids(json!({"query": "Which editor does Alice use?", "stream": "team"}))
+        .await;
+    assert_eq!(ids.first(), Some(&new), "{ids:?}");
+    assert!(!ids.contains(&old), "{ids:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_restore_returns_the_existing_id() {
     let d = Daemon::start(Options::default()).await;
     let first = d.store("Alice is allergic to peanuts", "x").await;

@@ -248,6 +248,9 @@ pub(super) const PERSON_AFTER: &[&str] = &[
     "said", "says", "is", "was", "works", "worked", "uses", "used", "likes", "liked", "prefers",
     "lives", "lived", "told", "asked", "wants", "has", "had", "will", "and", "leads", "manages",
     "joined", "thinks", "loves",
+    // How a change about someone is told ("Alice switched from VSCode to Cursor").
+    "switched", "moved", "changed", "started", "stopped", "quit", "left", "decided", "became",
+    "now", "no", "replaced", "dropped",
 ];
 
 pub(super) const PLACE_BEFORE: &[&str] = &[
