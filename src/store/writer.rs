@@ -118,9 +118,14 @@ impl ChunkWriter {
 /// bulk one.
 const BIG_COMMIT_WEIGHT: usize = 8;
 
-/// Rows written between two index refreshes (new rows are otherwise searched
-/// and joined without the indexes).
+/// Rows written since the last index refresh that start the next one (rows
+/// the indexes do not cover are searched and joined flat)...
 const INDEX_REFRESH_ROWS: usize = 10_000;
+/// ...or fewer, down to this many, once `INDEX_REFRESH_QUIET` has passed since
+/// the last refresh began: small stores written a memory at a time get their
+/// rows indexed within seconds, bulk loads are not refreshing all the time.
+const INDEX_REFRESH_MIN_ROWS: usize = 500;
+const INDEX_REFRESH_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Where the writer's commits go: the table, and the hot index that follows it.
 struct Sink {
@@ -189,12 +194,26 @@ async fn run(
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
         }
-        let op = match next.take() {
-            Some(op) => op,
-            None => match rx.recv().await {
-                Some(op) => op,
-                None => return,
-            },
+        let received = match next.take() {
+            Some(op) => Some(op),
+            // Rows left unindexed are indexed once the writer has been idle a while.
+            None if since_refresh > 0 => {
+                match tokio::time::timeout(INDEX_REFRESH_QUIET, rx.recv()).await {
+                    Ok(op) => op,
+                    Err(_idle) => {
+                        // Idle, any unindexed row is worth a refresh.
+                        let unindexed = since_refresh.max(INDEX_REFRESH_MIN_ROWS);
+                        if refresher.due(unindexed) && refresher.start(table) {
+                            since_refresh = 0;
+                        }
+                        continue;
+                    }
+                }
+            }
+            None => rx.recv().await,
+        };
+        let Some(op) = received else {
+            return;
         };
         // One operation at a time under the table gate (a rollback waits for
         // it, and it for a rollback).
@@ -291,10 +310,12 @@ async fn run(
                         })),
                     });
                 }
-                if since_refresh >= INDEX_REFRESH_ROWS && refresher.start(table) {
-                    since_refresh = 0;
-                }
             }
+        }
+        // Every kind of write counts (the pipeline's are `Commit`s): rows the
+        // indexes do not cover are searched flat, at a cost that grows with them.
+        if refresher.due(since_refresh) && refresher.start(table) {
+            since_refresh = 0;
         }
     }
 }
@@ -307,15 +328,27 @@ async fn run(
 #[derive(Default)]
 struct Refresher {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    last: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Refresher {
+    /// Whether `unindexed` rows call for a refresh now.
+    fn due(&self, unindexed: usize) -> bool {
+        let quiet = self
+            .last
+            .lock()
+            .expect("refresher lock")
+            .is_none_or(|t| t.elapsed() >= INDEX_REFRESH_QUIET);
+        unindexed >= INDEX_REFRESH_ROWS || (unindexed >= INDEX_REFRESH_MIN_ROWS && quiet)
+    }
+
     /// Start a refresh unless one is running; whether one was started.
     fn start(&self, table: &Table) -> bool {
         use std::sync::atomic::Ordering;
         if self.running.swap(true, Ordering::AcqRel) {
             return false;
         }
+        *self.last.lock().expect("refresher lock") = Some(std::time::Instant::now());
         let (table, running) = (table.clone(), self.running.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
@@ -356,6 +389,36 @@ fn rebase(mut now: Chunk, side: Chunk) -> Chunk {
 mod tests {
     use crate::core::model::Chunk;
     use crate::store::Store;
+
+    #[tokio::test]
+    async fn memories_stored_through_the_pipeline_get_indexed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        // The pipeline's write: `commit_with_side_effects`, a batch at a time.
+        for b in 0..6 {
+            let rows = (0..100)
+                .map(|i| Chunk::new(format!("m{b}-{i}"), "s".into(), format!("memory {b} {i}"), 0))
+                .collect();
+            store.commit_with_side_effects(rows, vec![]).await.unwrap();
+        }
+        let unindexed = || async {
+            store
+                .chunks_table()
+                .index_stats("content_idx")
+                .await
+                .unwrap()
+                .map(|s| s.num_unindexed_rows)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while unindexed().await != Some(0) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "600 rows still unindexed: {:?}",
+                unindexed().await
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
 
     #[tokio::test]
     async fn side_effects_are_rebased_on_the_stored_memory() {
