@@ -38,6 +38,10 @@ pub struct Envelope {
     /// A writer waits for this memory's outcome.
     #[serde(default)]
     pub notify: bool,
+    /// The server made this memory's id (a random UUID), so no stored row can
+    /// hold it before this message is first delivered.
+    #[serde(default)]
+    pub minted: bool,
 }
 
 /// A message that cannot be decoded: it goes straight to `dead_letters`.

@@ -63,6 +63,9 @@ pub struct Record {
     /// Side writes a stage started in the background (the entity graph); the
     /// `write` stage waits for them before the batch counts as done.
     pub pending: Vec<PendingWrite>,
+    /// No stored row can have this record's id (minted by the server, first
+    /// delivery): `write` appends it instead of merging on `id`.
+    pub new_id: bool,
 }
 
 /// A write running beside the pipeline; cloneable so records stay `Clone`.
@@ -113,6 +116,7 @@ impl Record {
             history: Vec::new(),
             neighbors: None,
             pending: Vec::new(),
+            new_id: false,
         }
     }
 

@@ -265,8 +265,13 @@ impl Worker {
 fn records_of(deliveries: &[Delivery]) -> Vec<Record> {
     deliveries
         .iter()
-        .filter_map(|d| d.envelope.as_ref().ok())
-        .map(|e| Record::new(e.chunk.clone()))
+        .filter_map(|d| d.envelope.as_ref().ok().map(|e| (e, d.attempt)))
+        .map(|(e, attempt)| Record {
+            // A minted id on its first delivery cannot be stored yet; a
+            // redelivery may follow a commit whose ack was lost.
+            new_id: e.minted && attempt == 1,
+            ..Record::new(e.chunk.clone())
+        })
         .collect()
 }
 
@@ -282,6 +287,7 @@ pub fn envelopes(
             pipeline: pipeline.to_string(),
             chunk,
             notify,
+            minted: false,
         })
         .collect()
 }

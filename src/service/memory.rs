@@ -190,6 +190,7 @@ pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Res
         pipeline: "store".into(),
         chunk,
         notify: wait,
+        minted: !caller_chose_id,
     };
     if !wait {
         engine.bus.publish(vec![envelope]).await?;

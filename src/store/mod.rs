@@ -346,9 +346,22 @@ impl Store {
     /// Upsert `rows` and the pipeline's side effects on other memories in one
     /// commit (see [`ChunkWriter::commit_with_side_effects`]).
     pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
-        let mut streams = streams_of(&rows);
+        self.commit_batch(Vec::new(), rows, side).await
+    }
+
+    /// The pipeline's write (see [`ChunkWriter::commit_batch`]): `fresh` rows,
+    /// whose ids no stored row can have, are appended; `rows` and `side` are
+    /// merged on `id`.
+    pub async fn commit_batch(
+        &self,
+        fresh: Vec<Chunk>,
+        rows: Vec<Chunk>,
+        side: Vec<Chunk>,
+    ) -> Result<()> {
+        let mut streams = streams_of(&fresh);
+        streams.extend(streams_of(&rows));
         streams.extend(streams_of(&side));
-        let result = self.writer.commit_with_side_effects(rows, side).await;
+        let result = self.writer.commit_batch(fresh, rows, side).await;
         self.bump(streams);
         result
     }

@@ -20,9 +20,9 @@ pub type Modifier = Box<dyn FnMut(&mut Chunk) -> bool + Send>;
 
 enum WriteOp {
     Upsert(Vec<Chunk>, oneshot::Sender<Result<()>>),
-    /// Upsert `rows` and, in the same commit, the side effects (see
-    /// [`ChunkWriter::commit_with_side_effects`]).
-    Commit(Vec<Chunk>, Vec<Chunk>, oneshot::Sender<Result<()>>),
+    /// Append `fresh`, then upsert `rows` and, in the same commit, the side
+    /// effects (see [`ChunkWriter::commit_batch`]).
+    Commit(Vec<Chunk>, Vec<Chunk>, Vec<Chunk>, oneshot::Sender<Result<()>>),
     /// Read the chunks with these ids, apply the modifier, write back the changed ones.
     Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
     /// Delete by predicate; the rows are confined to these streams (None: any).
@@ -70,12 +70,24 @@ impl ChunkWriter {
     /// concurrent change to anything else (LLM entities, a new vector) is kept.
     /// A side effect on a memory not stored yet is written as it is.
     pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
-        if rows.is_empty() && side.is_empty() {
+        self.commit_batch(Vec::new(), rows, side).await
+    }
+
+    /// [`ChunkWriter::commit_with_side_effects`], with `fresh` rows that no
+    /// stored row can share an id with (ids the server minted, on their first
+    /// delivery): those are appended, which costs no join against the table.
+    pub async fn commit_batch(
+        &self,
+        fresh: Vec<Chunk>,
+        rows: Vec<Chunk>,
+        side: Vec<Chunk>,
+    ) -> Result<()> {
+        if fresh.is_empty() && rows.is_empty() && side.is_empty() {
             return Ok(());
         }
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(WriteOp::Commit(rows, side, done))
+            .send(WriteOp::Commit(fresh, rows, side, done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -156,6 +168,13 @@ impl Sink {
         Ok(())
     }
 
+    /// One append of rows whose ids no stored row has.
+    async fn append(&self, rows: &[Chunk]) -> Result<()> {
+        self.table.add(batch_reader(rows, self.dim)?).execute().await?;
+        self.hot.apply(rows);
+        Ok(())
+    }
+
     /// Delete by predicate; the hot index drops the streams it touched
     /// (which rows went is not known one by one).
     async fn delete(&self, predicate: &str, streams: Option<&[String]>) -> Result<u64> {
@@ -228,8 +247,14 @@ async fn run(
                 since_compact += BIG_COMMIT_WEIGHT;
                 let _ = done.send(result);
             }
-            WriteOp::Commit(rows, side, done) => {
+            WriteOp::Commit(fresh, rows, side, done) => {
                 let result = async {
+                    if !fresh.is_empty() {
+                        sink.append(&fresh).await?;
+                    }
+                    if rows.is_empty() && side.is_empty() {
+                        return Ok::<usize, StoreError>(fresh.len());
+                    }
                     let own: std::collections::HashSet<&str> =
                         rows.iter().map(|c| c.id.as_str()).collect();
                     let side: Vec<Chunk> = side
@@ -255,7 +280,7 @@ async fn run(
                         .collect();
                     // Side effects first: a record's own row wins the fold by id.
                     sink.commit(rebased.iter().chain(rows.iter())).await?;
-                    Ok::<usize, StoreError>(rows.len() + rebased.len())
+                    Ok(fresh.len() + rows.len() + rebased.len())
                 }
                 .await;
                 let n = result.as_ref().copied().unwrap_or(0);

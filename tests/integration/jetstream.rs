@@ -128,6 +128,7 @@ async fn a_redelivered_write_never_duplicates_a_memory() {
         pipeline: "store".into(),
         chunk,
         notify: false,
+        minted: false,
     };
     for i in 0..3 {
         publish_raw(
@@ -180,6 +181,7 @@ async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
             pipeline: "store".into(),
             chunk: c,
             notify: false,
+            minted: false,
         };
         publish_raw(
             &d,

@@ -1,5 +1,7 @@
-//! `write`: commits the kept records of the batch to the `chunks` table in one
-//! Lance commit (upsert by id, so a redelivered batch changes nothing).
+//! `write`: commits the kept records of the batch to the `chunks` table: an
+//! upsert by id (so a redelivered batch changes nothing), or an append for the
+//! records whose ids the server minted and that are delivered for the first
+//! time (no stored row can have them, and an append costs no join).
 
 use std::sync::Arc;
 
@@ -32,9 +34,10 @@ pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, 
 /// services refuse such writes up front with a clear answer; this is the
 /// last line, for every route and for writes that race.
 async fn refuse_foreign_ids(store: &Store, batch: &mut [Record]) -> crate::store::Result<()> {
+    // A minted id on its first delivery is in no stream yet.
     let ids: Vec<&str> = batch
         .iter()
-        .filter(|r| r.is_kept())
+        .filter(|r| r.is_kept() && !r.new_id)
         .map(|r| r.chunk.id.as_str())
         .collect();
     if ids.is_empty() {
@@ -86,15 +89,20 @@ impl Stage for Write {
                 .clone()
                 .flat_map(|r| r.also_write.iter().cloned())
                 .collect();
-            // When a record is also another's side effect, its own final form wins.
-            let rows: Vec<_> = batch
+            // When a record is also another's side effect, its own final form
+            // wins (so it is merged, not appended). The rest of the records
+            // whose ids nothing can hold yet are appended: no join on `id`.
+            let touched: std::collections::HashSet<&str> =
+                side.iter().map(|c| c.id.as_str()).collect();
+            let (fresh, rows): (Vec<_>, Vec<_>) = batch
                 .iter()
                 .filter(|r| r.is_kept())
-                .map(|r| r.chunk.clone())
-                .collect();
+                .partition(|r| r.new_id && !touched.contains(r.chunk.id.as_str()));
+            let fresh: Vec<_> = fresh.into_iter().map(|r| r.chunk.clone()).collect();
+            let rows: Vec<_> = rows.into_iter().map(|r| r.chunk.clone()).collect();
             let history: Vec<_> = settled.flat_map(|r| r.history.iter().cloned()).collect();
             self.store
-                .commit_with_side_effects(rows, side)
+                .commit_batch(fresh, rows, side)
                 .await
                 .map_err(fail)?;
             self.store.add_history(history).await.map_err(fail)?;
