@@ -8,7 +8,10 @@
 //! named (X) or one of the same category (another editor), or the same
 //! attribute slot ("my favorite color is …").
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A batch's candidate lookups by stream, subject, update keys and slot.
+type Lookups = HashMap<(String, String, Vec<String>, Option<String>), Vec<Chunk>>;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -245,42 +248,56 @@ impl DetectContradictions {
                     .is_some_and(|s| old.content.to_lowercase().contains(s.as_str())))
     }
 
+    /// Stored memories `update` may replace, before the per-record checks:
+    /// current ones of `new`'s stream and subject that name one of its keys
+    /// or fill its slot. A batch asks each distinct lookup once (`memo`): bulk
+    /// imports repeat the same update about the same subject many times.
     async fn stored_candidates(
         &self,
         update: &Update,
         new: &Chunk,
+        memo: &mut Lookups,
     ) -> Result<Vec<Chunk>, PipelineError> {
         let Some(subject) = &new.subject else {
             return Ok(Vec::new());
         };
-        let mut any: Vec<Filter> = update
-            .keys
-            .iter()
-            .map(|k| Filter::new().mentions_key(k))
-            .collect();
-        if let Some(slot) = &update.slot {
-            any.push(Filter::new().content_contains(slot));
+        let key = (
+            new.stream.clone(),
+            subject.clone(),
+            update.keys.iter().cloned().collect::<Vec<_>>(),
+            update.slot.clone(),
+        );
+        if !memo.contains_key(&key) {
+            let mut any: Vec<Filter> = update
+                .keys
+                .iter()
+                .map(|k| Filter::new().mentions_key(k))
+                .collect();
+            if let Some(slot) = &update.slot {
+                any.push(Filter::new().content_contains(slot));
+            }
+            let Some(any) = any.into_iter().reduce(Filter::or) else {
+                return Ok(Vec::new());
+            };
+            let filter = Filter::new()
+                .stream(&new.stream)
+                .current()
+                .subject(subject)
+                .with(any);
+            let found = self
+                .store
+                .find(&filter, Some(self.max_superseded * 4 + 1))
+                .await
+                .map_err(|e| PipelineError::Batch {
+                    stage: "detect_contradictions",
+                    message: e.to_string(),
+                })?;
+            memo.insert(key.clone(), found);
         }
-        let Some(any) = any.into_iter().reduce(Filter::or) else {
-            return Ok(Vec::new());
-        };
-        let filter = Filter::new()
-            .stream(&new.stream)
-            .current()
-            .not_id(&new.id)
-            .subject(subject)
-            .with(any);
-        let found = self
-            .store
-            .find(&filter, Some(self.max_superseded * 4))
-            .await
-            .map_err(|e| PipelineError::Batch {
-                stage: "detect_contradictions",
-                message: e.to_string(),
-            })?;
-        Ok(found
-            .into_iter()
+        Ok(memo[&key]
+            .iter()
             .filter(|old| self.replaces(update, new, old))
+            .cloned()
             .collect())
     }
 }
@@ -445,6 +462,7 @@ impl Stage for DetectContradictions {
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
         Box::pin(async move {
+            let mut memo = Lookups::new();
             for i in 0..batch.len() {
                 if !batch[i].is_kept() || batch[i].chunk.subject.is_none() {
                     continue;
@@ -452,7 +470,9 @@ impl Stage for DetectContradictions {
                 let Some(update) = self.update_of(&batch[i].chunk) else {
                     continue;
                 };
-                let mut stored = self.stored_candidates(&update, &batch[i].chunk).await?;
+                let mut stored = self
+                    .stored_candidates(&update, &batch[i].chunk, &mut memo)
+                    .await?;
                 stored.truncate(self.max_superseded);
                 let (earlier, rest) = batch.split_at_mut(i);
                 let r = &mut rest[0];
