@@ -321,7 +321,10 @@ fn bench_search(c: &mut Criterion) {
             percentile(&times, 0.95).as_secs_f64() * 1e3,
             percentile(&times, 0.99).as_secs_f64() * 1e3,
         );
-        println!("resident memory with {rows} memories loaded: {} MiB", resident_mib());
+        println!(
+            "resident memory with {rows} memories loaded: {} MiB",
+            resident_mib()
+        );
         // Fresh queries (mostly unseen, so mostly embedded) for criterion too.
         let mut fresh = Rng(7 + rows as u64);
         group.bench_function(format!("{rows}"), |b| {

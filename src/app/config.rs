@@ -207,7 +207,10 @@ impl Config {
         }
         match self.embed.provider {
             EmbedProvider::Minilm | EmbedProvider::Static if self.embed.dim != 384 => {
-                return Err(invalid("embed.dim", "must be 384 for the minilm and static providers"));
+                return Err(invalid(
+                    "embed.dim",
+                    "must be 384 for the minilm and static providers",
+                ));
             }
             EmbedProvider::Minilm | EmbedProvider::Static
                 if !(8..=512).contains(&self.embed.max_tokens) =>

@@ -289,7 +289,7 @@ async fn execute(
                 format!("must be between 1 and {}", limits.max_rows_cap),
             ))
         }
-        m => Some(m),
+        m => m,
     };
     let params = req
         .params
@@ -353,7 +353,11 @@ async fn execute(
             Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
         let mut args: Vec<String> = Vec::new();
         for caps in as_of.captures_iter(sql) {
-            let arg = caps.get(1).or_else(|| caps.get(2)).expect("one group").as_str();
+            let arg = caps
+                .get(1)
+                .or_else(|| caps.get(2))
+                .expect("one group")
+                .as_str();
             if !args.iter().any(|a| a == arg) {
                 args.push(arg.to_string());
             }
@@ -387,9 +391,7 @@ async fn execute(
                 ))
                 .map_err(sql_err)?;
         }
-        if let Some(max_rows) = max_rows {
-            df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
-        }
+        df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await.map_err(sql_err)?;
         Ok::<_, Error>((schema, batches))
@@ -404,8 +406,8 @@ async fn execute(
                 ))
             })??;
     let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let truncated = max_rows.is_some_and(|m| total > m);
-    if let (true, Some(max_rows)) = (truncated, max_rows) {
+    let truncated = total > max_rows;
+    if truncated {
         let mut keep = max_rows;
         let mut cut = Vec::new();
         for b in batches {

@@ -344,7 +344,7 @@ impl Store {
     }
 
     /// Upsert `rows` and the pipeline's side effects on other memories in one
-    /// commit (see [`ChunkWriter::commit_with_side_effects`]).
+    /// commit (see [`ChunkWriter::commit_batch`]).
     pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
         self.commit_batch(Vec::new(), rows, side).await
     }

@@ -22,7 +22,12 @@ enum WriteOp {
     Upsert(Vec<Chunk>, oneshot::Sender<Result<()>>),
     /// Append `fresh`, then upsert `rows` and, in the same commit, the side
     /// effects (see [`ChunkWriter::commit_batch`]).
-    Commit(Vec<Chunk>, Vec<Chunk>, Vec<Chunk>, oneshot::Sender<Result<()>>),
+    Commit(
+        Vec<Chunk>,
+        Vec<Chunk>,
+        Vec<Chunk>,
+        oneshot::Sender<Result<()>>,
+    ),
     /// Read the chunks with these ids, apply the modifier, write back the changed ones.
     Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
     /// Delete by predicate; the rows are confined to these streams (None: any).
@@ -62,20 +67,16 @@ impl ChunkWriter {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
-    /// Upsert `rows` and apply `side` — changes a pipeline stage made to other,
-    /// already stored memories (a supersession, a duplicate's merged sources) —
-    /// in one commit. A side effect is rebased on the memory as it is when the
-    /// writer reaches it: only its lifecycle fields (`superseded_by`,
-    /// `valid_until`, `updated_at`) and its `extraction_meta` keys are taken, so a
-    /// concurrent change to anything else (LLM entities, a new vector) is kept.
-    /// A side effect on a memory not stored yet is written as it is.
-    pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
-        self.commit_batch(Vec::new(), rows, side).await
-    }
-
-    /// [`ChunkWriter::commit_with_side_effects`], with `fresh` rows that no
-    /// stored row can share an id with (ids the server minted, on their first
-    /// delivery): those are appended, which costs no join against the table.
+    /// Append `fresh` — rows no stored row can share an id with (ids the
+    /// server minted, on their first delivery), which costs no join against
+    /// the table — then upsert `rows` and apply `side` — changes a pipeline
+    /// stage made to other, already stored memories (a supersession, a
+    /// duplicate's merged sources) — in one commit. A side effect is rebased on
+    /// the memory as it is when the writer reaches it: only its lifecycle fields
+    /// (`superseded_by`, `valid_until`, `updated_at`) and its `extraction_meta`
+    /// keys are taken, so a concurrent change to anything else (LLM entities, a
+    /// new vector) is kept. A side effect on a memory not stored yet is written
+    /// as it is.
     pub async fn commit_batch(
         &self,
         fresh: Vec<Chunk>,
@@ -170,7 +171,10 @@ impl Sink {
 
     /// One append of rows whose ids no stored row has.
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
-        self.table.add(batch_reader(rows, self.dim)?).execute().await?;
+        self.table
+            .add(batch_reader(rows, self.dim)?)
+            .execute()
+            .await?;
         self.hot.apply(rows);
         Ok(())
     }
@@ -194,7 +198,7 @@ async fn run(
     let table = &sink.table;
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
-    let refresher = Refresher::default();
+    let mut refresher = Refresher::default();
     // Commits weigh by the fragment they leave: a small one (an agent's store)
     // counts in full, a bulk one (an import batch, already a fair fragment)
     // an eighth, so bulk loads are not slowed by merges they barely need.
@@ -221,8 +225,7 @@ async fn run(
                     Ok(op) => op,
                     Err(_idle) => {
                         // Idle, any unindexed row is worth a refresh.
-                        let unindexed = since_refresh.max(INDEX_REFRESH_MIN_ROWS);
-                        if refresher.due(unindexed) && refresher.start(table) {
+                        if refresher.quiet() && refresher.start(table) {
                             since_refresh = 0;
                         }
                         continue;
@@ -353,27 +356,28 @@ async fn run(
 #[derive(Default)]
 struct Refresher {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    last: std::sync::Mutex<Option<std::time::Instant>>,
+    /// When the last refresh began.
+    last: Option<std::time::Instant>,
 }
 
 impl Refresher {
+    /// `INDEX_REFRESH_QUIET` has passed since the last refresh began.
+    fn quiet(&self) -> bool {
+        self.last.is_none_or(|t| t.elapsed() >= INDEX_REFRESH_QUIET)
+    }
+
     /// Whether `unindexed` rows call for a refresh now.
     fn due(&self, unindexed: usize) -> bool {
-        let quiet = self
-            .last
-            .lock()
-            .expect("refresher lock")
-            .is_none_or(|t| t.elapsed() >= INDEX_REFRESH_QUIET);
-        unindexed >= INDEX_REFRESH_ROWS || (unindexed >= INDEX_REFRESH_MIN_ROWS && quiet)
+        unindexed >= INDEX_REFRESH_ROWS || (unindexed >= INDEX_REFRESH_MIN_ROWS && self.quiet())
     }
 
     /// Start a refresh unless one is running; whether one was started.
-    fn start(&self, table: &Table) -> bool {
+    fn start(&mut self, table: &Table) -> bool {
         use std::sync::atomic::Ordering;
         if self.running.swap(true, Ordering::AcqRel) {
             return false;
         }
-        *self.last.lock().expect("refresher lock") = Some(std::time::Instant::now());
+        self.last = Some(std::time::Instant::now());
         let (table, running) = (table.clone(), self.running.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
@@ -422,7 +426,14 @@ mod tests {
         // The pipeline's write: `commit_with_side_effects`, a batch at a time.
         for b in 0..6 {
             let rows = (0..100)
-                .map(|i| Chunk::new(format!("m{b}-{i}"), "s".into(), format!("memory {b} {i}"), 0))
+                .map(|i| {
+                    Chunk::new(
+                        format!("m{b}-{i}"),
+                        "s".into(),
+                        format!("memory {b} {i}"),
+                        0,
+                    )
+                })
                 .collect();
             store.commit_with_side_effects(rows, vec![]).await.unwrap();
         }

@@ -100,7 +100,10 @@ async fn a_search_query_does_not_wait_for_a_batch_pass() {
         .map(|i| format!("Note {i}: {}", "the quarterly planning meeting covered the migration of the billing service, the hiring plan and the slow exports; ".repeat(8)))
         .collect();
     let mut bulk = Box::pin(model.embed(&long));
-    assert!(futures::poll!(bulk.as_mut()).is_pending(), "the batch is queued");
+    assert!(
+        futures::poll!(bulk.as_mut()).is_pending(),
+        "the batch is queued"
+    );
     // Give the inference thread a moment to take the batch up. This only makes
     // the check below sharp: with one lane the query would wait for the pass.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -217,10 +220,15 @@ fn distilled_model_dir() -> &'static std::path::Path {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_embedder_is_distilled_once_and_keeps_meaning() {
-    let dir = tokio::task::spawn_blocking(distilled_model_dir).await.unwrap();
+    let dir = tokio::task::spawn_blocking(distilled_model_dir)
+        .await
+        .unwrap();
     let table = dir.join(loomem::providers::embed::distilled::TABLE_FILE);
     let model = StaticEmbedder::load(dir, 256).unwrap();
-    assert!(table.is_file(), "the distilled table is saved beside the model");
+    assert!(
+        table.is_file(),
+        "the distilled table is saved beside the model"
+    );
     assert_eq!(model.model(), "static-all-MiniLM-L6-v2");
     assert_eq!(model.dim(), 384);
     let texts: Vec<String> = [
@@ -240,19 +248,34 @@ async fn static_embedder_is_distilled_once_and_keeps_meaning() {
     }
     assert!(v[5].iter().all(|x| *x == 0.0), "no token, no direction");
     // Paraphrases with no word in common are closer than unrelated texts.
-    assert!(dot(&v[0], &v[1]) > dot(&v[0], &v[2]) + 0.1, "dog: {} tax: {}", dot(&v[0], &v[1]), dot(&v[0], &v[2]));
-    assert!(dot(&v[3], &v[4]) > dot(&v[3], &v[0]) + 0.1, "plane: {} dog: {}", dot(&v[3], &v[4]), dot(&v[3], &v[0]));
+    assert!(
+        dot(&v[0], &v[1]) > dot(&v[0], &v[2]) + 0.1,
+        "dog: {} tax: {}",
+        dot(&v[0], &v[1]),
+        dot(&v[0], &v[2])
+    );
+    assert!(
+        dot(&v[3], &v[4]) > dot(&v[3], &v[0]) + 0.1,
+        "plane: {} dog: {}",
+        dot(&v[3], &v[4]),
+        dot(&v[3], &v[0])
+    );
 
     // Loaded again: the saved table, not a second distillation.
     let saved = std::fs::metadata(&table).unwrap().modified().unwrap();
     let again = StaticEmbedder::load(dir, 256).unwrap();
     assert_eq!(again.embed(&texts).await.unwrap(), v);
-    assert_eq!(std::fs::metadata(&table).unwrap().modified().unwrap(), saved);
+    assert_eq!(
+        std::fs::metadata(&table).unwrap().modified().unwrap(),
+        saved
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_stores_and_recalls_with_the_static_embedder() {
-    let dir = tokio::task::spawn_blocking(distilled_model_dir).await.unwrap();
+    let dir = tokio::task::spawn_blocking(distilled_model_dir)
+        .await
+        .unwrap();
     let d = Daemon::start(
         Options::embedded()
             .env("LOOMEM_EMBED__PROVIDER", "static")

@@ -409,7 +409,11 @@ async fn an_export_past_the_row_cap_is_refused_not_cut_short() {
             .env("LOOMEM_SQL__DEFAULT_MAX_ROWS", "2"),
     )
     .await;
-    for text in ["Walks the dog at seven", "Reads before bed", "Cycles to work"] {
+    for text in [
+        "Walks the dog at seven",
+        "Reads before bed",
+        "Cycles to work",
+    ] {
         d.store(text, "cap").await;
     }
     let (status, body) = d
@@ -417,7 +421,10 @@ async fn an_export_past_the_row_cap_is_refused_not_cut_short() {
         .await;
     assert_eq!(status, 422, "{body}");
     assert!(
-        body["detail"].as_str().unwrap().contains("more than 2 rows"),
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("more than 2 rows"),
         "{body}"
     );
     // Within the cap, the export is whole.
@@ -430,5 +437,8 @@ async fn an_export_past_the_row_cap_is_refused_not_cut_short() {
         .await;
     assert_eq!(status, 200, "{body}");
     let csv = body.as_str().unwrap();
-    assert!(csv.contains("Cycles to work") && csv.contains("Reads before bed"), "{csv}");
+    assert!(
+        csv.contains("Cycles to work") && csv.contains("Reads before bed"),
+        "{csv}"
+    );
 }

@@ -315,10 +315,16 @@ async fn writes_outside_the_pipeline_wait_while_a_rollback_holds_the_tables() {
     let l = Local::start().await;
     let s = l.services();
     let kept = l
-        .store(&admin(), json!({"content": "Keeps a sourdough starter", "stream": "a"}))
+        .store(
+            &admin(),
+            json!({"content": "Keeps a sourdough starter", "stream": "a"}),
+        )
         .await;
     let doomed = l
-        .store(&admin(), json!({"content": "Owns a red bicycle", "stream": "a"}))
+        .store(
+            &admin(),
+            json!({"content": "Owns a red bicycle", "stream": "a"}),
+        )
         .await;
     let held = s.store.hold_writes().await;
     let feedback = tokio::spawn({

@@ -9,9 +9,6 @@
 //! attribute slot ("my favorite color is …").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// A batch's candidate lookups by stream, subject, update keys and slot.
-type Lookups = HashMap<(String, String, Vec<String>, Option<String>), Vec<Chunk>>;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -24,6 +21,9 @@ use crate::pipeline::{ensure_neighbors, BuildContext, PipelineError, Record, Sta
 use crate::providers::llm::{Llm, LlmError};
 use crate::store::graph::{entity_key, Dictionary, DictionaryEntry};
 use crate::store::{Filter, HistoryRow, Store};
+
+/// A batch's candidate lookups by stream, subject, update keys and slot.
+type Lookups = HashMap<(String, String, Vec<String>, Option<String>), Vec<Chunk>>;
 
 const JUDGE_PROMPT: &str = "You keep a user's long-term memory consistent. Given a new memory and earlier memories about the same subject, say which earlier memories the new one makes outdated: they state something that is no longer true now that the new memory holds (a changed preference, a move, a new job, a changed plan or date). A memory that only adds detail, or is merely related, does not outdate anything. Return JSON {\"superseded\": [numbers of the outdated earlier memories], \"reason\": \"one short sentence\"}.";
 

@@ -83,8 +83,7 @@ impl StaticEmbedder {
     /// from other weights. A table that cannot be saved (a read-only
     /// directory) is used all the same. Texts are cut at `max_tokens`.
     pub fn load(dir: &Path, max_tokens: usize) -> Result<StaticEmbedder, LoadError> {
-        let (tokenizer, dim) = super::minilm::tokenizer(dir, max_tokens)?;
-        let vocab = tokenizer.get_vocab_size(true);
+        let (tokenizer, dim, vocab) = super::minilm::tokenizer(dir, max_tokens)?;
         let path = dir.join(TABLE_FILE);
         let stamp = weights_stamp(dir);
         let rows = match read_table(&path, stamp, vocab, dim) {
@@ -160,7 +159,13 @@ fn read_table(path: &Path, stamp: u64, vocab: usize, dim: usize) -> Option<Vec<f
 }
 
 /// Saved whole or not at all (written aside, then renamed).
-fn write_table(path: &Path, stamp: u64, vocab: usize, dim: usize, rows: &[f32]) -> std::io::Result<()> {
+fn write_table(
+    path: &Path,
+    stamp: u64,
+    vocab: usize,
+    dim: usize,
+    rows: &[f32],
+) -> std::io::Result<()> {
     let aside: PathBuf = path.with_extension("part");
     let mut out = std::io::BufWriter::new(std::fs::File::create(&aside)?);
     out.write_all(&header(stamp, vocab, dim))?;
@@ -228,8 +233,19 @@ mod tests {
         let vocab = FIRST_WORD + 5000;
         let rows: Vec<f32> = (0..vocab).flat_map(|t| [1.0, (t % 2) as f32]).collect();
         let out = distil(rows, dim);
-        let norm = |t: usize| out[t * dim..(t + 1) * dim].iter().map(|x| x * x).sum::<f32>().sqrt();
+        let norm = |t: usize| {
+            out[t * dim..(t + 1) * dim]
+                .iter()
+                .map(|x| x * x)
+                .sum::<f32>()
+                .sqrt()
+        };
         // `the` (the first word) against a word 4,000 places down the frequency order.
-        assert!(norm(FIRST_WORD) * 20.0 < norm(FIRST_WORD + 4000), "{} {}", norm(FIRST_WORD), norm(FIRST_WORD + 4000));
+        assert!(
+            norm(FIRST_WORD) * 20.0 < norm(FIRST_WORD + 4000),
+            "{} {}",
+            norm(FIRST_WORD),
+            norm(FIRST_WORD + 4000)
+        );
     }
 }

@@ -287,10 +287,21 @@ fn read_tokenizer(dir: &Path, cfg: &BertConfig, max_tokens: usize) -> Result<Tok
     Ok(tokenizer)
 }
 
-/// The model's tokenizer, truncating at `max_tokens`, and its hidden size.
-pub(super) fn tokenizer(dir: &Path, max_tokens: usize) -> Result<(Tokenizer, usize), LoadError> {
+/// Token ids the tokenizer makes and the model has an embedding for.
+fn vocab_size(tokenizer: &Tokenizer, cfg: &BertConfig) -> usize {
+    tokenizer.get_vocab_size(true).min(cfg.vocab_size)
+}
+
+/// What the static embedder needs of the model: its tokenizer (truncating at
+/// `max_tokens`), hidden size and vocabulary size.
+pub(super) fn tokenizer(
+    dir: &Path,
+    max_tokens: usize,
+) -> Result<(Tokenizer, usize, usize), LoadError> {
     let cfg = read_config(dir)?;
-    Ok((read_tokenizer(dir, &cfg, max_tokens)?, cfg.hidden_size))
+    let tokenizer = read_tokenizer(dir, &cfg, max_tokens)?;
+    let vocab = vocab_size(&tokenizer, &cfg);
+    Ok((tokenizer, cfg.hidden_size, vocab))
 }
 
 /// One vector per entry of the model's vocabulary: the model's own sentence
@@ -300,14 +311,15 @@ pub(super) fn tokenizer(dir: &Path, max_tokens: usize) -> Result<(Tokenizer, usi
 pub(super) fn token_vectors(dir: &Path) -> Result<Vec<f32>, LoadError> {
     let cfg = read_config(dir)?;
     let tokenizer = read_tokenizer(dir, &cfg, cfg.max_position_embeddings)?;
-    let encoder = Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
+    let encoder =
+        Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
     let special = |t: &str| {
         tokenizer
             .token_to_id(t)
             .ok_or_else(|| invalid(dir, format!("tokenizer.json: no {t} token")))
     };
     let (cls, sep) = (special("[CLS]")?, special("[SEP]")?);
-    let vocab = tokenizer.get_vocab_size(true).min(cfg.vocab_size) as u32;
+    let vocab = vocab_size(&tokenizer, &cfg) as u32;
     let mut rows = Vec::with_capacity(vocab as usize * cfg.hidden_size);
     const PASS: u32 = 512;
     for start in (0..vocab).step_by(PASS as usize) {
@@ -423,7 +435,10 @@ impl Embedder for MiniLmEmbedder {
 }
 
 /// Hand `texts` to an inference thread and wait for their vectors.
-async fn run(thread: &std_mpsc::Sender<Job>, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+async fn run(
+    thread: &std_mpsc::Sender<Job>,
+    texts: Vec<String>,
+) -> Result<Vec<Vec<f32>>, EmbedError> {
     let stopped = || EmbedError::Provider("the MiniLM inference thread has stopped".into());
     let (reply, rx) = oneshot::channel();
     thread.send(Job { texts, reply }).map_err(|_| stopped())?;
