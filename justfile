@@ -24,13 +24,12 @@ test:
     cargo test --locked
 
 # Run the criterion benchmarks (release build; needs nats-server and the model).
-# RAYON_NUM_THREADS: candle's matmul threads (it counts physical cores otherwise).
 bench *ARGS:
-    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo bench --locked {{ARGS}}
+    cargo bench --locked {{ARGS}}
 
 # Retrieval quality on a LongMemEval-format file (the `daemon` profile's binary; default: the
 # shipped 62-question set): each haystack
 # through the import pipeline, every question searched in each mode; results in
 # bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
 bench-recall DATA="datasets/recall/loomem_recall_s30.json" *ARGS:
-    RAYON_NUM_THREADS="${RAYON_NUM_THREADS:-$(nproc)}" cargo run --profile daemon --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
+    cargo run --profile daemon --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}

@@ -35,6 +35,8 @@ fn config() -> Config {
 }
 
 fn bench(c: &mut Criterion) {
+    // As `loomem` does (candle reads these when it first runs a kernel).
+    loomem::providers::embed::minilm::single_threaded_kernels();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let cfg = config();
     let minilm = MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)

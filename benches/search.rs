@@ -156,12 +156,8 @@ fn resident_mib() -> u64 {
 }
 
 fn bench_search(c: &mut Criterion) {
-    // As `loomem` does: candle sizes its thread pool from this, else from the
-    // physical cores (one on this 2-vCPU machine).
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    // As `loomem` does, before any other thread exists.
+    loomem::providers::embed::minilm::single_threaded_kernels();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

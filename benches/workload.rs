@@ -100,10 +100,8 @@ fn main() {
         // `cargo bench` asks harness-less benches to list themselves.
         return;
     }
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    // As `loomem` does, before any other thread exists.
+    loomem::providers::embed::minilm::single_threaded_kernels();
     let total = knob("LOOMEM_WORKLOAD_TURNS", 6000);
     let writers = knob("LOOMEM_WORKLOAD_WRITERS", 8);
     let streams = knob("LOOMEM_WORKLOAD_STREAMS", 10);

@@ -193,14 +193,8 @@ enum RecallAction {
 }
 
 fn main() {
-    // candle sizes its matrix-multiply parallelism from RAYON_NUM_THREADS, else
-    // from the *physical* core count — one on a 2-vCPU machine, which leaves
-    // half the CPU idle (MiniLM: 7 ms instead of 10 ms a query there). Use every
-    // logical CPU unless told otherwise. Set before any other thread exists.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
+    // Before any other thread exists: it writes the process environment.
+    loomem::providers::embed::minilm::single_threaded_kernels();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

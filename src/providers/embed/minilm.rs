@@ -10,7 +10,9 @@
 //! batch pass to end). Calls that arrive while a thread is busy are merged
 //! into its next pass, and each
 //! pass sorts its texts by token count and pads per sub-batch to the longest
-//! member, so short texts do not pay for long ones.
+//! member, so short texts do not pay for long ones. A pass runs its
+//! sub-batches on every CPU side by side, each with single-threaded kernels
+//! (see [`single_threaded_kernels`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
@@ -174,6 +176,9 @@ struct Model {
     tokenizer: Tokenizer,
     encoder: Encoder,
     batch_size: usize,
+    /// Threads a pass spreads its sub-batches over (each runs candle's
+    /// kernels on itself alone: see [`single_threaded_kernels`]).
+    threads: usize,
 }
 
 impl Model {
@@ -182,11 +187,16 @@ impl Model {
             .tokenizer
             .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
             .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
-        // Shortest first, so each sub-batch pads to a length close to its members'.
+        // Shortest first, so each sub-batch pads to a length close to its
+        // members'; small passes are cut so that every thread gets a share.
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| encodings[i].get_ids().len());
-        let mut out = vec![Vec::new(); texts.len()];
-        for group in order.chunks(self.batch_size) {
+        let size = self
+            .batch_size
+            .min(texts.len().div_ceil(self.threads.max(1)))
+            .max(1);
+        let groups: Vec<&[usize]> = order.chunks(size).collect();
+        let run = |group: &[usize]| -> Result<Vec<Vec<f32>>, EmbedError> {
             let len = group
                 .iter()
                 .map(|&i| encodings[i].get_ids().len())
@@ -201,15 +211,66 @@ impl Model {
                 ids[row * len..row * len + n].copy_from_slice(enc.get_ids());
                 mask[row * len..row * len + n].copy_from_slice(enc.get_attention_mask());
             }
-            let vectors = self
-                .encoder
+            self.encoder
                 .embed(&ids, &mask, group.len(), len)
-                .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))?;
-            for (&i, v) in group.iter().zip(vectors) {
+                .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))
+        };
+        let vectors: Vec<Result<Vec<Vec<f32>>, EmbedError>> =
+            if self.threads <= 1 || groups.len() == 1 {
+                groups.iter().map(|g| run(g)).collect()
+            } else {
+                // Each thread takes the next sub-batch until none is left.
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                let mut done: Vec<(usize, Result<Vec<Vec<f32>>, EmbedError>)> =
+                    std::thread::scope(|scope| {
+                        let workers: Vec<_> = (0..self.threads.min(groups.len()))
+                            .map(|_| {
+                                scope.spawn(|| {
+                                    let mut mine = Vec::new();
+                                    loop {
+                                        let g = next
+                                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        let Some(group) = groups.get(g) else {
+                                            return mine;
+                                        };
+                                        mine.push((g, run(group)));
+                                    }
+                                })
+                            })
+                            .collect();
+                        workers
+                            .into_iter()
+                            .flat_map(|w| w.join().expect("inference worker panicked"))
+                            .collect()
+                    });
+                done.sort_by_key(|(g, _)| *g);
+                done.into_iter().map(|(_, v)| v).collect()
+            };
+        let mut out = vec![Vec::new(); texts.len()];
+        for (group, vectors) in groups.iter().zip(vectors) {
+            for (&i, v) in group.iter().zip(vectors?) {
                 out[i] = v;
             }
         }
         Ok(out)
+    }
+}
+
+/// candle spreads every kernel of a forward pass over RAYON_NUM_THREADS
+/// threads (else the physical core count) that meet at a spinning barrier
+/// after each one. MiniLM's kernels are small, so on a machine that does
+/// anything else at the same time the threads wait for each other more than
+/// they compute (a third of the embedding threads' time under the ordinary
+/// workload went to the barrier and the scheduler). loomem runs each kernel on
+/// one thread instead and puts the CPUs to work on separate texts: a pass's
+/// sub-batches run side by side, and a query runs beside them. Sets both
+/// variables to 1 unless they are set. Call it before any other thread exists
+/// (it writes the process environment).
+pub fn single_threaded_kernels() {
+    for var in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+        if std::env::var_os(var).is_none() {
+            std::env::set_var(var, "1");
+        }
     }
 }
 
@@ -344,12 +405,13 @@ impl MiniLmEmbedder {
         batch_size: usize,
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
-        let start = |name: &str| -> Result<std_mpsc::Sender<Job>, LoadError> {
+        let start = |name: &str, threads: usize| -> Result<std_mpsc::Sender<Job>, LoadError> {
             let model = Model {
                 tokenizer: read_tokenizer(dir, &cfg, max_tokens)?,
                 encoder: Encoder::load(dir, &cfg)
                     .map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?,
                 batch_size: batch_size.max(1),
+                threads,
             };
             let (tx, rx) = std_mpsc::channel::<Job>();
             std::thread::Builder::new()
@@ -359,8 +421,12 @@ impl MiniLmEmbedder {
             Ok(tx)
         };
         Ok(MiniLmEmbedder {
-            jobs: start("loomem-minilm")?,
-            queries: start("loomem-minilm-query")?,
+            // The pipeline's passes use every CPU; a query is one text.
+            jobs: start(
+                "loomem-minilm",
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )?,
+            queries: start("loomem-minilm-query", 1)?,
             dim: cfg.hidden_size,
         })
     }
