@@ -301,30 +301,48 @@ fn main() {
         percentile(&all.searches, 0.95),
         percentile(&all.searches, 0.99),
     );
-    // Searches after the writes, on the store as it is left.
-    let after: Vec<Duration> = rt.block_on(async {
+    // Searches after the writes, on the store as it is left, with the
+    // server's own account of each phase.
+    const PHASES: [&str; 6] = ["embed", "vector", "bm25", "graph", "fetch", "rank"];
+    let (after, phases): (Vec<Duration>, Vec<Vec<u64>>) = rt.block_on(async {
         let mut t = Vec::new();
+        let mut phases = vec![Vec::new(); PHASES.len()];
         for k in 0..300 {
             let q = &questions[k % questions.len()];
             let s = Instant::now();
             let r = http
                 .post(format!("{base}/v1/search"))
-                .json(&serde_json::json!({"query": q, "stream": format!("agent-{}", k % streams), "top_k": 10}))
+                .json(&serde_json::json!({"query": q, "stream": format!("agent-{}", k % streams), "top_k": 10, "trace": true}))
                 .send()
                 .await
                 .unwrap();
             assert!(r.status().is_success());
-            let _ = r.bytes().await;
+            let body: serde_json::Value = r.json().await.unwrap();
             t.push(s.elapsed());
+            for (p, name) in phases.iter_mut().zip(PHASES) {
+                p.push(body["trace_metadata"]["timings_us"][name].as_u64().unwrap_or(0));
+            }
         }
         t.sort();
-        t
+        for p in &mut phases {
+            p.sort_unstable();
+        }
+        (t, phases)
     });
     println!(
         "searches after the writes (300, one at a time): p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
         percentile(&after, 0.5),
         percentile(&after, 0.95),
         percentile(&after, 0.99),
+    );
+    let line: Vec<String> = PHASES
+        .iter()
+        .zip(&phases)
+        .map(|(name, p)| format!("{name} {:.1}", p[p.len() / 2] as f64 / 1e3))
+        .collect();
+    println!(
+        "  the server's phases, p50 ms (the legs overlap; embed is part of vector): {}",
+        line.join(", ")
     );
     // Where a store's time went: the pipeline's own counters, per batch.
     let status: serde_json::Value = rt.block_on(async {

@@ -38,6 +38,19 @@ async fn store_then_search_finds_the_memory_with_trace() {
     assert!(meta["total_results_before_topk"].as_u64().unwrap() >= 1);
     assert!(meta["search_latency_us"].as_u64().unwrap() > 0);
     assert_eq!(meta["query_complexity"], "simple");
+    // Where the time went: each leg that ran, the read of the candidates; the
+    // embedding is part of the vector leg, and no phase outlasts the search.
+    let t = &meta["timings_us"];
+    let us = |k: &str| t[k].as_u64().unwrap_or_else(|| panic!("{k} in {t}"));
+    for phase in ["bm25", "vector", "graph", "fetch", "rank"] {
+        assert!(
+            us(phase) <= meta["search_latency_us"].as_u64().unwrap(),
+            "{t}"
+        );
+    }
+    assert!(us("bm25") > 0 && us("vector") > 0 && us("fetch") > 0, "{t}");
+    assert!(us("embed") <= us("vector"), "{t}");
+    assert_eq!(us("as_of"), 0, "{t}");
 
     // Without trace, no trace fields.
     let (_, plain) = d

@@ -117,6 +117,30 @@ pub struct TraceMetadata {
     /// The table version searched, when `as_of` was given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub as_of_version: Option<u64>,
+    /// Where the time went, in microseconds.
+    pub timings_us: Timings,
+}
+
+/// The phases of one search, in microseconds. The three legs run at the same
+/// time, so their times overlap; `embed` is part of `vector`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Timings {
+    /// Opening a past version (`as_of`).
+    pub as_of: u64,
+    /// The query's embedding (next to nothing when it was cached).
+    pub embed: u64,
+    /// The vector leg, embedding included.
+    pub vector: u64,
+    pub bm25: u64,
+    pub graph: u64,
+    /// Reading the candidates the BM25 and vector legs found.
+    pub fetch: u64,
+    /// Fusion, ranking factors, near-duplicate collapse, top-k.
+    pub rank: u64,
+}
+
+fn micros_since(t: Instant) -> u64 {
+    t.elapsed().as_micros() as u64
 }
 
 /// The streams a search covers: `streams` when given, else `stream`, else the caller's default.
@@ -266,6 +290,7 @@ pub struct Recall {
     pub streams: Vec<String>,
     pub filter: String,
     pub as_of_version: Option<u64>,
+    pub timings: Timings,
 }
 
 fn parse_as_of(v: &serde_json::Value) -> Result<AsOf> {
@@ -336,6 +361,7 @@ pub async fn search(
             streams: recall.streams,
             filter: recall.filter,
             as_of_version: recall.as_of_version,
+            timings_us: recall.timings,
         }),
         results: recall
             .results
@@ -392,6 +418,8 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             ))
         }
     };
+    let mut timings = Timings::default();
+    let phase = Instant::now();
     let snapshot = match &req.as_of {
         Some(v) => {
             let at = parse_as_of(v)?;
@@ -407,45 +435,58 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         }
         None => None,
     };
+    if snapshot.is_some() {
+        timings.as_of = micros_since(phase);
+    }
     let at = snapshot.as_ref().map(|(t, _)| t);
     let candidates = s.candidates.max(top_k);
 
     let bm25 = async {
-        if bm25_weight > 0.0 {
-            Ok(engine
+        let started = Instant::now();
+        let hits = if bm25_weight > 0.0 {
+            engine
                 .store
                 .search_text(at, &query, &filter, candidates)
-                .await?)
+                .await?
         } else {
-            Ok::<_, Error>(Vec::new())
-        }
+            Vec::new()
+        };
+        Ok::<_, Error>((hits, micros_since(started)))
     };
     let vector = async {
+        let started = Instant::now();
         if vector_weight > 0.0 {
             let v = engine
                 .queries
                 .embed(engine.embedder.as_ref(), &query)
                 .await?;
+            let embedded = micros_since(started);
             let mut hits = engine
                 .store
                 .search_vector(at, &v, &filter, candidates)
                 .await?;
             // `_distance` is cosine distance: similarity = 1 - distance.
             hits.retain(|h| 1.0 - h.score >= s.min_similarity);
-            Ok::<_, Error>(hits)
+            Ok::<_, Error>((hits, embedded, micros_since(started)))
         } else {
-            Ok(Vec::new())
+            Ok((Vec::new(), 0, 0))
         }
     };
     let graph = async {
-        if graph_weight > 0.0 {
-            Ok(graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates).await?)
+        let started = Instant::now();
+        let hits = if graph_weight > 0.0 {
+            graph_leg::search(&engine.store, at, &streams, &query, &filter, candidates).await?
         } else {
-            Ok::<_, Error>(Vec::new())
-        }
+            Vec::new()
+        };
+        Ok::<_, Error>((hits, micros_since(started)))
     };
     let (bm25, vector, graph) = tokio::join!(bm25, vector, graph);
-    let (bm25, vector, graph) = (bm25?, vector?, graph?);
+    let ((bm25, bm25_us), (vector, embed_us, vector_us), (graph, graph_us)) =
+        (bm25?, vector?, graph?);
+    (timings.bm25, timings.embed, timings.vector, timings.graph) =
+        (bm25_us, embed_us, vector_us, graph_us);
+    let phase = Instant::now();
     // The BM25 and vector legs return ids only; their memories are read once,
     // together (reading every column of each leg's candidates cost more than
     // the searches themselves).
@@ -470,6 +511,8 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             rows.insert(h.chunk.id.clone(), h.chunk);
         }
     }
+    timings.fetch = micros_since(phase);
+    let phase = Instant::now();
     let as_hits = |leg: Vec<crate::store::Scored>| -> Vec<Hit> {
         leg.into_iter()
             .filter_map(|x| {
@@ -526,6 +569,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         }
     }
     let results: Vec<Ranked> = kept.into_iter().take(top_k).map(|(r, _)| r).collect();
+    timings.rank = micros_since(phase);
     if !req.dry_run && snapshot.is_none() {
         engine
             .access
@@ -539,6 +583,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         streams,
         filter: filter.to_string(),
         as_of_version: snapshot.map(|(_, v)| v),
+        timings,
     })
 }
 
