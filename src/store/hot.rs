@@ -13,6 +13,7 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::bm25::TextIndex;
 use super::filter::Cond;
 use crate::core::model::{Chunk, Micros};
 use crate::core::vector::{dot, l2_normalize};
@@ -47,7 +48,7 @@ impl Meta {
 
     /// Whether the row meets every condition (stream conditions are the
     /// caller's business: an index holds one stream).
-    fn meets(&self, conds: &[Cond]) -> bool {
+    pub fn meets(&self, conds: &[Cond]) -> bool {
         conds.iter().all(|c| match c {
             Cond::Streams(_) => true,
             Cond::Current => self.current,
@@ -66,14 +67,25 @@ impl Meta {
     }
 }
 
-/// One memory as the index holds it (`vector: None`: it takes no part in
-/// vector reads).
+/// One memory as the index holds it: the row without its embedding, the
+/// vector apart (`None`: it takes no part in vector reads).
 #[derive(Debug, Clone)]
 pub(super) struct Row {
-    pub id: String,
-    pub content_hash: String,
+    pub chunk: Arc<Chunk>,
     pub vector: Option<Vec<f32>>,
     pub meta: Meta,
+}
+
+impl Row {
+    /// The row of `chunk`; its vector takes part when `admitted`.
+    pub fn new(mut chunk: Chunk, admitted: bool) -> Row {
+        let vector = chunk.embedding.take().filter(|_| admitted);
+        Row {
+            meta: Meta::of(&chunk),
+            chunk: Arc::new(chunk),
+            vector,
+        }
+    }
 }
 
 /// One stream's memories.
@@ -86,10 +98,22 @@ pub(super) struct StreamIndex {
     vectors: Vec<f32>,
     meta: Vec<Meta>,
     id_bytes: usize,
-    /// Every memory of the stream, with or without a vector: its text's hash.
-    hash_of: HashMap<String, String>,
+    /// Bytes of the memories' rows.
+    row_bytes: usize,
+    /// Every memory of the stream, with or without a vector (without its
+    /// embedding): what a search returns.
+    docs: HashMap<String, Arc<Chunk>>,
     /// The current memories by the hash of their text.
     current_by_hash: HashMap<String, Vec<String>>,
+    /// The postings of the memories' text, for the BM25 leg.
+    text: TextIndex,
+}
+
+/// Bytes a memory's row costs beside its text.
+const CHUNK_BYTES: usize = 512;
+
+fn chunk_bytes(c: &Chunk) -> usize {
+    CHUNK_BYTES + c.content.len() + c.id.len() + c.stream.len()
 }
 
 /// Bytes a memory costs beside its vector and id: its filter columns, its
@@ -113,7 +137,20 @@ impl StreamIndex {
 
     /// What the index holds in memory, roughly.
     pub fn bytes(&self) -> usize {
-        row_bytes(self.dim) * self.hash_of.len() + 3 * self.id_bytes
+        row_bytes(self.dim) * self.docs.len()
+            + 3 * self.id_bytes
+            + self.row_bytes
+            + self.text.bytes()
+    }
+
+    /// A memory of the stream (without its embedding).
+    pub fn get(&self, id: &str) -> Option<&Arc<Chunk>> {
+        self.docs.get(id)
+    }
+
+    /// The postings of the stream's text.
+    pub fn text(&self) -> &TextIndex {
+        &self.text
     }
 
     /// The current memories whose text hashes to `hash`.
@@ -123,44 +160,51 @@ impl StreamIndex {
 
     /// Insert or replace a memory.
     pub fn apply(&mut self, row: Row) {
-        if let Some(old) = self.hash_of.remove(&row.id) {
-            if let Some(ids) = self.current_by_hash.get_mut(&old) {
-                ids.retain(|x| *x != row.id);
+        let id = &row.chunk.id;
+        let old = self.docs.remove(id);
+        if let Some(old) = &old {
+            self.row_bytes -= chunk_bytes(old);
+            if let Some(ids) = self.current_by_hash.get_mut(&old.content_hash) {
+                ids.retain(|x| x != id);
                 if ids.is_empty() {
-                    self.current_by_hash.remove(&old);
+                    self.current_by_hash.remove(&old.content_hash);
                 }
             }
+        } else {
+            self.id_bytes += id.len();
         }
         if row.meta.current {
             self.current_by_hash
-                .entry(row.content_hash.clone())
+                .entry(row.chunk.content_hash.clone())
                 .or_default()
-                .push(row.id.clone());
+                .push(id.clone());
         }
-        if self
-            .hash_of
-            .insert(row.id.clone(), row.content_hash)
-            .is_none()
-        {
-            self.id_bytes += row.id.len();
+        // A row whose text is unchanged (an access count, a supersession)
+        // keeps its postings.
+        match old.filter(|o| o.content == row.chunk.content) {
+            Some(_) => self.text.set_meta(id, row.meta.clone()),
+            None => self.text.apply(id, &row.chunk.content, row.meta.clone()),
         }
+        self.row_bytes += chunk_bytes(&row.chunk);
+        let id = id.clone();
+        self.docs.insert(id.clone(), row.chunk);
         match row.vector {
             Some(mut v) if v.len() == self.dim => {
                 l2_normalize(&mut v);
-                match self.pos.get(&row.id) {
+                match self.pos.get(&id) {
                     Some(&i) => {
                         self.vectors[i * self.dim..(i + 1) * self.dim].copy_from_slice(&v);
                         self.meta[i] = row.meta;
                     }
                     None => {
-                        self.pos.insert(row.id.clone(), self.ids.len());
-                        self.ids.push(row.id);
+                        self.pos.insert(id.clone(), self.ids.len());
+                        self.ids.push(id);
                         self.vectors.extend_from_slice(&v);
                         self.meta.push(row.meta);
                     }
                 }
             }
-            _ => self.remove(&row.id),
+            _ => self.remove(&id),
         }
     }
 
@@ -430,6 +474,20 @@ impl HotIndex {
             }
     }
 
+    /// A stream's index when it is loaded (no load is started).
+    pub(super) fn get(&self, stream: &str) -> Option<Arc<RwLock<StreamIndex>>> {
+        match self
+            .state
+            .lock()
+            .expect("hot index lock")
+            .streams
+            .get(stream)
+        {
+            Some(Slot::Ready { index, .. }) => Some(index.clone()),
+            _ => None,
+        }
+    }
+
     /// Bytes held by loaded streams.
     pub fn used(&self) -> usize {
         self.state.lock().expect("hot index lock").used
@@ -485,12 +543,7 @@ impl HotIndex {
             let Some(slot) = st.streams.get_mut(&c.stream) else {
                 continue;
             };
-            let row = || Row {
-                id: c.id.clone(),
-                content_hash: c.content_hash.clone(),
-                vector: self.admits(c).then(|| c.embedding.clone()).flatten(),
-                meta: Meta::of(c),
-            };
+            let row = || Row::new(c.clone(), self.admits(c));
             match slot {
                 Slot::Ready { index, .. } => {
                     index.write().expect("stream index lock").apply(row());
@@ -596,6 +649,42 @@ pub(super) fn nearest_in(
     out
 }
 
+/// The `k` memories of `indexes` meeting `conds` that score best for `query`
+/// by BM25, as (score, id), best first; ties go to the smaller id. Term
+/// weights count over all the streams searched.
+pub(super) fn bm25_in(
+    indexes: &[Arc<RwLock<StreamIndex>>],
+    query: &str,
+    conds: &[Cond],
+    k: usize,
+) -> Vec<(f32, String)> {
+    let terms = super::bm25::query_terms(query);
+    if terms.is_empty() || k == 0 {
+        return Vec::new();
+    }
+    let guards: Vec<_> = indexes
+        .iter()
+        .map(|ix| ix.read().expect("stream index lock"))
+        .collect();
+    let mut stats = super::bm25::Stats::default();
+    let mut df = vec![0u32; terms.len()];
+    for ix in &guards {
+        let s = ix.text().stats();
+        stats.docs += s.docs;
+        stats.tokens += s.tokens;
+        for (d, t) in df.iter_mut().zip(&terms) {
+            *d += ix.text().df(t);
+        }
+    }
+    let mut out = Vec::new();
+    for ix in &guards {
+        ix.text().score(&terms, &df, stats, conds, &mut out);
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    out.truncate(k);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,12 +696,7 @@ mod tests {
     }
 
     fn row(c: &Chunk) -> Row {
-        Row {
-            id: c.id.clone(),
-            content_hash: c.content_hash.clone(),
-            vector: c.embedding.clone(),
-            meta: Meta::of(c),
-        }
+        Row::new(c.clone(), true)
     }
 
     #[test]
@@ -647,20 +731,10 @@ mod tests {
         assert!(ix.current_with_hash(&hash("a")).is_empty());
         // A memory that loses its vector leaves the matrix (the last row
         // moves into the hole) but is still known by its hash.
-        ix.apply(Row {
-            id: "a".into(),
-            content_hash: old.content_hash.clone(),
-            vector: None,
-            meta: Meta::of(&old),
-        });
+        ix.apply(Row::new(old.clone(), false));
         assert_eq!(ix.len(), 3);
         assert_eq!(near(&ix, &[], 4), ["d", "c", "b"]);
-        ix.apply(Row {
-            id: "d".into(),
-            content_hash: hash("d"),
-            vector: None,
-            meta: Meta::of(&chunk("d", "s", &[0.0, 0.0])),
-        });
+        ix.apply(Row::new(chunk("d", "s", &[0.0, 0.0]), false));
         assert_eq!(near(&ix, &[], 4), ["c", "b"]);
         assert_eq!(ix.current_with_hash(&hash("d")), ["d"]);
         let mut out = Vec::new();
@@ -729,7 +803,12 @@ mod tests {
     #[test]
     fn loads_see_commits_made_meanwhile_deletes_poison_them_and_the_budget_evicts() {
         let dim = 2;
-        let hot = Arc::new(HotIndex::new(dim, 3 * row_bytes(dim) + 15));
+        let one = {
+            let mut ix = StreamIndex::new(dim);
+            ix.apply(row(&chunk("late", "s", &[0.0, 1.0])));
+            ix.bytes()
+        };
+        let hot = Arc::new(HotIndex::new(dim, 3 * one));
         let Lookup::Load(guard) = hot.lookup("s") else {
             panic!("first lookup loads")
         };
@@ -872,6 +951,78 @@ mod against_lance {
                 }
             }
         }
+    }
+
+    /// In one stream that is the whole table, with its FTS index built, the
+    /// hot BM25 leg ranks and scores as Lance's does: the same tokens, the
+    /// same formula, the same corpus.
+    #[tokio::test]
+    async fn hot_bm25_matches_lance_full_text_search() {
+        let dim = 4;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), dim, 1000).await.unwrap();
+        let words = [
+            "coffee", "garden", "running", "Paris", "meeting", "doctor", "dentist", "piano",
+            "hiking", "budget", "the", "and", "sister", "recipes", "cooking", "tomatoes",
+        ];
+        let chunks: Vec<Chunk> = (0..150u64)
+            .map(|i| {
+                let n = 3 + (i % 9) as usize;
+                let text: Vec<&str> = (0..n)
+                    .map(|j| {
+                        words[((i * 7 + j as u64 * j as u64 * 3 + i / 5) % words.len() as u64)
+                            as usize]
+                    })
+                    .collect();
+                let mut c = Chunk::new(format!("t{i}"), "a".into(), text.join(" "), i as i64);
+                c.embedding = Some(vector(i, dim));
+                c
+            })
+            .collect();
+        store.upsert(chunks).await.unwrap();
+        crate::store::maintain::refresh_indexes(store.chunks_table())
+            .await
+            .unwrap();
+        let filter = Filter::new().stream("a");
+        for query in [
+            "coffee",
+            "garden cooking",
+            "Paris dentist piano",
+            "the runs",
+            "sisters' recipes",
+        ] {
+            let hot = store.search_text(None, query, &filter, 20).await.unwrap();
+            let lance = store
+                .search_text_lance(None, query, &filter, 20)
+                .await
+                .unwrap();
+            assert!(!hot.is_empty(), "{query}");
+            assert_eq!(hot.len(), lance.len(), "{query}");
+            for (h, l) in hot.iter().zip(&lance) {
+                assert!(
+                    (h.score - l.score).abs() < 1e-3 * l.score.abs().max(1.0),
+                    "{query}: {h:?} vs {l:?}"
+                );
+            }
+            // Ties may fall either way (at the cut-off too); above the
+            // lowest score kept, the same memories.
+            let ids = |x: &[crate::store::Scored]| {
+                let last = x.last().map_or(0, |s| (s.score * 1e3).round() as i64);
+                let mut v: Vec<(i64, String)> = x
+                    .iter()
+                    .map(|s| ((s.score * 1e3).round() as i64, s.id.clone()))
+                    .filter(|(score, _)| *score > last)
+                    .collect();
+                v.sort();
+                v
+            };
+            assert_eq!(ids(&hot), ids(&lance), "{query}");
+            assert!(
+                ids(&hot).len() >= hot.len() / 2,
+                "{query}: too many ties to tell"
+            );
+        }
+        assert_eq!(store.hot_usage().1, 1, "the stream is in memory");
     }
 
     #[tokio::test]

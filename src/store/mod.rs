@@ -1,6 +1,7 @@
 //! LanceDB storage: opens or creates the tables, funnels every write to a table
 //! through one batching writer task, and serves the reads the engine needs.
 
+mod bm25;
 pub mod config;
 pub mod dead_letters;
 pub mod feedback;
@@ -539,6 +540,26 @@ impl Store {
         filter: &Filter,
         limit: usize,
     ) -> Result<Vec<Scored>> {
+        if at.is_none() {
+            if let Some(indexes) = self.hot_indexes(filter).await? {
+                let conds = filter.conds().expect("hot_indexes checked them");
+                return Ok(hot::bm25_in(&indexes, query, conds, limit)
+                    .into_iter()
+                    .map(|(score, id)| Scored { id, score })
+                    .collect());
+            }
+        }
+        self.search_text_lance(at, query, filter, limit).await
+    }
+
+    /// [`Store::search_text`] always through Lance's FTS index.
+    pub async fn search_text_lance(
+        &self,
+        at: Option<&Table>,
+        query: &str,
+        filter: &Filter,
+        limit: usize,
+    ) -> Result<Vec<Scored>> {
         let batches: Vec<RecordBatch> = at
             .unwrap_or(&self.chunks)
             .query()
@@ -598,6 +619,42 @@ impl Store {
             .try_collect()
             .await?;
         scored(&batches, "_distance")
+    }
+
+    /// The memories of `streams` named by `ids` (without embeddings), as
+    /// hits scored 0: from the hot index for the streams it holds, the rest
+    /// from Lance. How a search reads its candidates.
+    pub async fn read_candidates(
+        &self,
+        at: Option<&Table>,
+        streams: &[String],
+        ids: &[String],
+    ) -> Result<Vec<Hit>> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut missing: Vec<String> = ids.to_vec();
+        if at.is_none() {
+            let loaded: Vec<_> = streams.iter().filter_map(|s| self.hot.get(s)).collect();
+            missing.retain(|id| {
+                let found = loaded
+                    .iter()
+                    .find_map(|ix| ix.read().expect("stream index lock").get(id).cloned());
+                match found {
+                    Some(chunk) => {
+                        out.push(Hit {
+                            chunk: Chunk::clone(&chunk),
+                            score: 0.0,
+                        });
+                        false
+                    }
+                    None => true,
+                }
+            });
+        }
+        if !missing.is_empty() {
+            let filter = Filter::new().in_streams(streams).ids(&missing);
+            out.extend(self.read_hits(at, &filter, missing.len()).await?);
+        }
+        Ok(out)
     }
 
     /// Chunks (without embeddings) matching a filter, as hits scored 0.
@@ -762,22 +819,6 @@ impl Store {
     }
 }
 
-/// The columns the hot index loads.
-const HOT_COLUMNS: &[&str] = &[
-    "id",
-    "content_hash",
-    "embed_model",
-    "embedding",
-    "superseded_by",
-    "expires_at",
-    "created_at",
-    "valid_from",
-    "valid_until",
-    "memory_type",
-    "subject",
-    "confidence",
-];
-
 impl Store {
     /// The hot indexes of the streams a filter names, loading those not in
     /// memory; None when the index cannot answer (an opaque condition, no
@@ -806,7 +847,7 @@ impl Store {
         Ok(Some(out))
     }
 
-    /// Read one stream's vectors and filter columns from Lance into the index.
+    /// Read one stream's rows from Lance into the index.
     async fn load_hot(
         &self,
         guard: hot::LoadGuard,
@@ -817,41 +858,14 @@ impl Store {
             guard.too_big();
             return Ok(None);
         }
-        let batches: Vec<RecordBatch> = self
-            .chunks
-            .query()
-            .only_if(filter.predicate())
-            .select(Select::columns(HOT_COLUMNS))
-            .execute()
-            .await?
-            .try_collect()
-            .await?;
+        // Every column: the index answers the candidate reads of a search too.
         let mut index = hot::StreamIndex::new(self.dim);
-        for b in &batches {
-            let c = crate::core::model::Columns::new(b);
-            for r in 0..b.num_rows() {
-                let Some(id) = c.str("id", r) else { continue };
-                let model = c.str("embed_model", r);
-                let admitted = match &self.embed_model {
-                    Some(m) => model.as_deref() == Some(m.as_str()),
-                    None => true,
-                };
-                index.apply(hot::Row {
-                    id,
-                    content_hash: c.str("content_hash", r).unwrap_or_default(),
-                    vector: c.vector("embedding", r).filter(|_| admitted),
-                    meta: hot::Meta {
-                        current: c.str("superseded_by", r).is_none(),
-                        expires_at: c.time("expires_at", r),
-                        created_at: c.time("created_at", r).unwrap_or_default(),
-                        valid_from: c.time("valid_from", r),
-                        valid_until: c.time("valid_until", r),
-                        memory_type: c.str("memory_type", r).unwrap_or_default(),
-                        subject: c.str("subject", r).map(|s| s.to_lowercase()),
-                        confidence: c.f32("confidence", r).unwrap_or_default(),
-                    },
-                });
-            }
+        for chunk in read_chunks(&self.chunks, filter.predicate(), None).await? {
+            let admitted = match &self.embed_model {
+                Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
+                None => true,
+            };
+            index.apply(hot::Row::new(chunk, admitted));
         }
         Ok(guard.finish(index))
     }

@@ -215,37 +215,37 @@ impl Model {
                 .embed(&ids, &mask, group.len(), len)
                 .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))
         };
-        let vectors: Vec<Result<Vec<Vec<f32>>, EmbedError>> =
-            if self.threads <= 1 || groups.len() == 1 {
-                groups.iter().map(|g| run(g)).collect()
-            } else {
-                // Each thread takes the next sub-batch until none is left.
-                let next = std::sync::atomic::AtomicUsize::new(0);
-                let mut done: Vec<(usize, Result<Vec<Vec<f32>>, EmbedError>)> =
-                    std::thread::scope(|scope| {
-                        let workers: Vec<_> = (0..self.threads.min(groups.len()))
-                            .map(|_| {
-                                scope.spawn(|| {
-                                    let mut mine = Vec::new();
-                                    loop {
-                                        let g = next
-                                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                        let Some(group) = groups.get(g) else {
-                                            return mine;
-                                        };
-                                        mine.push((g, run(group)));
-                                    }
-                                })
+        let vectors: Vec<Result<Vec<Vec<f32>>, EmbedError>> = if self.threads <= 1
+            || groups.len() == 1
+        {
+            groups.iter().map(|g| run(g)).collect()
+        } else {
+            // Each thread takes the next sub-batch until none is left.
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let mut done: Vec<(usize, Result<Vec<Vec<f32>>, EmbedError>)> =
+                std::thread::scope(|scope| {
+                    let workers: Vec<_> = (0..self.threads.min(groups.len()))
+                        .map(|_| {
+                            scope.spawn(|| {
+                                let mut mine = Vec::new();
+                                loop {
+                                    let g = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let Some(group) = groups.get(g) else {
+                                        return mine;
+                                    };
+                                    mine.push((g, run(group)));
+                                }
                             })
-                            .collect();
-                        workers
-                            .into_iter()
-                            .flat_map(|w| w.join().expect("inference worker panicked"))
-                            .collect()
-                    });
-                done.sort_by_key(|(g, _)| *g);
-                done.into_iter().map(|(_, v)| v).collect()
-            };
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .flat_map(|w| w.join().expect("inference worker panicked"))
+                        .collect()
+                });
+            done.sort_by_key(|(g, _)| *g);
+            done.into_iter().map(|(_, v)| v).collect()
+        };
         let mut out = vec![Vec::new(); texts.len()];
         for (group, vectors) in groups.iter().zip(vectors) {
             for (&i, v) in group.iter().zip(vectors?) {

@@ -1,0 +1,337 @@
+//! The hot index's full-text half: per stream, the postings of every memory's
+//! text, tokenized exactly as the table's FTS index tokenizes it (Lance's own
+//! analyzer with the index's default parameters: simple split, lower case,
+//! English stemming and stop words, ASCII folding), scored with BM25 as Lance
+//! scores it (k1 = 1.2, b = 0.75, Lucene's idf). The corpus statistics are
+//! those of the streams searched, not of the whole table: one tenant's
+//! memories do not change how another's words weigh.
+//!
+//! A replaced or removed memory leaves a dead slot behind; its postings are
+//! skipped and swept out once the dead outnumber the living.
+
+use std::collections::HashMap;
+
+use super::filter::Cond;
+use super::hot::Meta;
+
+/// Lance's BM25 parameters.
+const K1: f32 = 1.2;
+const B: f32 = 0.75;
+
+/// Bytes a posting costs (slot and count).
+const POSTING_BYTES: usize = 8;
+/// Bytes a term costs in the dictionary beside its text.
+const TERM_BYTES: usize = 64;
+
+/// Turns a text into its terms: `true` for a query.
+type Analyze = Box<dyn FnMut(&str, bool) -> Vec<String>>;
+
+thread_local! {
+    static ANALYZER: std::cell::RefCell<Option<Analyze>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The analyzer of the table's FTS index (`FtsIndexBuilder::default()`, as
+/// the index is created).
+fn analyzer() -> Analyze {
+    let mut tokenizer = lancedb::index::scalar::FtsIndexBuilder::default()
+        .build()
+        .expect("the default FTS parameters are valid");
+    Box::new(move |text, query| {
+        let mut stream = if query {
+            tokenizer.token_stream_for_search(text)
+        } else {
+            tokenizer.token_stream_for_doc(text)
+        };
+        let mut out = Vec::new();
+        while let Ok(Some(token)) = stream.try_next() {
+            out.push(token.text.clone());
+        }
+        out
+    })
+}
+
+/// The terms of a memory's text, in order, repeats kept.
+fn doc_terms(text: &str) -> Vec<String> {
+    terms(text, false)
+}
+
+/// The distinct terms of a query.
+pub(super) fn query_terms(text: &str) -> Vec<String> {
+    let mut t = terms(text, true);
+    t.sort_unstable();
+    t.dedup();
+    t
+}
+
+fn terms(text: &str, query: bool) -> Vec<String> {
+    ANALYZER.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        (cell.get_or_insert_with(analyzer))(text, query)
+    })
+}
+
+#[derive(Debug)]
+struct Doc {
+    id: String,
+    /// Tokens in the text (repeats counted).
+    len: u32,
+    /// Its distinct terms, to take it out again.
+    terms: Vec<u32>,
+    meta: Meta,
+}
+
+/// One stream's postings.
+#[derive(Debug, Default)]
+pub(super) struct TextIndex {
+    slots: Vec<Option<Doc>>,
+    slot_of: HashMap<String, u32>,
+    term_ids: HashMap<String, u32>,
+    /// Per term: (slot, count in that memory); dead slots included.
+    postings: Vec<Vec<(u32, u32)>>,
+    /// Per term: living memories holding it.
+    df: Vec<u32>,
+    live: usize,
+    total_tokens: u64,
+    term_bytes: usize,
+    posting_count: usize,
+}
+
+/// The corpus statistics a score is computed against.
+#[derive(Default, Clone, Copy)]
+pub(super) struct Stats {
+    pub docs: usize,
+    pub tokens: u64,
+}
+
+impl TextIndex {
+    /// Insert or replace a memory's text.
+    pub fn apply(&mut self, id: &str, text: &str, meta: Meta) {
+        self.remove(id);
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        let terms = doc_terms(text);
+        for t in &terms {
+            let next = self.term_ids.len() as u32;
+            let tid = *self.term_ids.entry(t.clone()).or_insert_with(|| {
+                self.term_bytes += t.len() + TERM_BYTES;
+                next
+            });
+            if tid as usize == self.postings.len() {
+                self.postings.push(Vec::new());
+                self.df.push(0);
+            }
+            *counts.entry(tid).or_default() += 1;
+        }
+        let slot = self.slots.len() as u32;
+        let mut distinct: Vec<u32> = counts.keys().copied().collect();
+        distinct.sort_unstable();
+        for &tid in &distinct {
+            self.postings[tid as usize].push((slot, counts[&tid]));
+            self.df[tid as usize] += 1;
+        }
+        self.posting_count += distinct.len();
+        self.slots.push(Some(Doc {
+            id: id.to_string(),
+            len: terms.len() as u32,
+            terms: distinct,
+            meta,
+        }));
+        self.slot_of.insert(id.to_string(), slot);
+        self.live += 1;
+        self.total_tokens += terms.len() as u64;
+    }
+
+    /// A memory's filter columns changed, its text did not.
+    pub fn set_meta(&mut self, id: &str, meta: Meta) {
+        if let Some(Some(doc)) = self
+            .slot_of
+            .get(id)
+            .and_then(|&slot| self.slots.get_mut(slot as usize))
+        {
+            doc.meta = meta;
+        }
+    }
+
+    /// Take a memory out (its slot stays, dead, until the next sweep).
+    pub fn remove(&mut self, id: &str) {
+        let Some(slot) = self.slot_of.remove(id) else {
+            return;
+        };
+        let Some(doc) = self.slots[slot as usize].take() else {
+            return;
+        };
+        for &tid in &doc.terms {
+            self.df[tid as usize] -= 1;
+        }
+        self.live -= 1;
+        self.total_tokens -= u64::from(doc.len);
+        if self.slots.len() > 1024 && self.slots.len() > 2 * self.live {
+            self.sweep();
+        }
+    }
+
+    /// Drop dead slots and their postings; slots are numbered anew.
+    fn sweep(&mut self) {
+        let mut renumber = vec![u32::MAX; self.slots.len()];
+        let mut slots = Vec::with_capacity(self.live);
+        for (old, doc) in std::mem::take(&mut self.slots).into_iter().enumerate() {
+            if let Some(doc) = doc {
+                renumber[old] = slots.len() as u32;
+                self.slot_of.insert(doc.id.clone(), slots.len() as u32);
+                slots.push(Some(doc));
+            }
+        }
+        self.slots = slots;
+        self.posting_count = 0;
+        for list in &mut self.postings {
+            list.retain_mut(|(slot, _)| {
+                *slot = renumber[*slot as usize];
+                *slot != u32::MAX
+            });
+            self.posting_count += list.len();
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            docs: self.live,
+            tokens: self.total_tokens,
+        }
+    }
+
+    /// Living memories holding `term`.
+    pub fn df(&self, term: &str) -> u32 {
+        self.term_ids.get(term).map_or(0, |&t| self.df[t as usize])
+    }
+
+    /// The memories meeting `conds` that hold any of `terms`, with their BM25
+    /// score against `stats` and the terms' document counts `df` (both over
+    /// every stream searched).
+    pub fn score(
+        &self,
+        terms: &[String],
+        df: &[u32],
+        stats: Stats,
+        conds: &[Cond],
+        out: &mut Vec<(f32, String)>,
+    ) {
+        if stats.docs == 0 {
+            return;
+        }
+        let avg = stats.tokens as f32 / stats.docs as f32;
+        let n = stats.docs as f32;
+        let mut scores: HashMap<u32, f32> = HashMap::new();
+        for (term, &df) in terms.iter().zip(df) {
+            let Some(&tid) = self.term_ids.get(term) else {
+                continue;
+            };
+            let df = df as f32;
+            let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+            for &(slot, tf) in &self.postings[tid as usize] {
+                let Some(doc) = &self.slots[slot as usize] else {
+                    continue;
+                };
+                let tf = tf as f32;
+                let norm = K1 * (1.0 - B + B * doc.len as f32 / avg.max(f32::MIN_POSITIVE));
+                *scores.entry(slot).or_default() += idf * (K1 + 1.0) * tf / (tf + norm);
+            }
+        }
+        for (slot, score) in scores {
+            let doc = self.slots[slot as usize]
+                .as_ref()
+                .expect("scored slots are alive");
+            if doc.meta.meets(conds) {
+                out.push((score, doc.id.clone()));
+            }
+        }
+    }
+
+    /// What the postings hold in memory, roughly.
+    pub fn bytes(&self) -> usize {
+        self.term_bytes + self.posting_count * POSTING_BYTES + self.slots.len() * 48
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::Chunk;
+
+    fn meta(current: bool) -> Meta {
+        let mut c = Chunk::new("x".into(), "s".into(), "x".into(), 10);
+        if !current {
+            c.superseded_by = Some("y".into());
+        }
+        Meta::of(&c)
+    }
+
+    fn ranked(ix: &TextIndex, query: &str, conds: &[Cond]) -> Vec<String> {
+        let terms = query_terms(query);
+        let df: Vec<u32> = terms.iter().map(|t| ix.df(t)).collect();
+        let mut out = Vec::new();
+        ix.score(&terms, &df, ix.stats(), conds, &mut out);
+        out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        out.into_iter().map(|(_, id)| id).collect()
+    }
+
+    #[test]
+    fn terms_are_the_fts_index_terms() {
+        // Lower case, stop words out, English stems, accents folded.
+        assert_eq!(
+            doc_terms("The Runners were running to the Café"),
+            ["runner", "run", "cafe"]
+        );
+        assert_eq!(query_terms("running runs RUN"), ["run"]);
+        assert!(query_terms("the of and").is_empty());
+    }
+
+    #[test]
+    fn rare_words_weigh_more_and_replacements_and_removals_are_followed() {
+        let mut ix = TextIndex::default();
+        ix.apply("a", "coffee every morning", meta(true));
+        ix.apply("b", "coffee and tea", meta(true));
+        ix.apply("c", "green tea in the garden", meta(true));
+        ix.apply("d", "a garden of roses", meta(true));
+        // The shorter text ranks first.
+        assert_eq!(ranked(&ix, "coffee", &[]), ["b", "a"]);
+        // "garden" is in two memories, "roses" in one: d has both.
+        assert_eq!(ranked(&ix, "garden roses", &[]), ["d", "c"]);
+        // A new text replaces the old postings.
+        ix.apply("a", "espresso at noon", meta(true));
+        assert_eq!(ranked(&ix, "coffee", &[]), ["b"]);
+        assert_eq!(ix.df("coffe"), 1);
+        assert_eq!(ranked(&ix, "espresso", &[]), ["a"]);
+        // Filter columns change without the text: the postings stay.
+        ix.set_meta("b", meta(false));
+        assert!(ranked(&ix, "coffee", &[Cond::Current]).is_empty());
+        assert_eq!(ranked(&ix, "coffee", &[]), ["b"]);
+        ix.remove("b");
+        assert!(ranked(&ix, "coffee", &[]).is_empty());
+        assert_eq!(ix.stats().docs, 3);
+    }
+
+    #[test]
+    fn sweeping_dead_slots_keeps_every_answer() {
+        let mut ix = TextIndex::default();
+        for round in 0..4 {
+            for i in 0..1000 {
+                ix.apply(
+                    &format!("m{i}"),
+                    &format!("word{} round{round}", i % 7),
+                    meta(true),
+                );
+            }
+        }
+        assert!(
+            ix.slots.len() < 3000,
+            "dead slots are swept: {}",
+            ix.slots.len()
+        );
+        assert_eq!(ix.stats().docs, 1000);
+        let found = ranked(&ix, "word3 round3", &[]);
+        assert_eq!(found.len(), 1000, "every memory has round3");
+        assert!(found[..143]
+            .iter()
+            .all(|id| id[1..].parse::<usize>().unwrap() % 7 == 3));
+        assert!(ranked(&ix, "round0", &[]).is_empty());
+    }
+}
