@@ -284,6 +284,9 @@ pub async fn bench_recall(
     // The measured store must stay as ingested: no consolidation mid-run.
     cfg.scheduler.enabled = false;
     cfg.scheduler.dream_after_idle_secs = 0;
+    // A batch run on a machine that may be busy: a haystack's batch waits as
+    // long as it takes (the daemon's store timeout is for callers that retry).
+    cfg.server.store_timeout_ms = cfg.server.store_timeout_ms.max(3_600_000);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     // Vectors by content hash, kept across runs: haystacks repeat their filler.
     let inner = loomem::providers::embed::from_config(&cfg.embed, env)?;
@@ -304,7 +307,15 @@ pub async fn bench_recall(
         granularity,
         qa: sel.qa,
     };
+    let saving = cache.clone();
     let report = run(&engine, &questions, &opts, |done, total| {
+        // New vectors reach the cache file as the run goes: a run that stops
+        // early leaves them for the next.
+        if done % 10 == 0 {
+            if let Err(e) = saving.save() {
+                tracing::warn!(error = %e, "embedding cache not saved");
+            }
+        }
         let width = 30;
         let filled = (done * width).checked_div(total).unwrap_or(width);
         eprint!(
