@@ -474,20 +474,6 @@ impl HotIndex {
             }
     }
 
-    /// A stream's index when it is loaded (no load is started).
-    pub(super) fn get(&self, stream: &str) -> Option<Arc<RwLock<StreamIndex>>> {
-        match self
-            .state
-            .lock()
-            .expect("hot index lock")
-            .streams
-            .get(stream)
-        {
-            Some(Slot::Ready { index, .. }) => Some(index.clone()),
-            _ => None,
-        }
-    }
-
     /// Bytes held by loaded streams.
     pub fn used(&self) -> usize {
         self.state.lock().expect("hot index lock").used

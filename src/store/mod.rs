@@ -621,38 +621,46 @@ impl Store {
         scored(&batches, "_distance")
     }
 
-    /// The memories of `streams` named by `ids` (without embeddings), as
-    /// hits scored 0: from the hot index for the streams it holds, the rest
-    /// from Lance. How a search reads its candidates.
+    /// The memories named by `ids` that meet `filter` (without embeddings),
+    /// as hits scored 0: from the hot index when it can answer the filter,
+    /// from Lance otherwise and for ids it does not hold (yet). How a search
+    /// reads its candidates.
     pub async fn read_candidates(
         &self,
         at: Option<&Table>,
-        streams: &[String],
+        filter: &Filter,
         ids: &[String],
     ) -> Result<Vec<Hit>> {
         let mut out = Vec::with_capacity(ids.len());
         let mut missing: Vec<String> = ids.to_vec();
-        if at.is_none() {
-            let loaded: Vec<_> = streams.iter().filter_map(|s| self.hot.get(s)).collect();
-            missing.retain(|id| {
-                let found = loaded
-                    .iter()
-                    .find_map(|ix| ix.read().expect("stream index lock").get(id).cloned());
-                match found {
-                    Some(chunk) => {
+        let indexes = match at {
+            None => self.hot_indexes(filter).await?,
+            Some(_) => None,
+        };
+        if let Some(indexes) = indexes {
+            let conds = filter.conds().expect("hot_indexes checked them");
+            let guards: Vec<_> = indexes
+                .iter()
+                .map(|ix| ix.read().expect("stream index lock"))
+                .collect();
+            missing.retain(|id| match guards.iter().find_map(|ix| ix.get(id)) {
+                Some(chunk) => {
+                    if hot::Meta::of(chunk).meets(conds) {
                         out.push(Hit {
-                            chunk: Chunk::clone(&chunk),
+                            chunk: Chunk::clone(chunk),
                             score: 0.0,
                         });
-                        false
                     }
-                    None => true,
+                    false
                 }
+                None => true,
             });
         }
         if !missing.is_empty() {
-            let filter = Filter::new().in_streams(streams).ids(&missing);
-            out.extend(self.read_hits(at, &filter, missing.len()).await?);
+            out.extend(
+                self.read_hits(at, &filter.clone().ids(&missing), missing.len())
+                    .await?,
+            );
         }
         Ok(out)
     }

@@ -79,9 +79,7 @@ pub async fn search(
         .enumerate()
         .map(|(i, (id, s, _))| (*id, (i, *s)))
         .collect();
-    let mut hits = store
-        .read_hits(at, &filter.clone().ids(&ids), ids.len())
-        .await?;
+    let mut hits = store.read_candidates(at, filter, &ids).await?;
     for h in &mut hits {
         h.score = order.get(h.chunk.id.as_str()).map_or(0.0, |o| o.1);
     }

@@ -503,7 +503,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         .into_iter()
         .collect();
     if !missing.is_empty() {
-        for h in engine.store.read_candidates(at, &streams, &missing).await? {
+        for h in engine.store.read_candidates(at, &filter, &missing).await? {
             rows.insert(h.chunk.id.clone(), h.chunk);
         }
     }
