@@ -1,11 +1,12 @@
 //! The hot index: per stream, the unit vectors of its memories in one
-//! contiguous matrix, beside the columns a search filters on, held in memory
-//! and kept in step with the chunk writer. Lance stays the source of truth:
-//! a stream is loaded from it on its first vector read, every commit the
+//! contiguous matrix, beside the columns a search filters on, every memory's
+//! row (without its embedding) and the postings of its text (`bm25`), held
+//! in memory and kept in step with the chunk writer. Lance stays the source
+//! of truth: a stream is loaded from it on its first read, every commit the
 //! writer makes is applied to the loaded streams, and a delete or a rollback
 //! (whose rows are not known row by row) drops them all, to be loaded again.
-//! A vector read the index cannot answer (an opaque filter, a stream being
-//! loaded or too large for the budget, a past version) goes to Lance.
+//! A read the index cannot answer (an opaque filter, a stream being loaded
+//! or too large for the budget, a past version) goes to Lance.
 //!
 //! A flat scan is exact, so recall is never below the ANN index's; on this
 //! machine it reads a 10k-memory stream in about a millisecond.
@@ -431,7 +432,8 @@ impl Drop for LoadGuard {
     }
 }
 
-/// Default memory budget: 1 GiB, about 600k memories of 384 dimensions.
+/// Default memory budget: 1 GiB, about 300k chat-turn-sized memories of 384
+/// dimensions (vector, row, postings).
 pub const DEFAULT_BUDGET: usize = 1 << 30;
 
 impl HotIndex {
