@@ -92,6 +92,38 @@ async fn minilm_concurrent_calls_each_get_their_own_vectors() {
     }
 }
 
+/// The nice value of each of this process's threads named `name` (Linux).
+fn niceness_of_threads(name: &str) -> Vec<i64> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let dir = task.unwrap().path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // After the command's closing parenthesis: state is field 3, nice 19.
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .collect();
+        out.push(fields[16].parse().unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipelines_embedding_yields_the_cpu_to_queries() {
+    let model = minilm();
+    model.embed(&["a pass".to_string()]).await.unwrap();
+    model.embed_query("a query").await.unwrap();
+    // Thread names are cut at 15 bytes: `loomem-minilm-query` is `loomem-minilm-q`.
+    let bulk = niceness_of_threads("loomem-minilm");
+    let query = niceness_of_threads("loomem-minilm-q");
+    assert!(!bulk.is_empty() && !query.is_empty(), "{bulk:?} {query:?}");
+    assert!(bulk.iter().all(|&n| n == 10), "bulk passes run at nice 10: {bulk:?}");
+    assert!(query.iter().all(|&n| n == 0), "queries run at nice 0: {query:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_query_does_not_wait_for_a_batch_pass() {
     let model = Arc::new(minilm());

@@ -405,7 +405,10 @@ impl MiniLmEmbedder {
         batch_size: usize,
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
-        let start = |name: &str, threads: usize| -> Result<std_mpsc::Sender<Job>, LoadError> {
+        let start = |name: &str,
+                     threads: usize,
+                     niceness: i32|
+         -> Result<std_mpsc::Sender<Job>, LoadError> {
             let model = Model {
                 tokenizer: read_tokenizer(dir, &cfg, max_tokens)?,
                 encoder: Encoder::load(dir, &cfg)
@@ -416,7 +419,7 @@ impl MiniLmEmbedder {
             let (tx, rx) = std_mpsc::channel::<Job>();
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || serve(model, rx))
+                .spawn(move || serve(model, rx, niceness))
                 .map_err(|e| invalid(dir, format!("cannot start the inference thread: {e}")))?;
             Ok(tx)
         };
@@ -425,8 +428,9 @@ impl MiniLmEmbedder {
             jobs: start(
                 "loomem-minilm",
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
+                BULK_NICENESS,
             )?,
-            queries: start("loomem-minilm-query", 1)?,
+            queries: start("loomem-minilm-query", 1, 0)?,
             dim: cfg.hidden_size,
         })
     }
@@ -435,7 +439,31 @@ impl MiniLmEmbedder {
 /// Most texts one merged pass takes from queued calls.
 const MERGE_LIMIT: usize = 1024;
 
-fn serve(model: Model, rx: std_mpsc::Receiver<Job>) {
+/// How much the pipeline's passes yield to everything else (Linux nice
+/// values, per thread): a search that waits for the CPU is a person waiting,
+/// a batch that does is a store taking a little longer.
+const BULK_NICENESS: i32 = 10;
+
+/// Lower the calling thread's scheduling priority (threads it spawns inherit
+/// it). Best effort: where it cannot be set, the thread runs as it is.
+fn lower_priority(niceness: i32) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid has no preconditions; setpriority only reads its
+    // arguments, and a failure is reported through its return value.
+    unsafe {
+        let tid = libc::gettid();
+        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, niceness) != 0 {
+            tracing::debug!("cannot lower the priority of the embedding thread");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = niceness;
+}
+
+fn serve(model: Model, rx: std_mpsc::Receiver<Job>, niceness: i32) {
+    if niceness > 0 {
+        lower_priority(niceness);
+    }
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let mut total = jobs[0].texts.len();
