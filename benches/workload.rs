@@ -10,7 +10,9 @@
 //! setup`; the text comes from `../shared/datasets/longmemeval/`, or
 //! `LOOMEM_WORKLOAD_DATA`). Knobs: `LOOMEM_WORKLOAD_TURNS` (6000),
 //! `LOOMEM_WORKLOAD_WRITERS` (8), `LOOMEM_WORKLOAD_STREAMS` (10),
-//! `LOOMEM_WORKLOAD_SEARCHERS` (2), `LOOMEM_WORKLOAD_PHASE` (1000).
+//! `LOOMEM_WORKLOAD_SEARCHERS` (2), `LOOMEM_WORKLOAD_PHASE` (1000),
+//! `LOOMEM_WORKLOAD_SEARCH_RATE` (searches a second in all; 0, the default:
+//! each searcher asks again as soon as it has its answer).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -107,6 +109,9 @@ fn main() {
     let streams = knob("LOOMEM_WORKLOAD_STREAMS", 10);
     let searchers = knob("LOOMEM_WORKLOAD_SEARCHERS", 2);
     let phase_len = knob("LOOMEM_WORKLOAD_PHASE", 1000).max(1);
+    // Searches a second over all searchers; 0: each asks again as soon as
+    // it has its answer.
+    let search_rate = knob("LOOMEM_WORKLOAD_SEARCH_RATE", 0);
     let turns = Arc::new(turns(total));
     let questions = Arc::new(questions());
     let total = turns.len();
@@ -170,7 +175,12 @@ fn main() {
 
     let chars = turns.iter().map(|(_, t)| t.chars().count()).sum::<usize>() as f64 / total as f64;
     println!(
-        "workload: {total} turns ({chars:.0} characters on average), {writers} writers, {streams} streams, {searchers} searchers, embedder {provider:?} ({ceiling:.0} texts/s alone on these turns)"
+        "workload: {total} turns ({chars:.0} characters on average), {writers} writers, {streams} streams, {searchers} searchers ({}), embedder {provider:?} ({ceiling:.0} texts/s alone on these turns)",
+        if search_rate > 0 {
+            format!("{search_rate} searches/s in all")
+        } else {
+            "each asking again at once".to_string()
+        }
     );
     println!("| stored | store/s | store p50 / p95 ms | search p50 / p95 ms | searches |");
     println!("|---|---|---|---|---|");
@@ -255,7 +265,17 @@ fn main() {
             let (phase, all) = (phase.clone(), all.clone());
             search_tasks.push(tokio::spawn(async move {
                 let mut k = s * 7919;
+                let mut pace = (search_rate > 0).then(|| {
+                    let mut i = tokio::time::interval(Duration::from_secs_f64(
+                        searchers as f64 / search_rate as f64,
+                    ));
+                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    i
+                });
                 while writing.load(Ordering::Relaxed) {
+                    if let Some(pace) = &mut pace {
+                        pace.tick().await;
+                    }
                     k += 1;
                     let q = &questions[k % questions.len()];
                     let t = Instant::now();
@@ -290,13 +310,14 @@ fn main() {
     all.stores.sort();
     all.searches.sort();
     println!(
-        "\nwhole run: {} stores in {secs:.1} s = {:.1} memories/s; store p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms; {} searches while writing: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+        "\nwhole run: {} stores in {secs:.1} s = {:.1} memories/s; store p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms; {} searches while writing ({:.0}/s): p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
         all.stores.len(),
         all.stores.len() as f64 / secs,
         percentile(&all.stores, 0.5),
         percentile(&all.stores, 0.95),
         percentile(&all.stores, 0.99),
         all.searches.len(),
+        all.searches.len() as f64 / secs,
         percentile(&all.searches, 0.5),
         percentile(&all.searches, 0.95),
         percentile(&all.searches, 0.99),
