@@ -120,8 +120,14 @@ async fn the_pipelines_embedding_yields_the_cpu_to_queries() {
     let bulk = niceness_of_threads("loomem-minilm");
     let query = niceness_of_threads("loomem-minilm-q");
     assert!(!bulk.is_empty() && !query.is_empty(), "{bulk:?} {query:?}");
-    assert!(bulk.iter().all(|&n| n == 10), "bulk passes run at nice 10: {bulk:?}");
-    assert!(query.iter().all(|&n| n == 0), "queries run at nice 0: {query:?}");
+    assert!(
+        bulk.iter().all(|&n| n == 10),
+        "bulk passes run at nice 10: {bulk:?}"
+    );
+    assert!(
+        query.iter().all(|&n| n == 0),
+        "queries run at nice 0: {query:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -549,10 +549,14 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             .then_with(|| a.chunk.id.cmp(&b.chunk.id))
     });
 
-    // Collapse near-identical results: the best of each group stays.
+    // Collapse near-identical results: the best of each group stays. Only
+    // until the top k are found: what ranks below is never returned.
     let mut kept: Vec<(Ranked, std::collections::HashSet<String>)> = Vec::new();
     let mut dedup_removed = 0;
     for r in ranked {
+        if kept.len() == top_k {
+            break;
+        }
         let words = rank::word_set(&r.chunk.content);
         let duplicate = kept.iter().any(|(k, w)| {
             k.chunk.content_hash == r.chunk.content_hash

@@ -60,11 +60,13 @@ pub fn word_set(text: &str) -> HashSet<String> {
 
 /// |a ∩ b| / |a ∪ b| (1 for two empty sets).
 pub fn jaccard(a: &HashSet<String>, b: &HashSet<String>) -> f32 {
-    let union = a.union(b).count();
+    let (small, large) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    let both = small.iter().filter(|w| large.contains(*w)).count();
+    let union = a.len() + b.len() - both;
     if union == 0 {
         return 1.0;
     }
-    a.intersection(b).count() as f32 / union as f32
+    both as f32 / union as f32
 }
 
 #[cfg(test)]
@@ -130,5 +132,23 @@ mod tests {
         let c = word_set("User prefers light mode");
         assert_eq!(jaccard(&a, &b), 1.0);
         assert!(jaccard(&a, &c) < 0.5);
+    }
+
+    proptest::proptest! {
+        /// The counting shortcut is the set algebra's |a ∩ b| / |a ∪ b|.
+        #[test]
+        fn jaccard_is_intersection_over_union(
+            a in proptest::collection::hash_set("[a-e]{1,2}", 0..12),
+            b in proptest::collection::hash_set("[a-e]{1,2}", 0..12),
+        ) {
+            let union = a.union(&b).count();
+            let expected = if union == 0 {
+                1.0
+            } else {
+                a.intersection(&b).count() as f32 / union as f32
+            };
+            proptest::prop_assert_eq!(jaccard(&a, &b), expected);
+            proptest::prop_assert_eq!(jaccard(&b, &a), expected);
+        }
     }
 }
