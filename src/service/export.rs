@@ -391,6 +391,8 @@ pub async fn restore(store: &Store, caller: &Caller, text: &str) -> Result<Impor
     }
     report.rejected.sort_by_key(|r| r.line);
     store.feedback.reload().await?;
+    // Entity rows came in past the graph's own writes.
+    store.graph.forget_known();
     Ok(report)
 }
 

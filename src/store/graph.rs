@@ -170,6 +170,38 @@ pub struct Graph {
     merging: tokio::sync::Mutex<()>,
     /// The store's table gate (see `Store::hold_writes`).
     gate: super::TableGate,
+    /// Entities of the streams searched lately, for the search's graph leg.
+    known: std::sync::Mutex<Known>,
+    /// Whether `known` is used (off where other processes write the tables).
+    caching: std::sync::atomic::AtomicBool,
+}
+
+/// Per stream, its entities by key: loaded on the stream's first graph
+/// lookup, kept in step by [`Graph::record`], dropped by every other write
+/// (forgetting memories, deletes, restores, rollbacks).
+#[derive(Default)]
+struct Known {
+    streams: HashMap<String, HashMap<String, EntityRow>>,
+    /// Memory references held, the measure of its size.
+    refs: usize,
+}
+
+/// The most memory references `Known` holds (~100 MB); past it, it starts over.
+const KNOWN_MAX_REFS: usize = 2_000_000;
+
+impl Known {
+    fn remember(&mut self, row: &EntityRow) {
+        let Some(stream) = self.streams.get_mut(&row.stream) else {
+            return;
+        };
+        if let Some(old) = stream.insert(row.key.clone(), row.clone()) {
+            self.refs -= old.chunk_ids.len();
+        }
+        self.refs += row.chunk_ids.len();
+        if self.refs > KNOWN_MAX_REFS {
+            *self = Known::default();
+        }
+    }
 }
 
 /// Graph rows written between two refreshes of the `id` indexes (rows added
@@ -224,6 +256,8 @@ impl Graph {
             unindexed: Default::default(),
             merging: Default::default(),
             gate,
+            known: Default::default(),
+            caching: true.into(),
         })
     }
 
@@ -289,6 +323,12 @@ impl Graph {
             }
             let rows: Vec<EntityRow> = rows.into_values().collect();
             upsert(&self.entities, entity_schema(), &rows).await?;
+            {
+                let mut known = self.known.lock().expect("known entities lock");
+                for row in &rows {
+                    known.remember(row);
+                }
+            }
             self.written(rows.len()).await;
         }
         if !relations.is_empty() {
@@ -349,16 +389,83 @@ impl Graph {
             .find(|e| e.aliases.iter().any(|a| entity_key(a) == key)))
     }
 
-    /// The entities of these streams whose key is one of `keys` (one indexed read).
+    /// The entities of these streams whose key is one of `keys`: from memory
+    /// for the streams known, else one indexed read.
     pub async fn by_keys(&self, streams: &[String], keys: &[String]) -> Result<Vec<EntityRow>> {
-        let ids: Vec<String> = streams
+        if streams.is_empty() || keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut unknown = Vec::new();
+        for stream in streams {
+            match self.known_rows(stream, keys) {
+                Some(rows) => out.extend(rows),
+                None => unknown.push(stream),
+            }
+        }
+        let caching = self.caching.load(std::sync::atomic::Ordering::Relaxed);
+        let mut unread = Vec::new();
+        for stream in unknown {
+            if caching && self.load_known(stream).await? {
+                out.extend(self.known_rows(stream, keys).unwrap_or_default());
+            } else {
+                unread.push(stream);
+            }
+        }
+        let ids: Vec<String> = unread
             .iter()
             .flat_map(|s| keys.iter().map(move |k| format!("{s}/{k}")))
             .collect();
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        if !ids.is_empty() {
+            out.extend(read_where(&self.entities, column_in("id", &ids), entity_rows).await?);
         }
-        read_where(&self.entities, column_in("id", &ids), entity_rows).await
+        Ok(out)
+    }
+
+    /// The rows of `keys` in a known stream (None: not known).
+    fn known_rows(&self, stream: &str, keys: &[String]) -> Option<Vec<EntityRow>> {
+        let known = self.known.lock().expect("known entities lock");
+        let rows = known.streams.get(stream)?;
+        Some(keys.iter().filter_map(|k| rows.get(k).cloned()).collect())
+    }
+
+    /// Read a stream's entities into memory; false when they do not fit.
+    async fn load_known(&self, stream: &str) -> Result<bool> {
+        // No merge lands between the read and the install.
+        let _merging = self.merging.lock().await;
+        let rows = read_where(
+            &self.entities,
+            format!("stream = {}", sql_str(stream)),
+            entity_rows,
+        )
+        .await?;
+        let refs: usize = rows.iter().map(|r| r.chunk_ids.len()).sum();
+        let mut known = self.known.lock().expect("known entities lock");
+        if refs > KNOWN_MAX_REFS / 2 {
+            return Ok(false);
+        }
+        if known.refs + refs > KNOWN_MAX_REFS {
+            *known = Known::default();
+        }
+        known.refs += refs;
+        known.streams.insert(
+            stream.to_string(),
+            rows.into_iter().map(|r| (r.key.clone(), r)).collect(),
+        );
+        Ok(true)
+    }
+
+    /// Rows were written by some other way than [`Graph::record`] (a restore,
+    /// a rollback): what is held in memory goes, to be read again.
+    pub fn forget_known(&self) {
+        *self.known.lock().expect("known entities lock") = Known::default();
+    }
+
+    /// Hold no entities in memory (other processes write the tables too).
+    pub fn without_cache(&self) {
+        self.caching
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.forget_known();
     }
 
     /// Edges touching an entity key in a stream.
@@ -384,6 +491,7 @@ impl Graph {
             n += table.count_rows(filter.sql()).await?;
             table.delete(&filter.predicate()).await?;
         }
+        self.forget_known();
         Ok(n)
     }
 
@@ -417,6 +525,11 @@ impl Graph {
         if !drop.is_empty() {
             self.entities.delete(&column_in("id", &drop)).await?;
         }
+        self.known
+            .lock()
+            .expect("known entities lock")
+            .streams
+            .remove(stream);
         let (mut keep, mut drop) = (Vec::new(), Vec::new());
         for mut row in read_where(&self.edges, scope, edge_rows).await? {
             if strip(&mut row.chunk_ids) == 0 {
@@ -542,6 +655,87 @@ mod tests {
         assert_eq!(d.get("visualstudiocode").unwrap().name, "VS Code");
         assert_eq!(d.get("vscode").unwrap().name, "VS Code");
         assert_eq!(d.max_words, 3);
+    }
+
+    fn mention(stream: &str, key: &str, chunk: &str) -> Mention {
+        Mention {
+            stream: stream.into(),
+            key: key.into(),
+            name: key.into(),
+            entity_type: "PERSON".into(),
+            surface: key.into(),
+            chunk_id: chunk.into(),
+            at: 10,
+        }
+    }
+
+    /// The entities held in memory answer as a fresh read of the table does,
+    /// after every kind of write.
+    #[tokio::test]
+    async fn known_entities_follow_every_write() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        let graph = &store.graph;
+        let streams = vec!["a".to_string(), "b".to_string()];
+        let keys = vec!["alice".to_string(), "bob".to_string(), "carol".to_string()];
+        let agree = |round: &'static str| {
+            let (streams, keys) = (streams.clone(), keys.clone());
+            async move {
+                let mut held = graph.by_keys(&streams, &keys).await.unwrap();
+                let ids: Vec<String> = streams
+                    .iter()
+                    .flat_map(|s| keys.iter().map(move |k| format!("{s}/{k}")))
+                    .collect();
+                let mut table = read_where(&graph.entities, column_in("id", &ids), entity_rows)
+                    .await
+                    .unwrap();
+                held.sort_by(|x, y| x.id.cmp(&y.id));
+                table.sort_by(|x, y| x.id.cmp(&y.id));
+                assert_eq!(held, table, "{round}");
+                held
+            }
+        };
+        graph
+            .record(
+                &[mention("a", "alice", "c1"), mention("b", "bob", "c2")],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(agree("first read").await.len(), 2);
+        assert!(graph.known.lock().unwrap().streams.contains_key("a"));
+        // New mentions reach the rows held in memory.
+        graph
+            .record(
+                &[mention("a", "alice", "c3"), mention("a", "carol", "c3")],
+                &[],
+            )
+            .await
+            .unwrap();
+        let rows = agree("after a merge").await;
+        let alice = rows.iter().find(|r| r.id == "a/alice").unwrap();
+        assert_eq!(alice.chunk_ids, ["c1", "c3"]);
+        assert_eq!(alice.chunk_count, 2);
+        // Forgetting memories, deleting a stream's rows, a rollback.
+        graph.forget_chunks("a", &["c1".to_string()]).await.unwrap();
+        assert_eq!(
+            agree("after forgetting")
+                .await
+                .iter()
+                .find(|r| r.id == "a/alice")
+                .unwrap()
+                .chunk_ids,
+            ["c3"]
+        );
+        graph.delete(&Filter::new().stream("b")).await.unwrap();
+        assert_eq!(agree("after a delete").await.len(), 2);
+        graph
+            .entities
+            .delete(&column_in("id", ["a/carol"]))
+            .await
+            .unwrap();
+        graph.forget_known();
+        assert_eq!(agree("after a write past the graph").await.len(), 1);
     }
 
     #[test]

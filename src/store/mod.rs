@@ -286,6 +286,9 @@ impl Store {
     /// to Lance).
     pub fn with_hot_budget(self, bytes: usize) -> Store {
         self.hot.set_budget(bytes);
+        if bytes == 0 {
+            self.graph.without_cache();
+        }
         self
     }
 
@@ -411,6 +414,7 @@ impl Store {
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.hot.invalidate(None);
+        self.graph.forget_known();
         self.feedback.reload().await
     }
 
