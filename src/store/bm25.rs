@@ -84,6 +84,8 @@ struct Doc {
 #[derive(Debug, Default)]
 pub(super) struct TextIndex {
     slots: Vec<Option<Doc>>,
+    /// Per slot, its token count (what the scoring loop reads).
+    lens: Vec<u32>,
     slot_of: HashMap<String, u32>,
     term_ids: HashMap<String, u32>,
     /// Per term: (slot, count in that memory); dead slots included.
@@ -129,6 +131,7 @@ impl TextIndex {
             self.df[tid as usize] += 1;
         }
         self.posting_count += distinct.len();
+        self.lens.push(terms.len() as u32);
         self.slots.push(Some(Doc {
             id: id.to_string(),
             len: terms.len() as u32,
@@ -180,6 +183,10 @@ impl TextIndex {
                 slots.push(Some(doc));
             }
         }
+        self.lens = slots
+            .iter()
+            .map(|d| d.as_ref().map_or(0, |d| d.len))
+            .collect();
         self.slots = slots;
         self.posting_count = 0;
         for list in &mut self.postings {
@@ -203,23 +210,27 @@ impl TextIndex {
         self.term_ids.get(term).map_or(0, |&t| self.df[t as usize])
     }
 
-    /// The memories meeting `conds` that hold any of `terms`, with their BM25
-    /// score against `stats` and the terms' document counts `df` (both over
-    /// every stream searched).
+    /// The `k` memories meeting `conds` that score best for `terms` by BM25
+    /// against `stats` and the terms' document counts `df` (both over every
+    /// stream searched), as (score, id); ties go to the smaller id.
+    #[allow(clippy::too_many_arguments)]
     pub fn score(
         &self,
         terms: &[String],
         df: &[u32],
         stats: Stats,
         conds: &[Cond],
+        k: usize,
         out: &mut Vec<(f32, String)>,
     ) {
-        if stats.docs == 0 {
+        if stats.docs == 0 || k == 0 {
             return;
         }
-        let avg = stats.tokens as f32 / stats.docs as f32;
+        let avg = (stats.tokens as f32 / stats.docs as f32).max(f32::MIN_POSITIVE);
         let n = stats.docs as f32;
-        let mut scores: HashMap<u32, f32> = HashMap::new();
+        // Dense accumulators: a common word's postings are long.
+        let mut acc = vec![0f32; self.slots.len()];
+        let mut touched: Vec<u32> = Vec::new();
         for (term, &df) in terms.iter().zip(df) {
             let Some(&tid) = self.term_ids.get(term) else {
                 continue;
@@ -227,22 +238,40 @@ impl TextIndex {
             let df = df as f32;
             let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
             for &(slot, tf) in &self.postings[tid as usize] {
-                let Some(doc) = &self.slots[slot as usize] else {
-                    continue;
-                };
                 let tf = tf as f32;
-                let norm = K1 * (1.0 - B + B * doc.len as f32 / avg.max(f32::MIN_POSITIVE));
-                *scores.entry(slot).or_default() += idf * (K1 + 1.0) * tf / (tf + norm);
+                let norm = K1 * (1.0 - B + B * self.lens[slot as usize] as f32 / avg);
+                let a = &mut acc[slot as usize];
+                if *a == 0.0 {
+                    touched.push(slot);
+                }
+                *a += idf * (K1 + 1.0) * tf / (tf + norm);
             }
         }
-        for (slot, score) in scores {
-            let doc = self.slots[slot as usize]
+        let id = |slot: u32| {
+            self.slots[slot as usize]
                 .as_ref()
-                .expect("scored slots are alive");
-            if doc.meta.meets(conds) {
-                out.push((score, doc.id.clone()));
-            }
+                .map_or("", |d| d.id.as_str())
+        };
+        let mut hits: Vec<(f32, u32)> = touched
+            .into_iter()
+            .filter(|&slot| {
+                self.slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|d| d.meta.meets(conds))
+            })
+            .map(|slot| (acc[slot as usize], slot))
+            .collect();
+        let order =
+            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(id(b.1)));
+        if hits.len() > k {
+            hits.select_nth_unstable_by(k - 1, order);
+            hits.truncate(k);
         }
+        hits.sort_by(order);
+        out.extend(
+            hits.into_iter()
+                .map(|(score, slot)| (score, id(slot).to_string())),
+        );
     }
 
     /// What the postings hold in memory, roughly.
@@ -268,8 +297,7 @@ mod tests {
         let terms = query_terms(query);
         let df: Vec<u32> = terms.iter().map(|t| ix.df(t)).collect();
         let mut out = Vec::new();
-        ix.score(&terms, &df, ix.stats(), conds, &mut out);
-        out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        ix.score(&terms, &df, ix.stats(), conds, usize::MAX, &mut out);
         out.into_iter().map(|(_, id)| id).collect()
     }
 
@@ -307,6 +335,29 @@ mod tests {
         ix.remove("b");
         assert!(ranked(&ix, "coffee", &[]).is_empty());
         assert_eq!(ix.stats().docs, 3);
+    }
+
+    #[test]
+    fn the_top_k_are_the_first_k_of_the_whole_ranking() {
+        let mut ix = TextIndex::default();
+        for i in 0..300 {
+            // Many equal scores: ties must fall to the smaller id.
+            ix.apply(
+                &format!("m{i:03}"),
+                &format!("alpha beta{} gamma{}", i % 3, i % 11),
+                meta(true),
+            );
+        }
+        let terms = query_terms("alpha beta1 gamma4");
+        let df: Vec<u32> = terms.iter().map(|t| ix.df(t)).collect();
+        let mut all = Vec::new();
+        ix.score(&terms, &df, ix.stats(), &[], usize::MAX, &mut all);
+        assert_eq!(all.len(), 300);
+        for k in [1, 7, 40] {
+            let mut top = Vec::new();
+            ix.score(&terms, &df, ix.stats(), &[], k, &mut top);
+            assert_eq!(top, all[..k], "k = {k}");
+        }
     }
 
     #[test]

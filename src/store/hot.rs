@@ -666,7 +666,7 @@ pub(super) fn bm25_in(
     }
     let mut out = Vec::new();
     for ix in &guards {
-        ix.text().score(&terms, &df, stats, conds, &mut out);
+        ix.text().score(&terms, &df, stats, conds, k, &mut out);
     }
     out.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     out.truncate(k);
