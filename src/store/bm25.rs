@@ -213,7 +213,6 @@ impl TextIndex {
     /// The `k` memories meeting `conds` that score best for `terms` by BM25
     /// against `stats` and the terms' document counts `df` (both over every
     /// stream searched), as (score, id); ties go to the smaller id.
-    #[allow(clippy::too_many_arguments)]
     pub fn score(
         &self,
         terms: &[String],

@@ -196,7 +196,8 @@ impl Model {
             .min(texts.len().div_ceil(self.threads.max(1)))
             .max(1);
         let groups: Vec<&[usize]> = order.chunks(size).collect();
-        let run = |group: &[usize]| -> Result<Vec<Vec<f32>>, EmbedError> {
+        type Vectors = Result<Vec<Vec<f32>>, EmbedError>;
+        let run = |group: &[usize]| -> Vectors {
             let len = group
                 .iter()
                 .map(|&i| encodings[i].get_ids().len())
@@ -215,34 +216,31 @@ impl Model {
                 .embed(&ids, &mask, group.len(), len)
                 .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))
         };
-        let vectors: Vec<Result<Vec<Vec<f32>>, EmbedError>> = if self.threads <= 1
-            || groups.len() == 1
-        {
+        let vectors: Vec<Vectors> = if self.threads <= 1 || groups.len() == 1 {
             groups.iter().map(|g| run(g)).collect()
         } else {
             // Each thread takes the next sub-batch until none is left.
             let next = std::sync::atomic::AtomicUsize::new(0);
-            let mut done: Vec<(usize, Result<Vec<Vec<f32>>, EmbedError>)> =
-                std::thread::scope(|scope| {
-                    let workers: Vec<_> = (0..self.threads.min(groups.len()))
-                        .map(|_| {
-                            scope.spawn(|| {
-                                let mut mine = Vec::new();
-                                loop {
-                                    let g = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                    let Some(group) = groups.get(g) else {
-                                        return mine;
-                                    };
-                                    mine.push((g, run(group)));
-                                }
-                            })
+            let mut done: Vec<(usize, Vectors)> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..self.threads.min(groups.len()))
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut mine = Vec::new();
+                            loop {
+                                let g = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some(group) = groups.get(g) else {
+                                    return mine;
+                                };
+                                mine.push((g, run(group)));
+                            }
                         })
-                        .collect();
-                    workers
-                        .into_iter()
-                        .flat_map(|w| w.join().expect("inference worker panicked"))
-                        .collect()
-                });
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .flat_map(|w| w.join().expect("inference worker panicked"))
+                    .collect()
+            });
             done.sort_by_key(|(g, _)| *g);
             done.into_iter().map(|(_, v)| v).collect()
         };
