@@ -190,6 +190,32 @@ struct Known {
 const KNOWN_MAX_REFS: usize = 2_000_000;
 
 impl Known {
+    /// Hold a stream's rows, in place of any held before; false when they
+    /// would take more than half of what it holds at most.
+    fn install(&mut self, stream: &str, rows: Vec<EntityRow>) -> bool {
+        self.forget(stream);
+        let refs: usize = rows.iter().map(|r| r.chunk_ids.len()).sum();
+        if refs > KNOWN_MAX_REFS / 2 {
+            return false;
+        }
+        if self.refs + refs > KNOWN_MAX_REFS {
+            *self = Known::default();
+        }
+        self.refs += refs;
+        self.streams.insert(
+            stream.to_string(),
+            rows.into_iter().map(|r| (r.key.clone(), r)).collect(),
+        );
+        true
+    }
+
+    /// Stop holding a stream's rows.
+    fn forget(&mut self, stream: &str) {
+        if let Some(rows) = self.streams.remove(stream) {
+            self.refs -= rows.values().map(|r| r.chunk_ids.len()).sum::<usize>();
+        }
+    }
+
     fn remember(&mut self, row: &EntityRow) {
         let Some(stream) = self.streams.get_mut(&row.stream) else {
             return;
@@ -439,20 +465,11 @@ impl Graph {
             entity_rows,
         )
         .await?;
-        let refs: usize = rows.iter().map(|r| r.chunk_ids.len()).sum();
-        let mut known = self.known.lock().expect("known entities lock");
-        if refs > KNOWN_MAX_REFS / 2 {
-            return Ok(false);
-        }
-        if known.refs + refs > KNOWN_MAX_REFS {
-            *known = Known::default();
-        }
-        known.refs += refs;
-        known.streams.insert(
-            stream.to_string(),
-            rows.into_iter().map(|r| (r.key.clone(), r)).collect(),
-        );
-        Ok(true)
+        Ok(self
+            .known
+            .lock()
+            .expect("known entities lock")
+            .install(stream, rows))
     }
 
     /// Rows were written by some other way than [`Graph::record`] (a restore,
@@ -528,8 +545,7 @@ impl Graph {
         self.known
             .lock()
             .expect("known entities lock")
-            .streams
-            .remove(stream);
+            .forget(stream);
         let (mut keep, mut drop) = (Vec::new(), Vec::new());
         for mut row in read_where(&self.edges, scope, edge_rows).await? {
             if strip(&mut row.chunk_ids) == 0 {
@@ -717,7 +733,24 @@ mod tests {
         assert_eq!(alice.chunk_ids, ["c1", "c3"]);
         assert_eq!(alice.chunk_count, 2);
         // Forgetting memories, deleting a stream's rows, a rollback.
+        let held_refs = |g: &Graph| {
+            let k = g.known.lock().unwrap();
+            let counted: usize = k
+                .streams
+                .values()
+                .flat_map(|rows| rows.values())
+                .map(|r| r.chunk_ids.len())
+                .sum();
+            (k.refs, counted)
+        };
+        let (refs, counted) = held_refs(graph);
+        assert_eq!(refs, counted, "the size measure follows merges");
         graph.forget_chunks("a", &["c1".to_string()]).await.unwrap();
+        let (refs, counted) = held_refs(graph);
+        assert_eq!(
+            refs, counted,
+            "a forgotten stream's references leave the measure"
+        );
         assert_eq!(
             agree("after forgetting")
                 .await
