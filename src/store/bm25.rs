@@ -73,8 +73,6 @@ fn terms(text: &str, query: bool) -> Vec<String> {
 #[derive(Debug)]
 struct Doc {
     id: String,
-    /// Tokens in the text (repeats counted).
-    len: u32,
     /// Its distinct terms, to take it out again.
     terms: Vec<u32>,
     meta: Meta,
@@ -84,7 +82,8 @@ struct Doc {
 #[derive(Debug, Default)]
 pub(super) struct TextIndex {
     slots: Vec<Option<Doc>>,
-    /// Per slot, its token count (what the scoring loop reads).
+    /// Per slot, its text's token count, repeats counted (what the scoring
+    /// loop reads).
     lens: Vec<u32>,
     slot_of: HashMap<String, u32>,
     term_ids: HashMap<String, u32>,
@@ -134,13 +133,18 @@ impl TextIndex {
         self.lens.push(terms.len() as u32);
         self.slots.push(Some(Doc {
             id: id.to_string(),
-            len: terms.len() as u32,
             terms: distinct,
             meta,
         }));
         self.slot_of.insert(id.to_string(), slot);
         self.live += 1;
         self.total_tokens += terms.len() as u64;
+    }
+
+    /// A memory's filter columns.
+    pub fn meta(&self, id: &str) -> Option<&Meta> {
+        let slot = *self.slot_of.get(id)?;
+        self.slots[slot as usize].as_ref().map(|d| &d.meta)
     }
 
     /// A memory's filter columns changed, its text did not.
@@ -166,7 +170,7 @@ impl TextIndex {
             self.df[tid as usize] -= 1;
         }
         self.live -= 1;
-        self.total_tokens -= u64::from(doc.len);
+        self.total_tokens -= u64::from(self.lens[slot as usize]);
         if self.slots.len() > 1024 && self.slots.len() > 2 * self.live {
             self.sweep();
         }
@@ -176,17 +180,16 @@ impl TextIndex {
     fn sweep(&mut self) {
         let mut renumber = vec![u32::MAX; self.slots.len()];
         let mut slots = Vec::with_capacity(self.live);
+        let mut lens = Vec::with_capacity(self.live);
         for (old, doc) in std::mem::take(&mut self.slots).into_iter().enumerate() {
             if let Some(doc) = doc {
                 renumber[old] = slots.len() as u32;
                 self.slot_of.insert(doc.id.clone(), slots.len() as u32);
                 slots.push(Some(doc));
+                lens.push(self.lens[old]);
             }
         }
-        self.lens = slots
-            .iter()
-            .map(|d| d.as_ref().map_or(0, |d| d.len))
-            .collect();
+        self.lens = lens;
         self.slots = slots;
         self.posting_count = 0;
         for list in &mut self.postings {

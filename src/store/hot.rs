@@ -144,9 +144,9 @@ impl StreamIndex {
             + self.text.bytes()
     }
 
-    /// A memory of the stream (without its embedding).
-    pub fn get(&self, id: &str) -> Option<&Arc<Chunk>> {
-        self.docs.get(id)
+    /// A memory of the stream (without its embedding) and its filter columns.
+    pub fn get(&self, id: &str) -> Option<(&Arc<Chunk>, &Meta)> {
+        Some((self.docs.get(id)?, self.text.meta(id)?))
     }
 
     /// The postings of the stream's text.

@@ -648,8 +648,8 @@ impl Store {
                 .map(|ix| ix.read().expect("stream index lock"))
                 .collect();
             missing.retain(|id| match guards.iter().find_map(|ix| ix.get(id)) {
-                Some(chunk) => {
-                    if hot::Meta::of(chunk).meets(conds) {
+                Some((chunk, meta)) => {
+                    if meta.meets(conds) {
                         out.push(Hit {
                             chunk: Chunk::clone(chunk),
                             score: 0.0,

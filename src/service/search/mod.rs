@@ -568,7 +568,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             kept.push((r, words));
         }
     }
-    let results: Vec<Ranked> = kept.into_iter().take(top_k).map(|(r, _)| r).collect();
+    let results: Vec<Ranked> = kept.into_iter().map(|(r, _)| r).collect();
     timings.rank = micros_since(phase);
     if !req.dry_run && snapshot.is_none() {
         engine
