@@ -52,7 +52,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/export", post(export_handler)),
         ("/v1/embed-missing", post(embed_missing)),
         ("/v1/re-embed-all", post(re_embed_all)),
-        ("/v1/jobs/{id}", get(job_status)),
+        ("/v1/jobs/{id}", get(job_status).delete(job_cancel)),
         ("/v1/jobs", get(jobs::runs)),
         ("/admin/jobs/{name}/run", post(jobs::run)),
         (
@@ -208,8 +208,13 @@ async fn job_status(
     caller: Caller,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<crate::service::tasks::TaskView>> {
-    match engine.jobs.get(&id) {
-        Some(job) if caller.is_admin() || job.owner == caller.name => Ok(Json(job.view())),
-        _ => Err(Error::NotFound(format!("no job {id}"))),
-    }
+    Ok(Json(engine.jobs.visible(&caller, &id)?.view()))
+}
+
+async fn job_cancel(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<crate::service::tasks::TaskView>> {
+    Ok(Json(engine.jobs.cancel(&caller, &id).await?))
 }

@@ -283,9 +283,16 @@ pub async fn reset_backfill(
 pub async fn build_graph(engine: &Services, caller: &Caller, req: ScopeRequest) -> Result<Report> {
     let filter = scope(caller, &req)?;
     let graph = &engine.store.graph;
-    // No pipeline batch adds to the graph between the drop and the rebuild.
-    let _gate = engine.store.write_gate.write().await;
-    let dropped = graph.delete(&filter).await?;
+    // The pipeline is held only while the rows are dropped: a batch records
+    // its graph rows before it commits its memories, so one in flight across
+    // the drop would lose its rows (recorded before, committed after the
+    // memories below are read). Once dropped, every memory committed is
+    // either read below or records its own rows; a recording is idempotent
+    // per memory, so both at once count it once.
+    let dropped = {
+        let _gate = engine.store.write_gate.write().await;
+        graph.delete(&filter).await?
+    };
     let mut report = rerun_stage(engine, filter, "extract_entities", |_| {}, |_, _| false).await?;
     let (entities, edges, _) = graph.stats(&scope(caller, &req)?).await?;
     report.updated = entities + edges;

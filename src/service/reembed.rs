@@ -15,8 +15,10 @@ use crate::service::tasks::{Task, TaskState};
 use crate::service::Services;
 use crate::store::Filter;
 
-/// Jobs in this group never overlap.
-pub const GROUP: &str = "embed";
+/// A caller's embedding jobs never overlap; two callers' jobs may.
+pub fn group(caller: &str) -> String {
+    format!("embed:{caller}")
+}
 
 /// Texts per embedding call: small enough that a search's query embedding does
 /// not wait long behind a job batch.
@@ -67,6 +69,7 @@ impl EmbedJobResponse {
                 TaskState::Running => "running",
                 TaskState::Succeeded => "ok",
                 TaskState::Failed => "failed",
+                TaskState::Cancelled => "cancelled",
             },
             progress_url: format!("/v1/jobs/{}", v.job_id),
             job_id: v.job_id,
@@ -87,14 +90,14 @@ pub fn stale_filter(engine: &Services, caller: &Caller, scope: Scope) -> Filter 
     }
 }
 
-/// Start a job (or 409 when one is running) and return it.
+/// Start a job (or 409 when the caller has one running) and return it.
 pub async fn start(engine: &Arc<Services>, caller: &Caller, scope: Scope) -> Result<Arc<Task>> {
     let job = engine
         .jobs
-        .start(scope.kind(), GROUP, &caller.name)
+        .start(scope.kind(), group(&caller.name), &caller.name)
         .map_err(|running| {
             Error::Conflict(format!(
-                "an embedding job is already running: {} (see /v1/jobs/{})",
+                "an embedding job of yours is already running: {} (see /v1/jobs/{}; DELETE it to cancel)",
                 running.view().kind,
                 running.id()
             ))
@@ -116,7 +119,14 @@ async fn run(engine: Arc<Services>, job: Arc<Task>, ids: Vec<String>) {
     let model = engine.embedder.model().to_string();
     let mut last_error = None;
     for batch in ids.chunks(JOB_BATCH) {
-        match embed_batch(&engine, &model, batch).await {
+        // A cancel drops the batch in hand: its vectors are not written (or,
+        // when the commit was already sent, written whole; both are right).
+        let result = tokio::select! {
+            biased;
+            _ = job.cancelled() => break,
+            r = embed_batch(&engine, &model, batch) => r,
+        };
+        match result {
             // A chunk changed meanwhile was embedded by the pipeline with the
             // current model, a deleted one needs nothing: both count as done.
             Ok((written, skipped)) => {

@@ -62,7 +62,7 @@ pub struct EmbedderStatus {
     /// Chunks without a vector of this model (none, or another model's): vector
     /// search skips them until `POST /v1/embed-missing`.
     pub stale: usize,
-    /// The embedding job running now, if any.
+    /// The caller's embedding job running now, if any.
     pub job: Option<crate::service::tasks::TaskView>,
 }
 
@@ -87,8 +87,8 @@ impl Status {
 }
 
 /// The status as `caller` may see it: counts of its own streams; the
-/// daemon-wide pipeline and NER counters only for an admin; an embedding job
-/// only to the caller that started it (or an admin).
+/// daemon-wide pipeline and NER counters only for an admin; the caller's own
+/// running embedding job.
 pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
     let scope = Filter::new().visible_to(caller);
     let admin = caller.is_admin();
@@ -124,8 +124,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
                 .await?,
             job: engine
                 .jobs
-                .running(crate::service::reembed::GROUP)
-                .filter(|j| admin || j.owner == caller.name)
+                .running(&crate::service::reembed::group(&caller.name))
                 .map(|j| j.view()),
         },
         llm: LlmStatus {

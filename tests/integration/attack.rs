@@ -282,6 +282,13 @@ fn attempts() -> Vec<Attempt> {
             None,
             Status(404),
         ),
+        attempt(
+            "/v1/jobs/{id}",
+            "DELETE",
+            "/v1/jobs/no-such-job",
+            None,
+            Status(404),
+        ),
         attempt("/v1/jobs", "GET", "/v1/jobs", None, Status(403)),
         attempt(
             "/admin/jobs/{name}/run",

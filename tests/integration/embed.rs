@@ -336,11 +336,13 @@ async fn the_daemon_stores_and_recalls_with_the_static_embedder() {
 }
 
 /// A local stand-in for an OpenAI-compatible embeddings API: vectors from a
-/// word hash, the first request of all answered 503, every request recorded.
+/// word hash, the first request of all answered 503, every request recorded;
+/// while `hold` is set, requests wait.
 struct StubApi {
     url: String,
     requests: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<(Option<String>, Value)>>>,
+    hold: tokio::sync::watch::Sender<bool>,
 }
 
 async fn stub_api(dim: usize) -> StubApi {
@@ -348,12 +350,14 @@ async fn stub_api(dim: usize) -> StubApi {
     use axum::routing::post;
     let requests = Arc::new(AtomicUsize::new(0));
     let seen: Arc<Mutex<Vec<(Option<String>, Value)>>> = Default::default();
-    let (r, s) = (requests.clone(), seen.clone());
+    let hold = tokio::sync::watch::channel(false).0;
+    let (r, s, h) = (requests.clone(), seen.clone(), hold.clone());
     let app = axum::Router::new().route(
         "/v1/embeddings",
         post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
-            let (r, s) = (r.clone(), s.clone());
+            let (r, s, mut h) = (r.clone(), s.clone(), h.subscribe());
             async move {
+                let _ = h.wait_for(|held| !*held).await;
                 let auth = headers
                     .get("authorization")
                     .map(|v| v.to_str().unwrap().to_string());
@@ -379,6 +383,7 @@ async fn stub_api(dim: usize) -> StubApi {
         url,
         requests,
         seen,
+        hold,
     }
 }
 
@@ -559,4 +564,96 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
         )
         .await;
     assert_eq!(code, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedding_jobs_are_per_caller_and_their_owner_can_cancel_them() {
+    use crate::fixture::{TOKEN_A, TOKEN_B};
+    let api = stub_api(16).await;
+    let d = Daemon::start(
+        Options::with_auth()
+            .env("LOOMEM_EMBED__PROVIDER", "openai")
+            .env("LOOMEM_EMBED__BASE_URL", &api.url)
+            .env("LOOMEM_EMBED__MODEL", "stub-embed-1")
+            .env("LOOMEM_EMBED__DIM", "16")
+            .env("LOOMEM_EMBED__API_KEY_ENV", "STUB_KEY")
+            .env("STUB_KEY", "sk-test-123"),
+    )
+    .await;
+    for (token, text) in [(TOKEN_A, "apples and pears"), (TOKEN_B, "trains to Berlin")] {
+        let (code, body) = d
+            .call_as(Some(token), "POST", "/v1/store", Some(json!({"content": text})))
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let d = &d;
+    let start = |token| async move {
+        d.call_as(
+            Some(token),
+            "POST",
+            "/v1/re-embed-all",
+            Some(json!({"wait": false})),
+        )
+        .await
+    };
+    let job_of = |body: &Value| body["job_id"].as_str().unwrap().to_string();
+
+    // Embedding stalls: B's job stays running.
+    api.hold.send_replace(true);
+    let (code, body) = start(TOKEN_B).await;
+    assert_eq!(code, 202, "{body}");
+    let b_job = job_of(&body);
+    let (code, body) = start(TOKEN_B).await;
+    assert_eq!(code, 409, "one job at a time per caller: {body}");
+    // B's running job does not hold A's back.
+    let (code, body) = start(TOKEN_A).await;
+    assert_eq!(code, 202, "{body}");
+    let a_job = job_of(&body);
+
+    // A can neither cancel nor see B's job: the same answer as no job at all.
+    let (code, body) = d
+        .call_as(Some(TOKEN_A), "DELETE", &format!("/v1/jobs/{b_job}"), None)
+        .await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body, json!({ "detail": format!("no job {b_job}") }));
+    let (_, view) = d
+        .call_as(Some(TOKEN_B), "GET", &format!("/v1/jobs/{b_job}"), None)
+        .await;
+    assert_eq!(view["state"], "running", "{view}");
+
+    // B cancels its own while the embedding call is still held.
+    let (code, view) = d
+        .call_as(Some(TOKEN_B), "DELETE", &format!("/v1/jobs/{b_job}"), None)
+        .await;
+    assert_eq!(code, 200, "{view}");
+    assert_eq!(view["state"], "cancelled", "{view}");
+    assert_eq!(view["done"], 0, "{view}");
+    let (_, status) = d.call_as(Some(TOKEN_B), "GET", "/v1/status", None).await;
+    assert!(status["embedder"]["job"].is_null(), "{status}");
+    // The slot is free again; cancelling an ended job changes nothing.
+    let (code, body) = start(TOKEN_B).await;
+    assert_eq!(code, 202, "{body}");
+    let b_again = job_of(&body);
+    let (code, view) = d
+        .call_as(Some(TOKEN_B), "DELETE", &format!("/v1/jobs/{b_job}"), None)
+        .await;
+    assert_eq!((code, view["state"].clone()), (200, json!("cancelled")));
+
+    // Released, the other jobs finish their work.
+    api.hold.send_replace(false);
+    for (token, job) in [(TOKEN_A, a_job), (TOKEN_B, b_again)] {
+        let mut view = Value::Null;
+        for _ in 0..400 {
+            view = d
+                .call_as(Some(token), "GET", &format!("/v1/jobs/{job}"), None)
+                .await
+                .1;
+            if view["state"] != "running" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(view["state"], "succeeded", "{view}");
+        assert_eq!((view["total"].clone(), view["done"].clone()), (json!(1), json!(1)));
+    }
 }

@@ -255,3 +255,70 @@ async fn extract_entities_queues_the_llm_and_reset_backfill_clears_its_marks() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A made-up name per number ("Zorab", "Zorac", ...): one entity per memory.
+fn name_of(mut i: usize) -> String {
+    let mut name = String::from("Zor");
+    loop {
+        name.push((b'a' + (i % 26) as u8) as char);
+        i /= 26;
+        if i == 0 {
+            break name;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_graph_does_not_hold_other_writes_back() {
+    const N: usize = 3000;
+    let d = Daemon::start(Options::default()).await;
+    let lines: Vec<String> = (0..N)
+        .map(|i| {
+            let (a, b) = (name_of(i), name_of(i * 7919 + 13));
+            json!({ "content": format!("{a} and {b} met at {}", name_of(i * 31 + 7)) }).to_string()
+        })
+        .collect();
+    let (s, r) = d
+        .post_raw("/v1/import?format=jsonl&stream=big", lines.join("\n").into_bytes())
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let entities = || async {
+        d.sql("SELECT count(*) AS n FROM entities WHERE stream = 'big'")
+            .await[0]["n"]
+            .as_u64()
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut before = 0;
+    while before < N as u64 && Instant::now() < deadline {
+        before = entities().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(before >= N as u64, "{before} entities in the graph");
+    // The graph as a rebuild makes it (a dropped near-duplicate's names go).
+    let (s, r) = d
+        .call("POST", "/v1/build-graph", Some(json!({"stream": "big"})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let before = entities().await;
+
+    // While the graph is being rebuilt (rows dropped, not all back yet), a
+    // store into another stream is written.
+    let rebuild = d.call("POST", "/v1/build-graph", Some(json!({"stream": "big"})));
+    tokio::pin!(rebuild);
+    let store = async {
+        while entities().await >= before {}
+        d.store("Bought oat milk and sourdough bread", "other").await
+    };
+    let stored = tokio::select! {
+        (s, r) = &mut rebuild => panic!("the rebuild ended ({s} {r}) before the store was written"),
+        id = store => id,
+    };
+    let (s, r) = rebuild.await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(entities().await, before, "{r}");
+    let rows = d
+        .sql(&format!("SELECT stream FROM chunks WHERE id = '{stored}'"))
+        .await;
+    assert_eq!(rows, vec![json!({"stream": "other"})]);
+}
