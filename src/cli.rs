@@ -115,31 +115,60 @@ async fn open_store(cfg: &Config) -> anyhow::Result<loomem::store::Store> {
     .with_context(|| format!("opening {}", cfg.data_dir().display()))
 }
 
-/// `loomem export` on the data directory (as admin), narrowed to `--stream`.
+/// `loomem export` on the data directory (as admin), narrowed to `--stream`,
+/// into `output`; returns its size in bytes.
 pub async fn export_direct(
     cfg: &Config,
     format: loomem::service::export::ExportFormat,
     sql: Option<&str>,
     stream: Option<&str>,
-) -> anyhow::Result<Vec<u8>> {
+    output: &std::path::Path,
+) -> anyhow::Result<u64> {
     let caller = loomem::service::export::narrow(&Caller::admin("cli"), stream)?;
     let store = open_store(cfg).await?;
-    let out =
-        loomem::service::export::export(&store, &caller, &cfg.sql.limits(), format, sql).await;
+    let out = loomem::service::export::export_file(
+        &store,
+        &caller,
+        &cfg.sql.limits(),
+        format,
+        sql,
+        output,
+    )
+    .await;
     store.close().await;
     Ok(out?)
 }
 
-/// `loomem export --url`: the daemon renders, this process writes the file.
+/// `loomem export --url`: the daemon renders, this process writes the file
+/// as its pieces arrive; returns its size in bytes.
 pub async fn export_via_daemon(
     url: &str,
     token: Option<&str>,
     format: loomem::service::export::ExportFormat,
     sql: Option<&str>,
     stream: Option<&str>,
-) -> anyhow::Result<Vec<u8>> {
+    output: &std::path::Path,
+) -> anyhow::Result<u64> {
+    use std::io::Write;
     let body = serde_json::json!({ "format": format.name(), "sql": sql, "stream": stream });
-    post_to_daemon(url, "/v1/export", token, &body).await
+    let mut resp = send_to_daemon(url, "/v1/export", token, &body).await?;
+    let written = loomem::service::export::replace_file(output, |tmp| async move {
+        let fail = |e: std::io::Error| loomem::core::error::Error::Internal(e.to_string());
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
+        let mut bytes = 0u64;
+        while let Some(piece) = resp
+            .chunk()
+            .await
+            .map_err(|e| loomem::core::error::Error::Internal(format!("reading the export: {e}")))?
+        {
+            file.write_all(&piece).map_err(fail)?;
+            bytes += piece.len() as u64;
+        }
+        file.flush().map_err(fail)?;
+        Ok(bytes)
+    })
+    .await?;
+    Ok(written)
 }
 
 /// POST JSON to a daemon; the answer's bytes, or its `detail` as the error.
@@ -149,6 +178,17 @@ async fn post_to_daemon(
     token: Option<&str>,
     body: &serde_json::Value,
 ) -> anyhow::Result<Vec<u8>> {
+    let resp = send_to_daemon(url, path, token, body).await?;
+    Ok(resp.bytes().await?.to_vec())
+}
+
+/// POST JSON to a daemon; its successful answer, or its `detail` as the error.
+async fn send_to_daemon(
+    url: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> anyhow::Result<reqwest::Response> {
     let endpoint = format!("{}{path}", url.trim_end_matches('/'));
     let mut req = reqwest::Client::new().post(&endpoint).json(body);
     if let Some(t) = token {
@@ -159,15 +199,15 @@ async fn post_to_daemon(
         .await
         .with_context(|| format!("cannot reach {endpoint}"))?;
     let status = resp.status();
-    let bytes = resp.bytes().await?;
     if !status.is_success() {
+        let bytes = resp.bytes().await?;
         let detail: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
         bail!(
             "{endpoint} answered {status}: {}",
             detail["detail"].as_str().unwrap_or("?")
         );
     }
-    Ok(bytes.to_vec())
+    Ok(resp)
 }
 
 /// Query the data directory directly (as admin: whoever can read the files sees everything).
@@ -209,6 +249,7 @@ pub async fn sql_via_daemon(
             schema,
             batches,
             truncated: false,
+            deadline: None,
         },
         "table",
     )

@@ -361,17 +361,12 @@ fn run() -> anyhow::Result<()> {
                 let (sql, stream) = (sql.as_deref(), stream.as_deref());
                 let bytes = match url {
                     Some(url) => {
-                        cli::export_via_daemon(&url, token.as_deref(), format, sql, stream).await?
+                        cli::export_via_daemon(&url, token.as_deref(), format, sql, stream, &output)
+                            .await?
                     }
-                    None => cli::export_direct(&cfg, format, sql, stream).await?,
+                    None => cli::export_direct(&cfg, format, sql, stream, &output).await?,
                 };
-                loomem::service::export::write_atomically(&output, &bytes)
-                    .with_context(|| format!("writing {}", output.display()))?;
-                eprintln!(
-                    "export: wrote {} bytes to {}",
-                    bytes.len(),
-                    output.display()
-                );
+                eprintln!("export: wrote {bytes} bytes to {}", output.display());
             }
             Command::Import {
                 path,

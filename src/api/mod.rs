@@ -147,14 +147,47 @@ async fn export_handler(
         .map_err(|e: String| Error::invalid("format", e))?;
     let caller = crate::service::export::narrow(&caller, req.stream.as_deref())?;
     let limits = engine.cfg.sql.limits();
-    let body =
-        crate::service::export::export(&engine.store, &caller, &limits, format, req.sql.as_deref())
-            .await?;
+    let (file, bytes) = crate::service::export::export_unlinked(
+        &engine.store,
+        &caller,
+        &limits,
+        format,
+        req.sql.as_deref(),
+        &engine.cfg.data_dir().join(EXPORT_SPOOL),
+    )
+    .await?;
     Ok((
-        [(axum::http::header::CONTENT_TYPE, format.content_type())],
-        body,
+        [
+            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
+            (axum::http::header::CONTENT_LENGTH, bytes.to_string()),
+        ],
+        axum::body::Body::from_stream(read_in_pieces(file)),
     )
         .into_response())
+}
+
+/// Where exports are spooled before they are sent (inside the data directory).
+const EXPORT_SPOOL: &str = ".export-spool";
+
+/// A file's bytes as a stream of pieces, for a response body.
+fn read_in_pieces(
+    file: std::fs::File,
+) -> impl futures::Stream<Item = std::io::Result<axum::body::Bytes>> {
+    use tokio::io::AsyncReadExt;
+    const PIECE: usize = 256 * 1024;
+    let file = Some(tokio::fs::File::from_std(file));
+    futures::stream::unfold(file, |file| async move {
+        let mut file = file?;
+        let mut buf = vec![0u8; PIECE];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(axum::body::Bytes::from(buf)), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
 }
 
 async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<status::Status>> {

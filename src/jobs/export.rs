@@ -41,7 +41,7 @@ struct File {
     stream: Option<String>,
     format: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    bytes: Option<usize>,
+    bytes: Option<u64>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -92,17 +92,20 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
                 continue;
             }
             let caller = export::narrow(&admin, stream.as_deref())?;
-            let bytes =
-                export::export(&engine.store, &caller, &limits, format, spec.sql.as_deref())
-                    .await?;
-            export::write_atomically(&path, &bytes).map_err(|e| {
-                Error::Internal(format!("export: cannot write {}: {e}", path.display()))
-            })?;
+            let bytes = export::export_file(
+                &engine.store,
+                &caller,
+                &limits,
+                format,
+                spec.sql.as_deref(),
+                &path,
+            )
+            .await?;
             files.push(File {
                 path,
                 stream,
                 format: format.name(),
-                bytes: Some(bytes.len()),
+                bytes: Some(bytes),
             });
         }
     }

@@ -120,16 +120,27 @@ pub fn narrow(caller: &Caller, stream: Option<&str>) -> Result<Caller> {
     })
 }
 
-/// The bytes of one export for `caller` (already narrowed to its streams).
-pub async fn export(
+/// Rows the lossless export reads and writes at a time.
+const PAGE: usize = 1000;
+
+fn io_err(what: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::Internal(format!("export: {}: {e}", what.display()))
+}
+
+/// Write one export for `caller` (already narrowed to its streams) into the
+/// file `out`, a page of rows at a time, so an export is never held whole in
+/// memory; returns its size in bytes. A query export runs, renders and
+/// writes within the SQL timeout; the lossless form pages through the tables.
+pub async fn export_to(
     store: &Store,
     caller: &Caller,
     limits: &crate::service::sql::SqlLimits,
     format: ExportFormat,
     sql: Option<&str>,
-) -> Result<Vec<u8>> {
+    out: &Path,
+) -> Result<u64> {
     if format == ExportFormat::Jsonl && sql.is_none() {
-        return lossless(store, caller).await;
+        return lossless_to(store, caller, out).await;
     }
     let req = crate::service::sql::SqlRequest {
         sql: sql.unwrap_or(DEFAULT_SQL).to_string(),
@@ -137,9 +148,100 @@ pub async fn export(
         format: None,
         max_rows: None,
     };
-    // An export has no row cap: every row the query selects is written.
-    let result = crate::service::sql::query_all(store, caller, limits, &req).await?;
-    Ok(crate::service::sql::render(&result, format.output())?.1)
+    let file = std::fs::File::create(out).map_err(io_err(out))?;
+    let (file, _rows) = crate::service::sql::export_into(
+        store,
+        caller,
+        limits,
+        &req,
+        format.output(),
+        std::io::BufWriter::new(file),
+    )
+    .await?;
+    let file = file
+        .into_inner()
+        .map_err(|e| io_err(out)(e.into_error()))?;
+    Ok(file.metadata().map_err(io_err(out))?.len())
+}
+
+/// [`export_to`] a file at `path`, whole or not at all (see [`replace_file`]).
+/// Returns its size in bytes.
+pub async fn export_file(
+    store: &Store,
+    caller: &Caller,
+    limits: &crate::service::sql::SqlLimits,
+    format: ExportFormat,
+    sql: Option<&str>,
+    path: &Path,
+) -> Result<u64> {
+    replace_file(path, |tmp| async move {
+        export_to(store, caller, limits, format, sql, &tmp).await
+    })
+    .await
+}
+
+/// Write the file at `path` so a reader sees the old file or the whole new
+/// one, never a part: `write` fills a fresh file beside it, which is then
+/// synced and renamed over it (and removed if anything fails).
+pub async fn replace_file<T, F, Fut>(path: &Path, write: F) -> Result<T>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let tmp = aside(path).map_err(io_err(path))?;
+    let written = async {
+        let out = write(tmp.clone()).await?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(io_err(path))?;
+        Ok(out)
+    }
+    .await;
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// An export written to a file under `dir` and opened for reading with its
+/// name already removed: the caller streams it out, and its space is freed
+/// when the handle closes (also when the client goes away). Returns the
+/// handle and the size in bytes.
+pub async fn export_unlinked(
+    store: &Store,
+    caller: &Caller,
+    limits: &crate::service::sql::SqlLimits,
+    format: ExportFormat,
+    sql: Option<&str>,
+    dir: &Path,
+) -> Result<(std::fs::File, u64)> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+    let written = export_to(store, caller, limits, format, sql, &path).await;
+    let opened = written.and_then(|bytes| {
+        let file = std::fs::File::open(&path).map_err(io_err(&path))?;
+        Ok((file, bytes))
+    });
+    let _ = std::fs::remove_file(&path);
+    opened
+}
+
+/// A fresh name beside `path` (its directory created) to write it under.
+fn aside(path: &Path) -> std::io::Result<PathBuf> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
+    Ok(dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    )))
 }
 
 /// Sort a table's rows by `keys` so an export of the same rows is the same file.
@@ -157,51 +259,96 @@ fn sorted(batches: Vec<RecordBatch>, key: &str) -> Result<Option<RecordBatch>> {
     Ok(Some(take_record_batch(&all, &order).map_err(fail)?))
 }
 
-/// The lossless JSONL form of every memory table, limited to `caller`'s streams.
-async fn lossless(store: &Store, caller: &Caller) -> Result<Vec<u8>> {
-    let filter = Filter::new().visible_to(caller);
-    let mut chunks = store.find(&filter, None).await?;
-    chunks.sort_by(|a, b| (&a.stream, &a.id).cmp(&(&b.stream, &b.id)));
-    let mut body = Vec::new();
-    let mut rows = BTreeMap::from([(CHUNKS.to_string(), chunks.len())]);
-    for c in &chunks {
-        let line = serde_json::json!({"table": CHUNKS, "row": c});
-        serde_json::to_writer(&mut body, &line).map_err(|e| Error::Internal(e.to_string()))?;
-        body.push(b'\n');
+/// The lossless JSONL form of every memory table, limited to `caller`'s
+/// streams, into `out`: chunks by stream and id, the other tables by id, a
+/// page at a time. The header (with each table's row count) comes first, so
+/// the rows go to a file beside it and are copied in after it.
+async fn lossless_to(store: &Store, caller: &Caller, out: &Path) -> Result<u64> {
+    let body_path = aside(out).map_err(io_err(out))?;
+    let result = async {
+        let file = std::fs::File::create(&body_path).map_err(io_err(&body_path))?;
+        let mut body = std::io::BufWriter::new(file);
+        let rows = lossless_rows(store, caller, &mut body, PAGE).await?;
+        body.flush().map_err(io_err(&body_path))?;
+        drop(body);
+        let header = serde_json::json!({
+            "loomem_export": LOSSLESS_VERSION,
+            "exported_at": crate::core::time::to_rfc3339(crate::core::model::now_micros()),
+            "embed_dim": store.dim(),
+            "rows": rows,
+        });
+        let mut file = std::fs::File::create(out).map_err(io_err(out))?;
+        let mut line = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
+        line.push(b'\n');
+        file.write_all(&line).map_err(io_err(out))?;
+        let mut rows_in = std::fs::File::open(&body_path).map_err(io_err(&body_path))?;
+        let copied = std::io::copy(&mut rows_in, &mut file).map_err(io_err(out))?;
+        Ok(line.len() as u64 + copied)
     }
-    let tables = store.tables();
-    for name in SIDE_TABLES {
-        let batches = crate::store::scan(&tables[name], &filter).await?;
-        let Some(batch) = sorted(batches, "id")? else {
-            rows.insert(name.to_string(), 0);
-            continue;
-        };
-        rows.insert(name.to_string(), batch.num_rows());
-        let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
-        writer
-            .write(&batch)
-            .and_then(|()| writer.finish())
-            .map_err(|e| Error::Internal(format!("export: {e}")))?;
-        let prefix = format!("{{\"table\":\"{name}\",\"row\":");
-        for line in writer.into_inner().split(|b| *b == b'\n') {
-            if line.is_empty() {
-                continue;
+    .await;
+    let _ = std::fs::remove_file(&body_path);
+    result
+}
+
+/// Every row line of the lossless form; the rows written per table.
+async fn lossless_rows(
+    store: &Store,
+    caller: &Caller,
+    body: &mut impl Write,
+    page: usize,
+) -> Result<BTreeMap<String, usize>> {
+    let fail = |e: std::io::Error| Error::Internal(format!("export: {e}"));
+    let mut rows = BTreeMap::new();
+    let mut written = 0;
+    for stream in streams(store, caller).await? {
+        let mut ids = store.ids(&Filter::new().stream(&stream)).await?;
+        ids.sort();
+        for part in ids.chunks(page) {
+            let mut chunks = store
+                .find(&Filter::new().stream(&stream).ids(part), None)
+                .await?;
+            chunks.sort_by(|a, b| a.id.cmp(&b.id));
+            for c in &chunks {
+                let line = serde_json::json!({"table": CHUNKS, "row": c});
+                serde_json::to_writer(&mut *body, &line)
+                    .map_err(|e| Error::Internal(e.to_string()))?;
+                body.write_all(b"\n").map_err(fail)?;
             }
-            body.extend_from_slice(prefix.as_bytes());
-            body.extend_from_slice(line);
-            body.extend_from_slice(b"}\n");
+            written += chunks.len();
         }
     }
-    let header = serde_json::json!({
-        "loomem_export": LOSSLESS_VERSION,
-        "exported_at": crate::core::time::to_rfc3339(crate::core::model::now_micros()),
-        "embed_dim": store.dim(),
-        "rows": rows,
-    });
-    let mut out = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
-    out.push(b'\n');
-    out.extend_from_slice(&body);
-    Ok(out)
+    rows.insert(CHUNKS.to_string(), written);
+    let tables = store.tables();
+    let filter = Filter::new().visible_to(caller);
+    for name in SIDE_TABLES {
+        let table = &tables[name];
+        let mut ids = crate::store::scan_ids(table, &filter).await?;
+        ids.sort();
+        let prefix = format!("{{\"table\":\"{name}\",\"row\":");
+        let mut written = 0;
+        for part in ids.chunks(page) {
+            let batches = crate::store::scan(table, &filter.clone().ids(part)).await?;
+            let Some(batch) = sorted(batches, "id")? else {
+                continue;
+            };
+            written += batch.num_rows();
+            let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+            writer
+                .write(&batch)
+                .and_then(|()| writer.finish())
+                .map_err(|e| Error::Internal(format!("export: {e}")))?;
+            for line in writer.into_inner().split(|b| *b == b'\n') {
+                if line.is_empty() {
+                    continue;
+                }
+                body.write_all(prefix.as_bytes()).map_err(fail)?;
+                body.write_all(line).map_err(fail)?;
+                body.write_all(b"}\n").map_err(fail)?;
+            }
+        }
+        rows.insert(name.to_string(), written);
+    }
+    Ok(rows)
 }
 
 /// The rows of a lossless export, checked and grouped by table.
@@ -453,19 +600,7 @@ fn safe_segment(s: &str) -> String {
 /// Write `bytes` to `path` so that a reader sees the old file or the whole new
 /// one, never a part: a temp file beside it, synced, then renamed over it.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other(format!("{} names no file", path.display())))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        uuid::Uuid::new_v4().simple()
-    ));
+    let tmp = aside(path)?;
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
@@ -504,6 +639,52 @@ mod tests {
             PathBuf::from("all-2026-11-22T090507.parquet")
         );
         assert_eq!(safe_segment(".."), "__");
+    }
+
+    #[tokio::test]
+    async fn the_lossless_form_is_the_same_whatever_the_page_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 4, 100).await.unwrap();
+        let chunks: Vec<Chunk> = (0..11)
+            .map(|i| {
+                let stream = if i % 3 == 0 { "x" } else { "y" };
+                let mut c = Chunk::new(format!("m{i:02}"), stream.into(), format!("memory {i}"), 2);
+                c.embedding = Some(vec![i as f32, 1.0, 0.0, 0.0]);
+                c
+            })
+            .collect();
+        store.upsert(chunks).await.unwrap();
+        let history = (0..7)
+            .map(|i| crate::store::HistoryRow {
+                id: format!("h{i}"),
+                stream: "y".into(),
+                chunk_id: format!("m{i:02}"),
+                event: "created".into(),
+                reason: String::new(),
+                related_ids: Vec::new(),
+                created_at: i,
+            })
+            .collect();
+        store.add_history(history).await.unwrap();
+        let admin = Caller::admin("test");
+        let mut whole = Vec::new();
+        let rows = lossless_rows(&store, &admin, &mut whole, 1000).await.unwrap();
+        assert_eq!((rows[CHUNKS], rows[HISTORY]), (11, 7), "{rows:?}");
+        let mut paged = Vec::new();
+        lossless_rows(&store, &admin, &mut paged, 2).await.unwrap();
+        assert_eq!(String::from_utf8(paged).unwrap(), String::from_utf8(whole.clone()).unwrap());
+        // Chunks by stream, then id.
+        let ids: Vec<String> = String::from_utf8(whole)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|l| l["table"] == CHUNKS)
+            .map(|l| format!("{}/{}", l["row"]["stream"].as_str().unwrap(), l["row"]["id"].as_str().unwrap()))
+            .collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted);
+        store.close().await;
     }
 
     #[test]

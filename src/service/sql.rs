@@ -22,7 +22,7 @@ use lancedb::datafusion::sql::sqlparser::ast::Statement;
 use lancedb::table::datafusion::BaseTableAdapter;
 use lancedb::Table;
 use regex::Regex;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::core::error::{Error, Result};
 use crate::core::time::parse_instant_str;
@@ -66,6 +66,15 @@ pub struct SqlResult {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
     pub truncated: bool,
+    /// When the query's time runs out: rendering past it is a timeout too.
+    pub deadline: Option<std::time::Instant>,
+}
+
+fn timed_out(limits_timeout: Duration) -> Error {
+    Error::Timeout(format!(
+        "SQL: the query ran past {} ms",
+        limits_timeout.as_millis()
+    ))
 }
 
 fn sql_err(e: DataFusionError) -> Error {
@@ -278,10 +287,6 @@ async fn execute(
     limits: &SqlLimits,
     req: &SqlRequest,
 ) -> Result<SqlResult> {
-    let sql = req.sql.trim();
-    if sql.is_empty() {
-        return Err(Error::invalid("sql", "must not be empty"));
-    }
     let max_rows = match req.max_rows.unwrap_or(limits.default_max_rows) {
         m if m == 0 || m > limits.max_rows_cap => {
             return Err(Error::invalid(
@@ -291,6 +296,95 @@ async fn execute(
         }
         m => m,
     };
+    let deadline = std::time::Instant::now() + limits.timeout;
+    // Everything that reads the store, opening past versions included, runs
+    // within the timeout.
+    let run = async {
+        let df = plan(store, caller, limits, req).await?;
+        let df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await.map_err(sql_err)?;
+        Ok::<_, Error>((schema, batches))
+    };
+    let (schema, mut batches) = tokio::time::timeout(limits.timeout, run)
+        .await
+        .map_err(|_| timed_out(limits.timeout))??;
+    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let truncated = total > max_rows;
+    if truncated {
+        let mut keep = max_rows;
+        let mut cut = Vec::new();
+        for b in batches {
+            if keep == 0 {
+                break;
+            }
+            let n = b.num_rows().min(keep);
+            cut.push(b.slice(0, n));
+            keep -= n;
+        }
+        batches = cut;
+    }
+    Ok(SqlResult {
+        schema,
+        batches,
+        truncated,
+        deadline: Some(deadline),
+    })
+}
+
+/// Run a query for an export and render it into `out` batch by batch as
+/// DataFusion produces them: one batch in memory at a time, the whole of it
+/// (planning, reading, rendering) within the timeout, and more rows than
+/// `limits.max_rows_cap` refused rather than cut short. Returns the rows.
+pub async fn export_into<W: std::io::Write + Send>(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+    format: OutputFormat,
+    out: W,
+) -> Result<(W, usize)> {
+    use futures::StreamExt;
+    let cap = limits.max_rows_cap;
+    let run = async {
+        let df = plan(store, caller, limits, req).await?;
+        let df = df.limit(0, Some(cap + 1)).map_err(sql_err)?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let mut stream = df.execute_stream().await.map_err(sql_err)?;
+        let mut renderer = Renderer::new(format, schema, out)?;
+        let mut rows = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(sql_err)?;
+            rows += batch.num_rows();
+            if rows > cap {
+                return Err(Error::invalid(
+                    "sql",
+                    format!(
+                        "the export selects more than {cap} rows (sql.max_rows_cap): narrow it with a query or a stream"
+                    ),
+                ));
+            }
+            renderer.write(&batch)?;
+        }
+        Ok((renderer.finish(false)?, rows))
+    };
+    tokio::time::timeout(limits.timeout, run)
+        .await
+        .map_err(|_| timed_out(limits.timeout))?
+}
+
+/// Check a query and plan it over the caller's views (reads the store: run
+/// it within the timeout).
+async fn plan(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+) -> Result<DataFrame> {
+    let sql = req.sql.trim();
+    if sql.is_empty() {
+        return Err(Error::invalid("sql", "must not be empty"));
+    }
     let params = req
         .params
         .iter()
@@ -329,111 +423,66 @@ async fn execute(
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
-    // Everything that reads the store, opening past versions included, runs
-    // within the timeout.
-    let run = async {
-        let wants_embedding = Regex::new(r"(?i)\bembedding\b")
-            .expect("static regex")
-            .is_match(sql);
-        let tables = store.tables();
-        for name in TABLES {
-            let df = scoped(
-                &ctx,
-                &tables[name],
-                caller,
-                *name == CHUNKS && !wants_embedding,
-            )
-            .await?;
-            ctx.register_table(*name, df.into_view()).map_err(sql_err)?;
-        }
-        let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
-        ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
-
-        let as_of =
-            Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
-        let mut args: Vec<String> = Vec::new();
-        for caps in as_of.captures_iter(sql) {
-            let arg = caps
-                .get(1)
-                .or_else(|| caps.get(2))
-                .expect("one group")
-                .as_str();
-            if !args.iter().any(|a| a == arg) {
-                args.push(arg.to_string());
-            }
-        }
-        if args.len() > MAX_PAST_VERSIONS {
-            return Err(Error::invalid(
-                "sql",
-                format!("at most {MAX_PAST_VERSIONS} distinct chunks_as_of versions in one query"),
-            ));
-        }
-        let mut by_arg = HashMap::new();
-        for arg in args {
-            let version = resolve_version(&tables[CHUNKS], &arg).await?;
-            let old = store
-                .connection()
-                .open_table(CHUNKS)
-                .execute()
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            old.checkout(version)
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            by_arg.insert(arg, scoped(&ctx, &old, caller, !wants_embedding).await?);
-        }
-        ctx.register_udtf("chunks_as_of", Arc::new(AsOf { by_arg }));
-        let mut df = ctx.sql_with_options(sql, options).await.map_err(sql_err)?;
-        if !params.is_empty() {
-            df = df
-                .with_param_values(ParamValues::List(
-                    params.into_iter().map(Into::into).collect(),
-                ))
-                .map_err(sql_err)?;
-        }
-        df = df.limit(0, Some(max_rows + 1)).map_err(sql_err)?;
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(sql_err)?;
-        Ok::<_, Error>((schema, batches))
-    };
-    let (schema, mut batches) =
-        tokio::time::timeout(limits.timeout, run)
-            .await
-            .map_err(|_| {
-                Error::Timeout(format!(
-                    "SQL: the query ran past {} ms",
-                    limits.timeout.as_millis()
-                ))
-            })??;
-    let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let truncated = total > max_rows;
-    if truncated {
-        let mut keep = max_rows;
-        let mut cut = Vec::new();
-        for b in batches {
-            if keep == 0 {
-                break;
-            }
-            let n = b.num_rows().min(keep);
-            cut.push(b.slice(0, n));
-            keep -= n;
-        }
-        batches = cut;
+    let wants_embedding = Regex::new(r"(?i)\bembedding\b")
+        .expect("static regex")
+        .is_match(sql);
+    let tables = store.tables();
+    for name in TABLES {
+        let df = scoped(
+            &ctx,
+            &tables[name],
+            caller,
+            *name == CHUNKS && !wants_embedding,
+        )
+        .await?;
+        ctx.register_table(*name, df.into_view()).map_err(sql_err)?;
     }
-    Ok(SqlResult {
-        schema,
-        batches,
-        truncated,
-    })
-}
+    let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
+    ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
 
-/// The JSON shape of a result.
-#[derive(Debug, Serialize)]
-pub struct JsonResult {
-    pub columns: Vec<String>,
-    pub rows: Vec<serde_json::Map<String, serde_json::Value>>,
-    pub row_count: usize,
-    pub truncated: bool,
+    let as_of =
+        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
+    let mut args: Vec<String> = Vec::new();
+    for caps in as_of.captures_iter(sql) {
+        let arg = caps
+            .get(1)
+            .or_else(|| caps.get(2))
+            .expect("one group")
+            .as_str();
+        if !args.iter().any(|a| a == arg) {
+            args.push(arg.to_string());
+        }
+    }
+    if args.len() > MAX_PAST_VERSIONS {
+        return Err(Error::invalid(
+            "sql",
+            format!("at most {MAX_PAST_VERSIONS} distinct chunks_as_of versions in one query"),
+        ));
+    }
+    let mut by_arg = HashMap::new();
+    for arg in args {
+        let version = resolve_version(&tables[CHUNKS], &arg).await?;
+        let old = store
+            .connection()
+            .open_table(CHUNKS)
+            .execute()
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        old.checkout(version)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        by_arg.insert(arg, scoped(&ctx, &old, caller, !wants_embedding).await?);
+    }
+    ctx.register_udtf("chunks_as_of", Arc::new(AsOf { by_arg }));
+    let mut df = ctx.sql_with_options(sql, options).await.map_err(sql_err)?;
+    if !params.is_empty() {
+        df = df
+            .with_param_values(ParamValues::List(
+                params.into_iter().map(Into::into).collect(),
+            ))
+            .map_err(sql_err)?;
+    }
+    Ok(df)
 }
 
 /// The forms a query result is rendered in (`/v1/sql`, exports, the CLI).
@@ -493,92 +542,152 @@ impl std::str::FromStr for OutputFormat {
     }
 }
 
-/// Render a result in `format`: (content type, body).
+/// Render a result in `format`: (content type, body). A result with a
+/// deadline (a query's) stops with a timeout once it has passed.
 pub fn render(result: &SqlResult, format: OutputFormat) -> Result<(&'static str, Vec<u8>)> {
-    use lancedb::datafusion::arrow::{csv, ipc, json};
-    let fail = |e: lancedb::datafusion::arrow::error::ArrowError| {
-        Error::Internal(format!("rendering: {e}"))
-    };
-    let body = match format {
-        OutputFormat::Json => {
-            let mut writer = json::ArrayWriter::new(Vec::new());
-            for b in &result.batches {
-                writer.write(b).map_err(fail)?;
+    let mut renderer = Renderer::new(format, result.schema.clone(), Vec::new())?;
+    for b in &result.batches {
+        if result.deadline.is_some_and(|d| std::time::Instant::now() > d) {
+            return Err(Error::Timeout(
+                "SQL: the query's time ran out while its result was rendered".into(),
+            ));
+        }
+        renderer.write(b)?;
+    }
+    Ok((format.content_type(), renderer.finish(result.truncated)?))
+}
+
+fn render_err(e: impl std::fmt::Display) -> Error {
+    Error::Internal(format!("rendering: {e}"))
+}
+
+/// Writes a result in one format a batch at a time, so a large result can go
+/// to a file without being held whole.
+pub struct Renderer<W: std::io::Write> {
+    rows: usize,
+    form: Form<W>,
+}
+
+enum Form<W: std::io::Write> {
+    /// `{"columns":[…],"rows":[` … `],"row_count":n,"truncated":b}`.
+    Json(W),
+    Jsonl(W),
+    Csv(W),
+    Markdown(W),
+    Arrow(lancedb::datafusion::arrow::ipc::writer::StreamWriter<W>),
+    Parquet(parquet::arrow::ArrowWriter<W>),
+}
+
+impl<W: std::io::Write + Send> Renderer<W> {
+    pub fn new(format: OutputFormat, schema: SchemaRef, mut out: W) -> Result<Renderer<W>> {
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let form = match format {
+            OutputFormat::Json => {
+                let columns = serde_json::to_string(&names).map_err(render_err)?;
+                write!(out, "{{\"columns\":{columns},\"rows\":[").map_err(render_err)?;
+                Form::Json(out)
             }
-            writer.finish().map_err(fail)?;
-            let bytes = writer.into_inner();
-            let rows: Vec<serde_json::Map<String, serde_json::Value>> = if bytes.is_empty() {
-                Vec::new()
+            OutputFormat::Jsonl => Form::Jsonl(out),
+            OutputFormat::Csv => {
+                let header = csv_header(&names);
+                out.write_all(header.as_bytes()).map_err(render_err)?;
+                Form::Csv(out)
+            }
+            OutputFormat::Markdown => {
+                let cells: Vec<String> = names.iter().map(|n| md_cell(n)).collect();
+                write!(
+                    out,
+                    "| {} |\n|{}\n",
+                    cells.join(" | "),
+                    "---|".repeat(cells.len())
+                )
+                .map_err(render_err)?;
+                Form::Markdown(out)
+            }
+            OutputFormat::Arrow => Form::Arrow(
+                lancedb::datafusion::arrow::ipc::writer::StreamWriter::try_new(out, &schema)
+                    .map_err(render_err)?,
+            ),
+            OutputFormat::Parquet => Form::Parquet(
+                parquet::arrow::ArrowWriter::try_new(out, schema, None).map_err(render_err)?,
+            ),
+        };
+        Ok(Renderer {
+            rows: 0,
+            form,
+        })
+    }
+
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        use lancedb::datafusion::arrow::{csv, json};
+        let first = self.rows == 0;
+        self.rows += batch.num_rows();
+        match &mut self.form {
+            Form::Json(out) => {
+                let mut lines = json::LineDelimitedWriter::new(Vec::new());
+                lines.write(batch).map_err(render_err)?;
+                lines.finish().map_err(render_err)?;
+                let text = lines.into_inner();
+                for (i, row) in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+                    if !(first && i == 0) {
+                        out.write_all(b",").map_err(render_err)?;
+                    }
+                    out.write_all(row).map_err(render_err)?;
+                }
+            }
+            Form::Jsonl(out) => {
+                let mut lines = json::LineDelimitedWriter::new(out);
+                lines.write(batch).map_err(render_err)?;
+                lines.finish().map_err(render_err)?;
+            }
+            Form::Csv(out) => {
+                let mut writer = csv::WriterBuilder::new().with_header(false).build(out);
+                writer.write(&nested_as_text(batch)?).map_err(render_err)?;
+            }
+            Form::Markdown(out) => markdown_rows(out, batch)?,
+            Form::Arrow(w) => w.write(batch).map_err(render_err)?,
+            Form::Parquet(w) => w.write(batch).map_err(render_err)?,
+        }
+        Ok(())
+    }
+
+    /// Close the output and hand it back.
+    pub fn finish(self, truncated: bool) -> Result<W> {
+        Ok(match self.form {
+            Form::Json(mut out) => {
+                write!(out, "],\"row_count\":{},\"truncated\":{truncated}}}", self.rows)
+                    .map_err(render_err)?;
+                out
+            }
+            Form::Jsonl(out) | Form::Csv(out) => out,
+            Form::Markdown(mut out) => {
+                if truncated {
+                    out.write_all(b"\n(truncated at max_rows)").map_err(render_err)?;
+                }
+                out
+            }
+            Form::Arrow(mut w) => {
+                w.finish().map_err(render_err)?;
+                w.into_inner().map_err(render_err)?
+            }
+            Form::Parquet(w) => w.into_inner().map_err(render_err)?,
+        })
+    }
+}
+
+/// A CSV header line for these column names.
+fn csv_header(names: &[String]) -> String {
+    let quoted: Vec<String> = names
+        .iter()
+        .map(|n| {
+            if n.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", n.replace('"', "\"\""))
             } else {
-                serde_json::from_slice(&bytes).map_err(|e| Error::Internal(e.to_string()))?
-            };
-            let body = JsonResult {
-                columns: result
-                    .schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().clone())
-                    .collect(),
-                row_count: rows.len(),
-                rows,
-                truncated: result.truncated,
-            };
-            serde_json::to_vec(&body).map_err(|e| Error::Internal(e.to_string()))?
-        }
-        OutputFormat::Csv => {
-            let mut writer = csv::WriterBuilder::new()
-                .with_header(true)
-                .build(Vec::new());
-            for b in &result.batches {
-                writer.write(&nested_as_text(b)?).map_err(fail)?;
+                n.clone()
             }
-            let mut out = writer.into_inner();
-            if result.batches.is_empty() {
-                let header: Vec<String> = result
-                    .schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().clone())
-                    .collect();
-                out = format!("{}\n", header.join(",")).into_bytes();
-            }
-            out
-        }
-        OutputFormat::Jsonl => {
-            let mut writer = json::LineDelimitedWriter::new(Vec::new());
-            for b in &result.batches {
-                writer.write(b).map_err(fail)?;
-            }
-            writer.finish().map_err(fail)?;
-            writer.into_inner()
-        }
-        OutputFormat::Markdown => markdown(result)?.into_bytes(),
-        OutputFormat::Arrow => {
-            let mut writer =
-                ipc::writer::StreamWriter::try_new(Vec::new(), &result.schema).map_err(fail)?;
-            for b in &result.batches {
-                writer.write(b).map_err(fail)?;
-            }
-            writer.finish().map_err(fail)?;
-            writer.into_inner().map_err(fail)?
-        }
-        OutputFormat::Parquet => {
-            let mut out = Vec::new();
-            let mut writer =
-                parquet::arrow::ArrowWriter::try_new(&mut out, result.schema.clone(), None)
-                    .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
-            for b in &result.batches {
-                writer
-                    .write(b)
-                    .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
-            }
-            writer
-                .close()
-                .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
-            out
-        }
-    };
-    Ok((format.content_type(), body))
+        })
+        .collect();
+    format!("{}\n", quoted.join(","))
 }
 
 /// CSV has no lists: list columns (tags, entities, embeddings) become their
@@ -617,38 +726,29 @@ fn nested_as_text(batch: &RecordBatch) -> Result<RecordBatch> {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(fail)
 }
 
-/// A GitHub-flavoured Markdown table; cells keep their text on one line.
-fn markdown(result: &SqlResult) -> Result<String> {
+/// A Markdown table cell: one line, pipes escaped.
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', "<br>")
+}
+
+/// A batch's rows as GitHub-flavoured Markdown table rows.
+fn markdown_rows(out: &mut impl std::io::Write, b: &RecordBatch) -> Result<()> {
     use lancedb::datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-    let cell = |s: &str| s.replace('|', "\\|").replace('\n', "<br>");
-    let names: Vec<String> = result
-        .schema
-        .fields()
-        .iter()
-        .map(|f| cell(f.name()))
-        .collect();
-    let mut out = format!(
-        "| {} |\n|{}\n",
-        names.join(" | "),
-        "---|".repeat(names.len())
-    );
     let options = FormatOptions::default().with_null("");
-    for b in &result.batches {
-        let formatters = b
-            .columns()
+    let formatters = b
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(render_err)?;
+    for r in 0..b.num_rows() {
+        let cells: Vec<String> = formatters
             .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::Internal(format!("rendering: {e}")))?;
-        for r in 0..b.num_rows() {
-            let cells: Vec<String> = formatters
-                .iter()
-                .map(|f| cell(&f.value(r).to_string()))
-                .collect();
-            out.push_str(&format!("| {} |\n", cells.join(" | ")));
-        }
+            .map(|f| md_cell(&f.value(r).to_string()))
+            .collect();
+        writeln!(out, "| {} |", cells.join(" | ")).map_err(render_err)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A plain-text table, for the CLI.

@@ -1084,6 +1084,27 @@ async fn read_owners<S: AsRef<str>>(
     Ok(out)
 }
 
+/// The `id` of every row of `table` matching a filter.
+pub async fn scan_ids(table: &Table, filter: &Filter) -> Result<Vec<String>> {
+    let batches: Vec<RecordBatch> = table
+        .query()
+        .only_if(filter.predicate())
+        .select(Select::columns(&["id"]))
+        .execute()
+        .await?
+        .try_collect()
+        .await?;
+    Ok(batches
+        .iter()
+        .flat_map(|b| {
+            let c = crate::core::model::Columns::new(b);
+            (0..b.num_rows())
+                .filter_map(|r| c.str("id", r))
+                .collect::<Vec<_>>()
+        })
+        .collect())
+}
+
 /// Every row of `table` matching a Lance filter.
 pub async fn scan(table: &Table, filter: &Filter) -> Result<Vec<RecordBatch>> {
     scan_where(table, &filter.predicate()).await

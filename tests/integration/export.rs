@@ -441,4 +441,10 @@ async fn an_export_past_the_row_cap_is_refused_not_cut_short() {
         csv.contains("Cycles to work") && csv.contains("Reads before bed"),
         "{csv}"
     );
+    // Exports are spooled to disk and sent from there: nothing is left behind,
+    // neither by the refused export nor by the one sent.
+    let spool: Vec<_> = std::fs::read_dir(d.data_dir.join(".export-spool"))
+        .unwrap()
+        .collect();
+    assert!(spool.is_empty(), "{spool:?}");
 }

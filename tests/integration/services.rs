@@ -234,15 +234,20 @@ async fn an_export_restores_into_an_empty_engine() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let limits = from.engine.cfg.sql.limits();
-    let bytes = export::export(
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lib.jsonl");
+    let size = export::export_file(
         &from.services().store,
         &admin(),
         &limits,
         export::ExportFormat::Jsonl,
         None,
+        &file,
     )
     .await
     .unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    assert_eq!(size, bytes.len() as u64);
 
     let to = Local::start().await;
     let text = String::from_utf8(bytes).unwrap();
