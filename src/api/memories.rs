@@ -34,6 +34,9 @@ pub async fn ingest(
 #[serde(deny_unknown_fields)]
 pub struct DeleteRequest {
     id: String,
+    /// Also erase it from earlier table versions (admin only).
+    #[serde(default)]
+    forget: bool,
 }
 
 pub async fn delete(
@@ -41,8 +44,8 @@ pub async fn delete(
     caller: Caller,
     ApiJson(req): ApiJson<DeleteRequest>,
 ) -> Result<Json<serde_json::Value>> {
-    memory::delete(&engine, &caller, &req.id, None).await?;
-    Ok(Json(serde_json::json!(memory::Deleted::new(&req.id))))
+    let deleted = memory::delete_by_id(&engine, &caller, &req.id, req.forget).await?;
+    Ok(Json(serde_json::json!(deleted)))
 }
 
 #[derive(Deserialize)]

@@ -418,6 +418,9 @@ pub struct PurgeRequest {
     pub dry_run: bool,
     #[serde(default)]
     pub confirmed: bool,
+    /// Also erase the purged memories from earlier table versions (admin only).
+    #[serde(default)]
+    pub forget: bool,
 }
 
 fn yes() -> bool {
@@ -433,6 +436,9 @@ pub struct PurgeResponse {
     pub deleted_ids: Vec<String>,
     /// Immutable memories of the stream, which a purge keeps.
     pub kept_immutable: Vec<String>,
+    /// With `forget`: what was erased from earlier versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forgotten: Option<crate::service::forget::Forgotten>,
 }
 
 /// The reply to a delete by id (`POST /v1/delete`, MCP `memory_delete`).
@@ -440,6 +446,9 @@ pub struct PurgeResponse {
 pub struct Deleted {
     pub status: &'static str,
     pub id: String,
+    /// With `forget`: what was erased from earlier versions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forgotten: Option<crate::service::forget::Forgotten>,
 }
 
 impl Deleted {
@@ -447,13 +456,38 @@ impl Deleted {
         Deleted {
             status: "deleted",
             id: id.to_string(),
+            forgotten: None,
         }
     }
+}
+
+/// `POST /v1/delete`: delete a memory; with `forget` (admin keys only,
+/// refused before anything is deleted) also erase it from every earlier
+/// table version that no snapshot holds.
+pub async fn delete_by_id(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    forget: bool,
+) -> Result<Deleted> {
+    if forget {
+        crate::service::forget::check(caller)?;
+    }
+    delete(engine, caller, id, None).await?;
+    let mut deleted = Deleted::new(id);
+    if forget {
+        let ids = [id.to_string()];
+        deleted.forgotten = Some(crate::service::forget::erase(engine, caller, &ids).await?);
+    }
+    Ok(deleted)
 }
 
 /// List (dry run) or delete every memory of a stream.
 pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Result<PurgeResponse> {
     let stream = caller.resolve_stream(req.stream.as_deref())?;
+    if req.forget {
+        crate::service::forget::check(caller)?;
+    }
     if !req.dry_run && !req.confirmed {
         return Err(Error::invalid(
             "confirmed",
@@ -479,6 +513,10 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
             .await?;
         tracing::info!(%stream, count = ids.len(), kept = kept.len(), "stream purged");
     }
+    let forgotten = match req.forget && !req.dry_run {
+        true => Some(crate::service::forget::erase(engine, caller, &ids).await?),
+        false => None,
+    };
     Ok(PurgeResponse {
         status: "ok",
         stream,
@@ -486,6 +524,7 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
         deleted_count: ids.len(),
         deleted_ids: ids,
         kept_immutable: kept,
+        forgotten,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod dream;
 pub mod export;
 pub mod facts;
 pub mod feedback;
+pub mod forget;
 pub mod graph;
 pub mod import;
 pub mod maintenance;

@@ -153,6 +153,28 @@ async fn find(store: &Store, name: &str) -> Result<Snapshot> {
         .ok_or_else(|| Error::NotFound(format!("no snapshot named `{name}`")))
 }
 
+/// The snapshots whose `chunks` version holds any of `ids`.
+pub async fn holding(store: &Store, ids: &[String]) -> Result<Vec<String>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut names = Vec::new();
+    for s in list(store).await? {
+        let table = store
+            .chunks_as_of(crate::store::AsOf::Version(s.versions[CHUNKS]))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        let mut held = 0;
+        for part in ids.chunks(1000) {
+            held += crate::store::count_where(&table, &crate::store::Filter::new().ids(part)).await?;
+        }
+        if held > 0 {
+            names.push(s.name);
+        }
+    }
+    Ok(names)
+}
+
 /// Remove a snapshot's tags (its versions become prunable).
 pub async fn delete(store: &Store, name: &str) -> Result<()> {
     find(store, name).await?;

@@ -149,6 +149,64 @@ pub async fn full_pass(
     })
 }
 
+/// What [`erase_deleted`] removed from one table's files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Erased {
+    /// Table versions removed (every one but the current and the tagged).
+    pub versions_removed: u64,
+    pub bytes_removed: u64,
+}
+
+/// Erase deleted rows from `table`'s files. A Lance delete only marks rows:
+/// their values stay in the data files (and the words of a text in the
+/// full-text index) for as long as any version refers to them. So: rewrite
+/// every fragment holding a deleted row (compaction with the deletions
+/// materialised, whatever their share), rebuild the full-text index when
+/// the table has one (`fts_column`), then remove every version but the
+/// current one that no tag (snapshot) holds, with the files only they used.
+/// Files not referenced by any version are left to the `compact` job's age
+/// rule, so a write under way elsewhere never loses its files.
+pub async fn erase_deleted(table: &Table, fts_column: Option<&str>) -> Result<Erased> {
+    retrying("compact", || {
+        table.optimize(OptimizeAction::Compact {
+            options: CompactionOptions {
+                materialize_deletions: true,
+                materialize_deletions_threshold: 0.0,
+                ..Default::default()
+            },
+            remap_options: None,
+        })
+    })
+    .await?;
+    if let Some(column) = fts_column {
+        retrying("full-text index", || async {
+            table
+                .create_index(
+                    &[column],
+                    lancedb::index::Index::FTS(Default::default()),
+                )
+                .replace(true)
+                .execute()
+                .await
+        })
+        .await?;
+    }
+    refresh_indexes(table).await?;
+    let stats = retrying("prune", || {
+        table.optimize(OptimizeAction::Prune {
+            older_than: Some(chrono::Duration::zero()),
+            delete_unverified: Some(false),
+            error_if_tagged_old_versions: Some(false),
+        })
+    })
+    .await?;
+    let removed = stats.prune.unwrap_or_default();
+    Ok(Erased {
+        versions_removed: removed.old_versions,
+        bytes_removed: removed.bytes_removed,
+    })
+}
+
 /// Check `tables` every `m.check_every` and merge the small fragments of any
 /// with more than `m.max_fragments`; runs until aborted.
 pub async fn watch(tables: Vec<(&'static str, Table)>, m: Maintenance) {

@@ -1084,6 +1084,11 @@ async fn read_owners<S: AsRef<str>>(
     Ok(out)
 }
 
+/// How many rows of `table` match a filter.
+pub async fn count_where(table: &Table, filter: &Filter) -> Result<usize> {
+    Ok(table.count_rows(filter.sql()).await?)
+}
+
 /// The `id` of every row of `table` matching a filter.
 pub async fn scan_ids(table: &Table, filter: &Filter) -> Result<Vec<String>> {
     let batches: Vec<RecordBatch> = table

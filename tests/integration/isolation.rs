@@ -458,3 +458,111 @@ async fn deleting_the_newest_version_makes_the_one_before_current_again() {
         "{h}"
     );
 }
+
+/// Files under `dir` whose bytes contain `needle`.
+fn files_holding(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if std::fs::read(&path)
+                .unwrap_or_default()
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+            {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forget_erases_a_memory_from_every_file_but_a_snapshots() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let chunks = d.data_dir.join("chunks.lance");
+    let (kept_word, gone_word) = ("Quaggaleaf", "Zyxomorph");
+    let kept = d
+        .store(&format!("The garden shed code is {kept_word} 4417"), "f")
+        .await;
+    let (s, r) = d
+        .call("POST", "/v1/snapshots", Some(json!({"name": "snap"})))
+        .await;
+    assert_eq!(s, 201, "{r}");
+    let gone = d
+        .store(&format!("The bank vault phrase is {gone_word} 9921"), "f")
+        .await;
+    // Touched again, so earlier versions of the row exist too.
+    let (s, r) = d
+        .call("POST", "/v1/boost", Some(json!({"id": gone})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert!(!files_holding(&chunks, gone_word).is_empty());
+
+    // A plain delete leaves the text in the table's files.
+    let (s, r) = d
+        .call("POST", "/v1/delete", Some(json!({"id": gone})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert!(r.get("forgotten").is_none(), "{r}");
+    assert!(!files_holding(&chunks, gone_word).is_empty());
+
+    // Only an admin may forget, and a refused forget deletes nothing.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "Agent A's own note", "stream": "a"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let mine = r["id"].as_str().unwrap().to_string();
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": mine, "forget": true})),
+        )
+        .await;
+    assert_eq!(s, 403, "{r}");
+    assert_eq!(row(&d, &mine).await["id"], json!(mine));
+
+    // Forgetting the memory a snapshot holds erases everything else: the
+    // earlier delete's leftovers too.
+    let (s, r) = d
+        .call("POST", "/v1/delete", Some(json!({"id": kept, "forget": true})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["forgotten"]["still_in_snapshots"], json!(["snap"]), "{r}");
+    assert!(r["forgotten"]["versions_removed"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(files_holding(&d.data_dir, gone_word), Vec::<std::path::PathBuf>::new());
+    assert!(!files_holding(&chunks, kept_word).is_empty(), "the snapshot keeps it");
+    // The snapshot is whole: rolling back brings the memory back.
+    let (s, r) = d
+        .call("POST", "/v1/snapshots/snap/rollback", Some(json!({})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(row(&d, &kept).await["id"], json!(kept));
+    // Deleting the snapshot and forgetting again leaves nothing.
+    let (s, r) = d.call("DELETE", "/v1/snapshots/snap", None).await;
+    assert!(s == 200 || s == 204, "{s} {r}");
+    let (s, r) = d
+        .call("POST", "/v1/delete", Some(json!({"id": kept, "forget": true})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["forgotten"]["still_in_snapshots"], json!([]), "{r}");
+    assert_eq!(files_holding(&d.data_dir, kept_word), Vec::<std::path::PathBuf>::new());
+    assert_eq!(row(&d, &kept).await, Value::Null);
+    // The tables work on after it.
+    let after = d.store("Written after the forgetting", "f").await;
+    assert_eq!(row(&d, &after).await["id"], json!(after));
+    let ids = d
+        .search_ids(json!({"query": "written after forgetting", "stream": "f"}))
+        .await;
+    assert_eq!(ids, vec![after]);
+}
