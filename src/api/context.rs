@@ -29,7 +29,7 @@ pub async fn ambient(
     Ok(Json(context::ambient(&engine, &caller, req).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileQuery {
     stream: Option<String>,

@@ -13,7 +13,7 @@ use crate::core::error::{Error, Result};
 use crate::core::Caller;
 use crate::jobs::RunView;
 
-#[derive(Serialize)]
+#[derive(schemars::JsonSchema, Serialize)]
 pub struct Workers {
     paused: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -46,7 +46,7 @@ pub async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result
     }))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunsQuery {
     job: Option<String>,
@@ -81,7 +81,7 @@ pub async fn runs(
     })))
 }
 
-#[derive(Default, Deserialize)]
+#[derive(schemars::JsonSchema, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     #[serde(default)]
@@ -98,7 +98,7 @@ pub async fn run(
     Ok(Json(engine.run_job(&name, req.dry_run).await?.into()))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(schemars::JsonSchema, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     name: Option<String>,
@@ -158,9 +158,8 @@ macro_rules! maintenance {
         pub async fn $handler(
             State(engine): State<Arc<Engine>>,
             caller: Caller,
-            body: axum::body::Bytes,
+            ApiJson(req): ApiJson<crate::service::maintenance::ScopeRequest>,
         ) -> Result<Json<crate::service::maintenance::Report>> {
-            let req = super::parse_json(&body)?;
             Ok(Json(crate::service::maintenance::$service(&engine, &caller, req).await?))
         }
     )*};
@@ -177,9 +176,8 @@ maintenance! {
 pub async fn extract_entities(
     State(engine): State<Arc<Engine>>,
     caller: Caller,
-    body: axum::body::Bytes,
+    ApiJson(req): ApiJson<crate::service::maintenance::ScopeRequest>,
 ) -> Result<(axum::http::StatusCode, Json<serde_json::Value>)> {
-    let req = super::parse_json(&body)?;
     let queued = crate::service::maintenance::extract_entities(&engine, &caller, req).await?;
     Ok((axum::http::StatusCode::ACCEPTED, Json(queued)))
 }

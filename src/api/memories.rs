@@ -30,7 +30,7 @@ pub async fn ingest(
     Ok(Json(conversation::ingest(&engine, &caller, req).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteRequest {
     id: String,
@@ -48,7 +48,7 @@ pub async fn delete(
     Ok(Json(serde_json::json!(deleted)))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 pub struct NsQuery {
     ns: Option<String>,
 }
@@ -75,7 +75,7 @@ pub async fn purge(
     Ok(Json(memory::purge(&engine, &caller, req).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 pub struct ImportQuery {
     format: Option<String>,
     stream: Option<String>,
@@ -109,7 +109,7 @@ pub async fn import(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(schemars::JsonSchema, Deserialize)]
 pub struct HistoryQuery {
     limit: Option<usize>,
 }

@@ -6,6 +6,7 @@ mod error;
 mod graph;
 mod jobs;
 mod memories;
+pub mod openapi;
 mod request;
 pub mod server;
 mod tending;
@@ -77,6 +78,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/status", get(status)),
         ("/v1/namespaces", get(namespaces)),
         ("/v1/whoami", get(whoami)),
+        ("/openapi.json", get(openapi_json)),
     ]
 }
 
@@ -102,6 +104,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(engine.cfg.server.max_body_bytes))
         .with_state(engine)
+}
+
+/// `GET /openapi.json`: the OpenAPI 3.1 description of every route.
+async fn openapi_json() -> Json<serde_json::Value> {
+    Json(openapi::document())
 }
 
 async fn health() -> Json<serde_json::Value> {

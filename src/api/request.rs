@@ -42,7 +42,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
                     "Content-Type `{t}` is not accepted here; send application/json"
                 )))
             }
-            None if !bytes.iter().all(u8::is_ascii_whitespace) => {
+            None if !bytes.is_empty() => {
                 return Err(Error::UnsupportedMediaType(
                     "a request body needs Content-Type: application/json".into(),
                 ))

@@ -134,7 +134,7 @@ impl JetStreamBus {
             let subject = format!("{SUBJECT_PREFIX}.{}", subject_token(&e.chunk.stream));
             let msg = jetstream::message::PublishMessage::build()
                 .payload(payload.into())
-                .message_id(message_id(&e.chunk));
+                .message_id(message_id(e)?);
             let ack = self.js.send_publish(subject, msg).await.map_err(|e| {
                 if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
                     BusError::TooLarge(format!(
@@ -163,15 +163,17 @@ impl JetStreamBus {
     }
 }
 
-/// The `Nats-Msg-Id` of a write: the memory id plus a prefix of its content
-/// hash, so a retried publish of the same write is dropped by JetStream while a
-/// deliberate update of the same id within the window still goes through.
-pub fn message_id(chunk: &crate::core::model::Chunk) -> String {
-    format!(
-        "{}:{}",
-        chunk.id,
-        &chunk.content_hash[..16.min(chunk.content_hash.len())]
-    )
+/// The `Nats-Msg-Id` of a write: the memory id plus a digest of the whole
+/// message, so a publish of the very same message (the client library's
+/// retry) is dropped by JetStream, while any other write of the same id goes
+/// through: an update of any field, a re-store after a delete (a new request
+/// has its own `created_at`), a write sent again on purpose (`resend`).
+pub fn message_id(envelope: &super::Envelope) -> Result<String, BusError> {
+    use sha2::{Digest, Sha256};
+    let payload = serde_json::to_vec(envelope).map_err(|e| BusError::Encode(e.to_string()))?;
+    let digest = Sha256::digest(&payload);
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("{}:{hex}", envelope.chunk.id))
 }
 
 impl JetStreamConsumer {

@@ -42,6 +42,15 @@ pub struct Envelope {
     /// hold it before this message is first delivered.
     #[serde(default)]
     pub minted: bool,
+    /// Non-zero when the same write is sent again on purpose (see
+    /// `service::memory::publish_and_wait`): a fresh message id, so the bus's
+    /// duplicate window does not drop it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resend: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A message that cannot be decoded: it goes straight to `dead_letters`.

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::core::error::{Error, Result};
 use crate::core::model::DEFAULT_STREAM;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Admin,

@@ -54,10 +54,12 @@ pub fn id_in_use(id: &str) -> String {
 /// A JSON body (or one JSONL line) as `T`: a wrong field is [`Error::Invalid`]
 /// naming its path, unreadable JSON is [`Error::BadRequest`]; blank is `{}`.
 pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
-    let body = if bytes.iter().all(u8::is_ascii_whitespace) {
-        &b"{}"[..]
-    } else {
-        bytes
+    let body = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None if bytes.is_empty() => &b"{}"[..],
+        None => return Err(Error::BadRequest("malformed JSON: the body is only whitespace".into())),
+        Some(b'{') => bytes,
+        // serde would read a struct from an array of its fields too.
+        Some(_) => return Err(Error::invalid("body", "must be a JSON object")),
     };
     let de = &mut serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(de).map_err(|e| {

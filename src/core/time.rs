@@ -9,6 +9,32 @@ pub const DAY_MICROS: i64 = 86_400_000_000;
 
 /// An instant given as a JSON string (`2026-04-02`, `2026-04-02T10:00:00Z`,
 /// `2026-04-02 10:00:00`) or a number of Unix seconds. Dates mean midnight UTC.
+/// The JSON Schema of what [`parse_instant`] reads: a date or RFC 3339
+/// string, or Unix seconds within ±10^11 (for the OpenAPI description).
+pub fn instant_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "anyOf": [
+            { "type": "string", "format": "date-time" },
+            { "type": "string", "format": "date" },
+            { "type": "number", "minimum": -1e11, "maximum": 1e11 }
+        ]
+    })
+}
+
+/// [`instant_schema`], or null.
+pub fn optional_instant_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = instant_schema(g);
+    if let Some(any) = s.get_mut("anyOf").and_then(|v| v.as_array_mut()) {
+        any.push(serde_json::json!({ "type": "null" }));
+    }
+    s
+}
+
+/// A JSON object or null (for `metadata`).
+pub fn optional_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": ["object", "null"] })
+}
+
 pub fn parse_instant(field: &str, value: &serde_json::Value) -> Result<Micros> {
     match value {
         serde_json::Value::Number(n) => n

@@ -25,7 +25,7 @@ use crate::core::model::Micros;
 pub type JobReport = serde_json::Value;
 
 /// A job run as the API shows it (times in RFC 3339, the report as JSON).
-#[derive(Debug, serde::Serialize)]
+#[derive(schemars::JsonSchema, Debug, serde::Serialize)]
 pub struct RunView {
     pub id: String,
     pub job: String,

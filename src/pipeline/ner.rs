@@ -56,7 +56,7 @@ struct Item {
 }
 
 /// Counters for `/v1/status`.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Clone, serde::Serialize)]
 pub struct NerStats {
     pub queued: u64,
     pub enriched: u64,

@@ -12,7 +12,7 @@ pub struct StageStats {
     totals: Mutex<StageStatsSnapshot>,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Serialize)]
 pub struct StageStatsSnapshot {
     pub stage: &'static str,
     pub batches: u64,

@@ -288,6 +288,7 @@ pub fn envelopes(
             chunk,
             notify,
             minted: false,
+            resend: 0,
         })
         .collect()
 }

@@ -27,7 +27,7 @@ const OBVIOUS: usize = 10;
 const WINDOW: Micros = 30 * 60 * 1_000_000;
 const SEMANTIC_BAND: (f32, f32) = (0.35, 0.85);
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AssociateRequest {
     /// The topic; without it the most recent memories are the seeds.
@@ -37,7 +37,7 @@ pub struct AssociateRequest {
     pub limit: Option<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Association {
     pub rank: usize,
     pub chunk_id: String,
@@ -49,7 +49,7 @@ pub struct Association {
     pub via: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Associations {
     pub stream: String,
     pub seeds: Vec<String>,

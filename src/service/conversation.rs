@@ -19,14 +19,14 @@ use crate::core::Caller;
 use crate::service::facts::{self, parse_transcript, Fact, ResolvedDate, Role, Turn};
 use crate::service::Services;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MessageIn {
     pub role: String,
     pub content: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngestRequest {
     /// A transcript: `User: …` / `Assistant: …` lines (or plain text from the user).
@@ -35,7 +35,10 @@ pub struct IngestRequest {
     pub messages: Option<Vec<MessageIn>>,
     /// When the conversation happened (date or timestamp); relative dates resolve
     /// against it and the facts are recorded at it. Default: now.
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub conversation_date: Option<serde_json::Value>,
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"\S"))]
     pub stream: Option<String>,
     pub session_id: Option<String>,
     pub user_id: Option<String>,
@@ -43,8 +46,11 @@ pub struct IngestRequest {
     pub app_id: Option<String>,
     /// Provenance of every fact (default `ingest`).
     pub source: Option<String>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_object_schema")]
     pub metadata: Option<serde_json::Value>,
     /// `auto` (the LLM when configured, default), `rules` or `llm`.
+    #[schemars(regex(pattern = r"^(auto|rules|llm)$"))]
     pub extractor: Option<String>,
     /// Extract and answer without storing anything.
     #[serde(default)]
@@ -53,7 +59,7 @@ pub struct IngestRequest {
     pub wait: Option<bool>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct FactOut {
     pub id: String,
     pub content: String,
@@ -71,7 +77,7 @@ pub struct FactOut {
     pub source: facts::Source,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct LlmUsage {
     pub model: String,
     pub prompt_tokens: i64,
@@ -79,7 +85,7 @@ pub struct LlmUsage {
     pub cost_usd: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct IngestResponse {
     /// `stored`, `accepted` or `dry_run`.
     pub status: &'static str,

@@ -36,7 +36,7 @@ const MAX_GROUP: usize = 20;
 /// Longest L1 text, in tokens.
 const MAX_L1_TOKENS: usize = 300;
 
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DreamRequest {
     pub stream: Option<String>,
@@ -54,7 +54,7 @@ pub struct DreamRequest {
     pub max_cost_usd: Option<f64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct MergedGroup {
     pub l1_id: String,
     pub sources: Vec<String>,
@@ -64,14 +64,14 @@ pub struct MergedGroup {
     pub reason: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Resolved {
     pub superseded: String,
     pub by: String,
     pub reason: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct DreamReport {
     pub stream: String,
     pub dry_run: bool,

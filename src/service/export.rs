@@ -93,7 +93,7 @@ impl ExportFormat {
 }
 
 /// One export: a format, an optional query, an optional stream.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExportRequest {
     pub format: String,

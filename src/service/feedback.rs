@@ -10,16 +10,18 @@ use crate::core::Caller;
 use crate::service::Services;
 pub use crate::store::feedback::{FeedbackBook, FeedbackRow, Tally};
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackRequest {
+    #[schemars(length(min = 1))]
     pub chunk_id: String,
+    #[schemars(range(min = 0, max = 4))]
     pub usefulness: i64,
     #[serde(default)]
     pub harmful: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct FeedbackResponse {
     pub feedback_id: String,
     pub chunk_id: String,

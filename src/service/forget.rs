@@ -17,7 +17,7 @@ use crate::store::maintain::erase_deleted;
 use crate::store::CHUNKS;
 
 /// What a forget did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Serialize)]
 pub struct Forgotten {
     /// Table versions removed, over every table.
     pub versions_removed: u64,

@@ -11,13 +11,13 @@ use crate::core::Caller;
 use crate::service::Services;
 use crate::store::Filter;
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GraphQuery {
     pub stream: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct EntityInfo {
     pub id: String,
     pub name: String,
@@ -27,7 +27,7 @@ pub struct EntityInfo {
     pub chunk_count: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Neighbor {
     pub entity: String,
     pub entity_type: String,
@@ -38,7 +38,7 @@ pub struct Neighbor {
     pub weight: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct EntityView {
     pub entity: EntityInfo,
     pub neighbors: Vec<Neighbor>,
@@ -122,7 +122,7 @@ pub async fn entity(
     })
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct GraphStats {
     pub total_entities: usize,
     pub total_edges: usize,

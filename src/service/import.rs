@@ -49,14 +49,14 @@ impl std::str::FromStr for Format {
 }
 
 /// A record that was not imported, and why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Rejected {
     /// 1-based line (jsonl, markdown) or 0-based entry index (longmemeval).
     pub line: usize,
     pub error: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ImportReport {
     pub read: usize,
     pub accepted: usize,

@@ -34,7 +34,7 @@ const BATCH: usize = 256;
 /// The importance `boost` sets.
 pub const BOOST_IMPORTANCE: f32 = 1.5;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScopeRequest {
     /// Only this stream (else every stream the caller sees).
@@ -42,14 +42,14 @@ pub struct ScopeRequest {
     pub stream: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BoostRequest {
     #[serde(alias = "chunk_id")]
     pub id: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Report {
     pub status: &'static str,
     /// Memories looked at.

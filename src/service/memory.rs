@@ -18,41 +18,58 @@ pub const MAX_CONTENT_CHARS: usize = 1_000_000;
 
 /// The body of `POST /v1/store`: the reference fields plus the rest of the record's
 /// writable columns.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreRequest {
+    #[schemars(length(min = 1), regex(pattern = r"\S"))]
     pub content: String,
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"\S"))]
     pub stream: Option<String>,
+    #[schemars(range(min = 0, max = 1))]
     pub level: Option<i32>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_object_schema")]
     pub metadata: Option<serde_json::Value>,
     pub user_id: Option<String>,
     pub app_id: Option<String>,
     pub agent_id: Option<String>,
     pub session_id: Option<String>,
     pub title: Option<String>,
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"\S"))]
     pub memory_type: Option<String>,
     pub subject: Option<String>,
     pub source: Option<String>,
     #[serde(default)]
     pub tags: Vec<String>,
+    #[schemars(range(min = 0.0, max = 10.0))]
     pub importance: Option<f32>,
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub confidence: Option<f32>,
     pub pinned: Option<bool>,
     pub immutable: Option<bool>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub expires_at: Option<serde_json::Value>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub valid_from: Option<serde_json::Value>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub valid_until: Option<serde_json::Value>,
     /// When the memory was recorded; defaults to now (imports of dated
     /// conversations set it to the conversation's time).
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub created_at: Option<serde_json::Value>,
     /// A caller-chosen id (idempotent re-stores); a fresh UUID otherwise.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9_.:-]{1,128}$"))]
     pub id: Option<String>,
     /// Wait until the memory is committed (default) or answer once the bus
     /// has accepted it (`"status": "accepted"`).
     pub wait: Option<bool>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct StoreResponse {
     /// The memory that holds the text: the new one, or for a duplicate the
     /// stored memory it repeats.
@@ -191,6 +208,7 @@ pub async fn store(engine: &Services, caller: &Caller, req: StoreRequest) -> Res
         chunk,
         notify: wait,
         minted: !caller_chose_id,
+        resend: 0,
     };
     if !wait {
         engine.bus.publish(vec![envelope]).await?;
@@ -237,29 +255,11 @@ enum Waited {
     TimedOut,
 }
 
-/// Wait for the outcome of `id`. A write the bus had already accepted (a
-/// client retry) is not processed again, so nobody will tell its outcome:
-/// then the table is watched too.
-async fn wait_for(
-    engine: &Services,
-    id: &str,
-    watch: crate::bus::Watch,
-    deadline: tokio::time::Instant,
-    republished: bool,
-) -> Result<Waited> {
-    let told = watch.outcome();
-    tokio::pin!(told);
-    loop {
-        let poll = tokio::time::sleep(Duration::from_millis(20));
-        tokio::select! {
-            o = &mut told => return Ok(o.map_or(Waited::Gone, Waited::Told)),
-            _ = tokio::time::sleep_until(deadline) => return Ok(Waited::TimedOut),
-            _ = poll, if republished => {
-                if engine.store.get(id).await?.is_some() {
-                    return Ok(Waited::Told(Outcome::Stored { superseded: Vec::new() }));
-                }
-            }
-        }
+/// Wait for the outcome the pipeline tells for one write.
+async fn wait_for(watch: crate::bus::Watch, deadline: tokio::time::Instant) -> Waited {
+    tokio::select! {
+        o = watch.outcome() => o.map_or(Waited::Gone, Waited::Told),
+        _ = tokio::time::sleep_until(deadline) => Waited::TimedOut,
     }
 }
 
@@ -274,6 +274,7 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
         watches.push(engine.notifier.watch(id).await?);
     }
     let forget = || ids.iter().for_each(|id| engine.notifier.forget(id));
+    let again = envelopes.clone();
     let republished = match engine.bus.publish(envelopes).await {
         Ok(already) => already > 0,
         Err(e) => {
@@ -281,10 +282,39 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
             return Err(e.into());
         }
     };
+    // The bus dropped some of these as messages it already holds (the very
+    // same bytes within its duplicate window). One whose memory is stored
+    // now is done; any other (still on its way, or deleted since, or failed)
+    // is sent again under a fresh message id, so it is surely stored and
+    // answered. Sent twice, a write is merged by id: harmless.
+    let mut done = std::collections::HashSet::new();
+    if republished {
+        let mut missing = Vec::new();
+        for mut e in again {
+            if engine.store.get(&e.chunk.id).await?.is_some() {
+                done.insert(e.chunk.id.clone());
+            } else {
+                e.resend = crate::core::model::now_micros().unsigned_abs().max(1);
+                missing.push(e);
+            }
+        }
+        if !missing.is_empty() {
+            if let Err(e) = engine.bus.publish(missing).await {
+                forget();
+                return Err(e.into());
+            }
+        }
+    }
     let deadline = tokio::time::Instant::now() + timeout;
     let mut outcomes = Vec::with_capacity(ids.len());
     for (id, watch) in ids.iter().zip(watches) {
-        match wait_for(engine, id, watch, deadline, republished).await? {
+        if done.contains(id) {
+            outcomes.push(Outcome::Stored {
+                superseded: Vec::new(),
+            });
+            continue;
+        }
+        match wait_for(watch, deadline).await {
             Waited::Told(o) => outcomes.push(o),
             // Stored by a process whose answer was missed.
             _ if engine.store.get(id).await?.is_some() => outcomes.push(Outcome::Stored {
@@ -410,7 +440,7 @@ async fn reinstate_previous(engine: &Services, deleted: &Chunk) -> Result<()> {
     Ok(())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PurgeRequest {
     pub stream: Option<String>,
@@ -427,7 +457,7 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct PurgeResponse {
     pub status: &'static str,
     pub stream: String,
@@ -442,7 +472,7 @@ pub struct PurgeResponse {
 }
 
 /// The reply to a delete by id (`POST /v1/delete`, MCP `memory_delete`).
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Deleted {
     pub status: &'static str,
     pub id: String,
@@ -529,7 +559,7 @@ pub async fn purge(engine: &Services, caller: &Caller, req: PurgeRequest) -> Res
 }
 
 /// One version in a fact's chain.
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Version {
     pub chunk_id: String,
     pub version: i32,
@@ -541,7 +571,7 @@ pub struct Version {
     pub is_current: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct History {
     pub chunk_id: String,
     /// Oldest first; the current version has `is_current: true`.

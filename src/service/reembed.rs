@@ -39,7 +39,7 @@ impl Scope {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbedJobRequest {
     /// Wait for the job to end (default) or answer 202 at once with its id.
@@ -48,7 +48,7 @@ pub struct EmbedJobRequest {
 }
 
 /// The reference's answer (`total_missing`, `embedded`, `failed`) plus the job.
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct EmbedJobResponse {
     pub status: &'static str,
     pub job_id: String,

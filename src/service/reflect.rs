@@ -18,7 +18,7 @@ use crate::service::Services;
 /// Types whose memories state one current truth per subject.
 const SINGLE_VALUED: &[&str] = &["preference", "decision", "correction"];
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReflectRequest {
     pub stream: Option<String>,
@@ -26,7 +26,7 @@ pub struct ReflectRequest {
     pub max_chunks: Option<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Breakdown {
     /// Quality score per level (`L0`, `L1`, …).
     pub by_level: BTreeMap<String, u32>,
@@ -38,7 +38,7 @@ pub struct Breakdown {
     pub by_type: BTreeMap<String, usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Reflection {
     pub stream: String,
     pub chunks_analyzed: usize,

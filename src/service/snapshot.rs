@@ -18,7 +18,7 @@ use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
 /// The tables a snapshot covers: the memories and everything derived from them.
 pub const TABLES: &[&str] = &[CHUNKS, ENTITIES, EDGES, HISTORY, FEEDBACK];
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct Snapshot {
     pub name: String,
     /// RFC 3339; when the tag was made.
@@ -27,7 +27,7 @@ pub struct Snapshot {
     pub versions: BTreeMap<String, u64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Rollback {
     pub name: String,
     /// Each table's version before the rollback (still readable with `as_of`).

@@ -40,9 +40,10 @@ pub const TABLES: &[&str] = &[
     FEEDBACK,
 ];
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SqlRequest {
+    #[schemars(length(min = 1), regex(pattern = r"\S"))]
     pub sql: String,
     /// Values for `$1`, `$2`, … placeholders.
     #[serde(default)]

@@ -10,7 +10,7 @@ use crate::pipeline::StageStatsSnapshot;
 use crate::service::Services;
 use crate::store::Filter;
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Status {
     pub status: &'static str,
     pub uptime_secs: u64,
@@ -28,7 +28,7 @@ pub struct Status {
 /// The optional LLM: whether one is configured, its model, and the entity
 /// queue's counters (queued, enriched, skipped for the budget, dropped when
 /// full, failed calls).
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct LlmStatus {
     pub configured: bool,
     pub model: Option<String>,
@@ -38,7 +38,7 @@ pub struct LlmStatus {
 /// The reference's summary keys; `rocksdb_keys` and `tantivy_docs` count the
 /// chunks and the full-text-searchable chunks (every chunk: unindexed rows are
 /// scored flat until the index is refreshed).
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct ConfigSummary {
     pub vector_enabled: bool,
     pub tantivy_enabled: bool,
@@ -48,13 +48,13 @@ pub struct ConfigSummary {
     pub embeddings_count: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct BusStatus {
     pub kind: &'static str,
     pub connected: bool,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct EmbedderStatus {
     pub provider: crate::providers::embed::config::EmbedProvider,
     pub model: String,
@@ -144,7 +144,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
     })
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct WhoAmI {
     pub name: String,
     pub role: Role,
@@ -168,7 +168,7 @@ pub fn whoami(engine: &Services, caller: &Caller) -> WhoAmI {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Namespaces {
     pub namespaces: BTreeMap<String, String>,
 }

@@ -14,7 +14,7 @@ use crate::core::error::{Error, Result};
 use crate::core::model::{now_micros, Micros};
 use crate::core::Caller;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Running,
@@ -24,7 +24,7 @@ pub enum TaskState {
 }
 
 /// What a client sees of a job.
-#[derive(Debug, Clone, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct TaskView {
     pub job_id: String,
     pub kind: &'static str,

@@ -44,7 +44,7 @@ pub fn schema() -> SchemaRef {
 }
 
 /// What the signals on one memory add up to.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Tally {
     pub count: u32,
     pub harmful: u32,

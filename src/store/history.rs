@@ -9,7 +9,7 @@ use super::filter::sql_str;
 use super::Result;
 
 /// One change to a memory, with its reason (supersession, merge, …).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(schemars::JsonSchema, Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct HistoryRow {
     pub id: String,
     pub stream: String,

@@ -290,6 +290,7 @@ fn attempts() -> Vec<Attempt> {
             Status(404),
         ),
         attempt("/v1/jobs", "GET", "/v1/jobs", None, Status(403)),
+        attempt("/openapi.json", "GET", "/openapi.json", None, Scoped),
         attempt(
             "/admin/jobs/{name}/run",
             "POST",

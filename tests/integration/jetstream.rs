@@ -129,6 +129,7 @@ async fn a_redelivered_write_never_duplicates_a_memory() {
         chunk,
         notify: false,
         minted: false,
+        resend: 0,
     };
     for i in 0..3 {
         publish_raw(
@@ -182,11 +183,12 @@ async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
             chunk: c,
             notify: false,
             minted: false,
+            resend: 0,
         };
         publish_raw(
             &d,
             "loomem.in.p",
-            &message_id(&env.chunk),
+            &message_id(&env).unwrap(),
             serde_json::to_vec(&env).unwrap(),
         )
         .await;
@@ -421,4 +423,31 @@ async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
     assert_eq!(rows[0]["n"], 15, "one memory per note");
     let plan = d.sql("SELECT content FROM chunks WHERE id = 'plan'").await;
     assert_eq!(plan[0]["content"], "The plan is revision 14");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_the_same_id_and_text_is_not_taken_for_a_retry() {
+    let d = Daemon::start(Options::default().env("LOOMEM_SERVER__STORE_TIMEOUT_MS", "10000")).await;
+    let body = json!({"id": "again", "content": "The spare key is under the blue pot", "stream": "s"});
+    let (s, r) = d.call("POST", "/v1/store", Some(body.clone())).await;
+    assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
+    let (s, r) = d.call("POST", "/v1/delete", Some(json!({"id": "again"}))).await;
+    assert_eq!(s, 200, "{r}");
+    // The same id and text, well within JetStream's duplicate window: a new
+    // write, not a retry of the first.
+    let (s, r) = d.call("POST", "/v1/store", Some(body.clone())).await;
+    assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
+    let rows = d.sql("SELECT id FROM chunks WHERE id = 'again'").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    // A plain retry of a stored write is answered without storing twice.
+    let (s, r) = d.call("POST", "/v1/store", Some(body)).await;
+    assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
+    let rows = d.sql("SELECT id FROM chunks WHERE id = 'again'").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    // The same text with another field changed is an update, not a retry.
+    let update = json!({"id": "again", "content": "The spare key is under the blue pot", "stream": "s", "title": "Keys"});
+    let (s, r) = d.call("POST", "/v1/store", Some(update)).await;
+    assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
+    let rows = d.sql("SELECT title FROM chunks WHERE id = 'again'").await;
+    assert_eq!(rows, vec![json!({"title": "Keys"})]);
 }

@@ -20,6 +20,7 @@ mod llm_stub;
 mod maintenance;
 mod mcp;
 mod nats;
+mod openapi;
 mod recall;
 mod restart;
 mod retrieval;

@@ -3,7 +3,7 @@
 
 use super::*;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AmbientRequest {
     /// What the agent is about to do (e.g. the user's message); without it the
@@ -14,7 +14,7 @@ pub struct AmbientRequest {
     pub max_items: Option<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Snippet {
     pub chunk_id: String,
     pub text: String,
@@ -22,7 +22,7 @@ pub struct Snippet {
     pub score: f32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Ambient {
     pub snippets: Vec<Snippet>,
     pub total_tokens: usize,

@@ -2,7 +2,7 @@
 
 use super::*;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryMdQuery {
     pub stream: Option<String>,
@@ -10,14 +10,14 @@ pub struct MemoryMdQuery {
     pub max_chunks: Option<usize>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct MemoryMdMeta {
     pub chunks_considered: usize,
     pub sections: usize,
     pub entries: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct MemoryMd {
     pub proposal: String,
     pub metadata: MemoryMdMeta,

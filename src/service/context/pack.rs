@@ -8,7 +8,7 @@ pub const SECTIONS: [&str; 3] = ["profile", "relevant", "recent"];
 pub(super) const SHARES: [f64; 3] = [0.2, 0.5, 0.3];
 pub(super) const MAX_BUDGET: usize = 200_000;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ContextPackRequest {
     pub query: Option<String>,
@@ -19,14 +19,14 @@ pub struct ContextPackRequest {
     pub now: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct Source {
     pub chunk_id: String,
     pub score: f32,
     pub section: &'static str,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct ContextPack {
     pub context: String,
     pub sources: Vec<Source>,

@@ -18,7 +18,7 @@ use chrono::{Datelike, Duration, Months, NaiveDate, Weekday};
 use regex::Regex;
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Granularity {
     Day,
@@ -27,7 +27,7 @@ pub enum Granularity {
 }
 
 /// A date expression found in a text and what it means.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize)]
 pub struct ResolvedDate {
     /// The words as written.
     pub expression: String,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use dates::{DateResolver, Granularity, ResolvedDate};
 pub use rules::RuleExtractor;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     User,
@@ -102,7 +102,7 @@ pub fn parse_transcript(text: &str) -> Vec<Turn> {
 }
 
 /// Where in the conversation a fact came from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Source {
     /// Index of the turn.
     pub turn: usize,

@@ -30,46 +30,60 @@ pub const MAX_TOP_K: usize = 1000;
 /// `top_k` for aggregation questions ("how many …").
 const AGGREGATION_TOP_K: usize = 30;
 
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(schemars::JsonSchema, Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchRequest {
+    #[schemars(length(min = 1, max = 4000), regex(pattern = r"\S"))]
     pub query: String,
+    #[schemars(range(min = 1, max = 1000))]
     pub top_k: Option<usize>,
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"\S"))]
     pub stream: Option<String>,
     pub streams: Option<Vec<String>>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub date_from: Option<serde_json::Value>,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub date_to: Option<serde_json::Value>,
     pub entity: Option<String>,
     #[serde(default)]
     pub trace: bool,
     #[serde(default)]
     pub dry_run: bool,
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub valid_at: Option<serde_json::Value>,
     #[serde(default)]
     pub include_superseded: bool,
     pub fact_type: Option<String>,
     pub subject: Option<String>,
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub min_confidence: Option<f64>,
     /// `today`, `this_week` or `this_month` (MCP `memory_search`).
+    #[schemars(regex(pattern = r"^(today|this_week|this_month)$"))]
     pub time_filter: Option<String>,
     /// Which legs run: `hybrid` (default), `bm25` or `vector`.
+    #[schemars(regex(pattern = r"^(hybrid|bm25|vector)$"))]
     pub mode: Option<String>,
     /// The instant relative filters (`time_filter`) and decay count from;
     /// default now (a benchmark asks as of the question's date).
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
     pub now: Option<serde_json::Value>,
     /// Search the store as it was: a table version (a number) or an instant
     /// (a date or RFC 3339 string: the last version committed by then).
     pub as_of: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct SearchResponse {
     pub results: Vec<SearchResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_metadata: Option<TraceMetadata>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct SearchResult {
     pub chunk_id: String,
     pub content: String,
@@ -78,7 +92,7 @@ pub struct SearchResult {
     pub trace_info: Option<TraceInfo>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct TraceInfo {
     pub level: String,
     pub source: Option<String>,
@@ -99,13 +113,13 @@ pub struct TraceInfo {
     pub factors: Factors,
 }
 
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, Serialize)]
 pub struct LegTrace {
     pub rank: usize,
     pub score: f32,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct TraceMetadata {
     pub total_results_before_topk: usize,
     pub dedup_removed: usize,
@@ -123,7 +137,7 @@ pub struct TraceMetadata {
 
 /// The phases of one search, in microseconds. The three legs run at the same
 /// time, so their times overlap; `embed` is part of `vector`.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, Default, Serialize)]
 pub struct Timings {
     /// Opening a past version (`as_of`).
     pub as_of: u64,
@@ -206,8 +220,8 @@ pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Res
         f = f.subject(s);
     }
     if let Some(c) = req.min_confidence {
-        if !c.is_finite() {
-            return Err(Error::invalid("min_confidence", "must be a number"));
+        if !(0.0..=1.0).contains(&c) {
+            return Err(Error::invalid("min_confidence", "must be between 0 and 1"));
         }
         f = f.min_confidence(c);
     }

@@ -12,7 +12,7 @@ use crate::service::feedback::Tally;
 use crate::service::search::config::SearchConfig;
 
 /// The multipliers applied to a memory's fused score.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Factors {
     pub decay: f32,
     pub importance: f32,
