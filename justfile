@@ -33,3 +33,13 @@ bench *ARGS:
 # bench-results/. ARGS: --modes bm25,vector,hybrid --roles user|all --limit N
 bench-recall DATA="datasets/recall/loomem_recall_s30.json" *ARGS:
     cargo run --profile daemon --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
+
+# Fuzz each target (request bodies, dates, the rule extractor, the SQL guard) for SECS
+# seconds with cargo-fuzz on the nightly toolchain, growing fuzz/corpus/. The first build
+# compiles the whole crate with coverage instrumentation (30-60 minutes on 2 cores).
+fuzz SECS="60":
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+    cd fuzz && for t in request_json dates rules sql_guard; do \
+      mkdir -p corpus/$t; \
+      cargo +nightly fuzz run $t --dev -s none --target-dir "$HOME/.cache/loomem/fuzz-target" corpus/$t seeds/$t -- -max_total_time={{SECS}} -max_len=4096; \
+    done

@@ -374,35 +374,16 @@ pub async fn export_into<W: std::io::Write + Send>(
         .map_err(|_| timed_out(limits.timeout))?
 }
 
-/// Check a query and plan it over the caller's views (reads the store: run
-/// it within the timeout).
-async fn plan(
-    store: &Store,
-    caller: &Caller,
-    limits: &SqlLimits,
-    req: &SqlRequest,
-) -> Result<DataFrame> {
-    let sql = req.sql.trim();
+/// The guard every query passes before anything is planned: one plain
+/// read-only query (whatever the planner would accept), naming at most
+/// [`MAX_PAST_VERSIONS`] distinct `chunks_as_of` versions (even in comments).
+/// Returns those versions' arguments. Fuzzed (`fuzz/`): any text is an answer
+/// or an error, never a panic.
+pub fn check_query(sql: &str) -> Result<Vec<String>> {
+    let sql = sql.trim();
     if sql.is_empty() {
         return Err(Error::invalid("sql", "must not be empty"));
     }
-    let params = req
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, v)| to_scalar(i, v))
-        .collect::<Result<Vec<_>>>()?;
-
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(Arc::new(GreedyMemoryPool::new(limits.memory_bytes)))
-        .build_arc()
-        .map_err(sql_err)?;
-    let ctx = SessionContext::new_with_config_rt(
-        SessionConfig::new().with_information_schema(false),
-        runtime,
-    );
-
-    // Parse first: only one plain query is allowed, whatever the planner would accept.
     let dialect = lancedb::datafusion::sql::sqlparser::dialect::GenericDialect {};
     let statements = lancedb::datafusion::sql::sqlparser::parser::Parser::parse_sql(&dialect, sql)
         .map_err(|e| Error::BadRequest(format!("SQL: {e}")))?;
@@ -419,6 +400,52 @@ async fn plan(
             ))
         }
     }
+    let as_of =
+        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
+    let mut args: Vec<String> = Vec::new();
+    for caps in as_of.captures_iter(sql) {
+        let Some(arg) = caps.get(1).or_else(|| caps.get(2)) else {
+            continue;
+        };
+        if !args.iter().any(|a| a == arg.as_str()) {
+            args.push(arg.as_str().to_string());
+        }
+    }
+    if args.len() > MAX_PAST_VERSIONS {
+        return Err(Error::invalid(
+            "sql",
+            format!("at most {MAX_PAST_VERSIONS} distinct chunks_as_of versions in one query"),
+        ));
+    }
+    Ok(args)
+}
+
+/// Check a query and plan it over the caller's views (reads the store: run
+/// it within the timeout).
+async fn plan(
+    store: &Store,
+    caller: &Caller,
+    limits: &SqlLimits,
+    req: &SqlRequest,
+) -> Result<DataFrame> {
+    let sql = req.sql.trim();
+    let params = req
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, v)| to_scalar(i, v))
+        .collect::<Result<Vec<_>>>()?;
+
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(GreedyMemoryPool::new(limits.memory_bytes)))
+        .build_arc()
+        .map_err(sql_err)?;
+    let ctx = SessionContext::new_with_config_rt(
+        SessionConfig::new().with_information_schema(false),
+        runtime,
+    );
+
+    let past_versions = check_query(sql)?;
 
     let options = lancedb::datafusion::execution::context::SQLOptions::new()
         .with_allow_ddl(false)
@@ -441,27 +468,8 @@ async fn plan(
     let chunks = scoped(&ctx, &tables[CHUNKS], caller, !wants_embedding).await?;
     ctx.register_udtf("chunks_valid_at", Arc::new(ValidAt { chunks }));
 
-    let as_of =
-        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
-    let mut args: Vec<String> = Vec::new();
-    for caps in as_of.captures_iter(sql) {
-        let arg = caps
-            .get(1)
-            .or_else(|| caps.get(2))
-            .expect("one group")
-            .as_str();
-        if !args.iter().any(|a| a == arg) {
-            args.push(arg.to_string());
-        }
-    }
-    if args.len() > MAX_PAST_VERSIONS {
-        return Err(Error::invalid(
-            "sql",
-            format!("at most {MAX_PAST_VERSIONS} distinct chunks_as_of versions in one query"),
-        ));
-    }
     let mut by_arg = HashMap::new();
-    for arg in args {
+    for arg in past_versions {
         let version = resolve_version(&tables[CHUNKS], &arg).await?;
         let old = store
             .connection()
