@@ -66,6 +66,9 @@ pub struct Record {
     /// No stored row can have this record's id (minted by the server, first
     /// delivery): `write` appends it instead of merging on `id`.
     pub new_id: bool,
+    /// What `extract_entities` recorded in the graph for this record, so
+    /// `write` can take it back when the record is not stored after all.
+    pub graph_refs: crate::store::graph::ChunkRefs,
 }
 
 /// A write running beside the pipeline; cloneable so records stay `Clone`.
@@ -117,6 +120,7 @@ impl Record {
             neighbors: None,
             pending: Vec::new(),
             new_id: false,
+            graph_refs: Default::default(),
         }
     }
 

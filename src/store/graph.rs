@@ -149,6 +149,33 @@ pub struct Mention {
     pub at: Micros,
 }
 
+/// The graph rows one chunk was recorded in: entity ids and edge ids.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChunkRefs {
+    pub entities: Vec<String>,
+    pub edges: Vec<String>,
+}
+
+impl ChunkRefs {
+    pub fn is_empty(&self) -> bool {
+        self.entities.is_empty() && self.edges.is_empty()
+    }
+}
+
+impl Mention {
+    /// The id of the entity row this mention is recorded in.
+    pub fn entity_id(&self) -> String {
+        format!("{}/{}", self.stream, self.key)
+    }
+}
+
+impl Relation {
+    /// The id of the edge row this relation is recorded in.
+    pub fn edge_id(&self) -> String {
+        format!("{}/{}/{}/{}", self.stream, self.source, self.relation, self.target)
+    }
+}
+
 /// One relation found in one chunk.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Relation {
@@ -312,7 +339,7 @@ impl Graph {
         if !mentions.is_empty() {
             let ids: BTreeSet<String> = mentions
                 .iter()
-                .map(|m| format!("{}/{}", m.stream, m.key))
+                .map(Mention::entity_id)
                 .collect();
             let mut rows: HashMap<String, EntityRow> =
                 read_where(&self.entities, column_in("id", &ids), entity_rows)
@@ -321,7 +348,7 @@ impl Graph {
                     .map(|r| (r.id.clone(), r))
                     .collect();
             for m in mentions {
-                let id = format!("{}/{}", m.stream, m.key);
+                let id = m.entity_id();
                 let row = rows.entry(id.clone()).or_insert_with(|| EntityRow {
                     id,
                     stream: m.stream.clone(),
@@ -358,8 +385,7 @@ impl Graph {
             self.written(rows.len()).await;
         }
         if !relations.is_empty() {
-            let id_of =
-                |r: &Relation| format!("{}/{}/{}/{}", r.stream, r.source, r.relation, r.target);
+            let id_of = Relation::edge_id;
             let ids: BTreeSet<String> = relations.iter().map(id_of).collect();
             let mut rows: HashMap<String, EdgeRow> =
                 read_where(&self.edges, column_in("id", &ids), edge_rows)
@@ -510,6 +536,79 @@ impl Graph {
         }
         self.forget_known();
         Ok(n)
+    }
+
+    /// Take back what [`Graph::record`] recorded for chunks that were not
+    /// stored after all (a dropped near-duplicate, a failed write): each
+    /// chunk's id leaves the rows it was recorded in, and a row left with no
+    /// chunk goes. Reads and writes only those rows.
+    pub async fn retract(&self, chunks: &[(String, ChunkRefs)]) -> Result<()> {
+        if chunks.iter().all(|(_, r)| r.is_empty()) {
+            return Ok(());
+        }
+        let _merging = self.merging.lock().await;
+        let _gate = self.gate.read().await;
+        let strip = |refs: &mut Vec<String>, row_id: &str, of: fn(&ChunkRefs) -> &Vec<String>| {
+            let before = refs.len();
+            refs.retain(|c| {
+                !chunks
+                    .iter()
+                    .any(|(id, r)| id == c && of(r).iter().any(|x| x == row_id))
+            });
+            before - refs.len()
+        };
+        let entity_ids: BTreeSet<String> =
+            chunks.iter().flat_map(|(_, r)| r.entities.clone()).collect();
+        if !entity_ids.is_empty() {
+            let (mut keep, mut drop) = (Vec::new(), Vec::new());
+            for mut row in read_where(&self.entities, column_in("id", &entity_ids), entity_rows).await? {
+                let id = row.id.clone();
+                let removed = strip(&mut row.chunk_ids, &id, |r| &r.entities);
+                if removed == 0 {
+                    continue;
+                }
+                row.chunk_count = (row.chunk_count - removed as i64).max(0);
+                if row.chunk_ids.is_empty() {
+                    drop.push(row);
+                } else {
+                    keep.push(row);
+                }
+            }
+            upsert(&self.entities, entity_schema(), &keep).await?;
+            if !drop.is_empty() {
+                let ids: Vec<&str> = drop.iter().map(|r| r.id.as_str()).collect();
+                self.entities.delete(&column_in("id", &ids)).await?;
+            }
+            let mut known = self.known.lock().expect("known entities lock");
+            for row in &keep {
+                known.remember(row);
+            }
+            for row in &drop {
+                known.forget(&row.stream);
+            }
+        }
+        let edge_ids: BTreeSet<String> = chunks.iter().flat_map(|(_, r)| r.edges.clone()).collect();
+        if !edge_ids.is_empty() {
+            let (mut keep, mut drop) = (Vec::new(), Vec::new());
+            for mut row in read_where(&self.edges, column_in("id", &edge_ids), edge_rows).await? {
+                let id = row.id.clone();
+                let removed = strip(&mut row.chunk_ids, &id, |r| &r.edges);
+                if removed == 0 {
+                    continue;
+                }
+                row.weight = (row.weight - removed as i64).max(0);
+                if row.chunk_ids.is_empty() {
+                    drop.push(row.id);
+                } else {
+                    keep.push(row);
+                }
+            }
+            upsert(&self.edges, edge_schema(), &keep).await?;
+            if !drop.is_empty() {
+                self.edges.delete(&column_in("id", &drop)).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Forget deleted memories of `stream`: their ids leave every entity's and

@@ -150,3 +150,31 @@ async fn entities_are_extracted_normalised_and_filterable() {
         .await
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_near_duplicate_leaves_nothing_in_the_graph() {
+    let d = Daemon::start(Options::embedded()).await;
+    let text = |name: &str| {
+        format!("Yesterday at the long harbour market in Lisbon I met {name} and we talked for hours about boats, bread, weather, music and the old trams")
+    };
+    let kept = d.store(&text("Zorab"), "g").await;
+    let (s, r) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": text("Zorac"), "stream": "g"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "duplicate", "the hash embedder sees a near-copy: {r}");
+    // The names of the text that was not stored are not in the graph, and
+    // the entities it shares with the kept memory point at that one only.
+    let (s, gone) = d.call("GET", "/v1/graph/entity/Zorac?stream=g", None).await;
+    assert_eq!(s, 404, "{gone}");
+    let (s, city) = d.call("GET", "/v1/graph/entity/Lisbon?stream=g", None).await;
+    assert_eq!(s, 200, "{city}");
+    assert_eq!(city["chunk_ids"], json!([kept]), "{city}");
+    let (s, name) = d.call("GET", "/v1/graph/entity/Zorab?stream=g", None).await;
+    assert_eq!(s, 200, "{name}");
+    assert_eq!(name["chunk_ids"], json!([kept]), "{name}");
+}

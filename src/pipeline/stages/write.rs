@@ -33,15 +33,20 @@ pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, 
 /// whose id is an immutable memory is dropped instead of overwriting it. The
 /// services refuse such writes up front with a clear answer; this is the
 /// last line, for every route and for writes that race.
-async fn refuse_foreign_ids(store: &Store, batch: &mut [Record]) -> crate::store::Result<()> {
+///
+/// Returns the ids of the batch that are stored already.
+async fn refuse_foreign_ids(
+    store: &Store,
+    batch: &mut [Record],
+) -> crate::store::Result<std::collections::HashSet<String>> {
     // A minted id on its first delivery is in no stream yet.
     let ids: Vec<&str> = batch
         .iter()
-        .filter(|r| r.is_kept() && !r.new_id)
+        .filter(|r| !r.new_id)
         .map(|r| r.chunk.id.as_str())
         .collect();
     if ids.is_empty() {
-        return Ok(());
+        return Ok(Default::default());
     }
     let owners = store.owners(&ids).await?;
     for r in batch.iter_mut().filter(|r| r.is_kept()) {
@@ -60,7 +65,7 @@ async fn refuse_foreign_ids(store: &Store, batch: &mut [Record]) -> crate::store
             _ => {}
         }
     }
-    Ok(())
+    Ok(owners.into_keys().collect())
 }
 
 pub struct Write {
@@ -78,7 +83,7 @@ impl Stage for Write {
                 stage: "write",
                 message: e.to_string(),
             };
-            refuse_foreign_ids(&self.store, batch).await.map_err(fail)?;
+            let stored = refuse_foreign_ids(&self.store, batch).await.map_err(fail)?;
             // Side effects of kept and deliberately dropped records (a duplicate
             // updates the memory it duplicates, an update the memory it
             // supersedes); none of failed ones.
@@ -106,7 +111,24 @@ impl Stage for Write {
                 .await
                 .map_err(fail)?;
             self.store.add_history(history).await.map_err(fail)?;
-            crate::pipeline::settle(batch, "write").await
+            crate::pipeline::settle(batch, "write").await?;
+            // A record dropped or failed after its entities were recorded
+            // (a near-duplicate, a refused id) leaves no trace in the graph,
+            // unless its id names a memory that is stored.
+            let kept: std::collections::HashSet<String> = batch
+                .iter()
+                .filter(|r| r.is_kept())
+                .map(|r| r.chunk.id.clone())
+                .collect();
+            let unstored: Vec<(String, crate::store::graph::ChunkRefs)> = batch
+                .iter_mut()
+                .filter(|r| {
+                    !r.is_kept() && !stored.contains(&r.chunk.id) && !kept.contains(&r.chunk.id)
+                })
+                .map(|r| (r.chunk.id.clone(), std::mem::take(&mut r.graph_refs)))
+                .filter(|(_, refs)| !refs.is_empty())
+                .collect();
+            self.store.graph.retract(&unstored).await.map_err(fail)
         })
     }
 }

@@ -365,6 +365,7 @@ impl Stage for ExtractEntities {
             let mut mentions = Vec::new();
             let mut relations = Vec::new();
             for r in batch.iter_mut().filter(|r| r.is_kept()) {
+                let (first_mention, first_relation) = (mentions.len(), relations.len());
                 let c = &mut r.chunk;
                 let found = self.find(&c.content);
                 let keys: BTreeSet<String> = c
@@ -436,6 +437,12 @@ impl Stage for ExtractEntities {
                         chunk_id: c.id.clone(),
                         at: c.created_at,
                     });
+                }
+                if self.populate_graph {
+                    r.graph_refs = crate::store::graph::ChunkRefs {
+                        entities: mentions[first_mention..].iter().map(Mention::entity_id).collect(),
+                        edges: relations[first_relation..].iter().map(Relation::edge_id).collect(),
+                    };
                 }
             }
             // The graph merge runs beside the rest of the pipeline; `write`
