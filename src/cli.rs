@@ -126,15 +126,15 @@ pub async fn export_direct(
 ) -> anyhow::Result<u64> {
     let caller = loomem::service::export::narrow(&Caller::admin("cli"), stream)?;
     let store = open_store(cfg).await?;
-    let out = loomem::service::export::export_file(
-        &store,
-        &caller,
-        &cfg.sql.limits(),
+    let limits = cfg.sql.limits();
+    let export = loomem::service::export::Export {
+        store: &store,
+        caller: &caller,
+        limits: &limits,
         format,
         sql,
-        output,
-    )
-    .await;
+    };
+    let out = export.write_file(output).await;
     store.close().await;
     Ok(out?)
 }

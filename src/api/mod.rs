@@ -154,15 +154,16 @@ async fn export_handler(
         .map_err(|e: String| Error::invalid("format", e))?;
     let caller = crate::service::export::narrow(&caller, req.stream.as_deref())?;
     let limits = engine.cfg.sql.limits();
-    let (file, bytes) = crate::service::export::export_unlinked(
-        &engine.store,
-        &caller,
-        &limits,
+    let export = crate::service::export::Export {
+        store: &engine.store,
+        caller: &caller,
+        limits: &limits,
         format,
-        req.sql.as_deref(),
-        &engine.cfg.data_dir().join(EXPORT_SPOOL),
-    )
-    .await?;
+        sql: req.sql.as_deref(),
+    };
+    let (file, bytes) = export
+        .write_unlinked(&engine.cfg.data_dir().join(EXPORT_SPOOL))
+        .await?;
     Ok((
         [
             (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),

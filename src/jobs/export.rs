@@ -92,14 +92,14 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
                 continue;
             }
             let caller = export::narrow(&admin, stream.as_deref())?;
-            let bytes = export::export_file(
-                &engine.store,
-                &caller,
-                &limits,
+            let bytes = export::Export {
+                store: &engine.store,
+                caller: &caller,
+                limits: &limits,
                 format,
-                spec.sql.as_deref(),
-                &path,
-            )
+                sql: spec.sql.as_deref(),
+            }
+            .write_file(&path)
             .await?;
             files.push(File {
                 path,

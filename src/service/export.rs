@@ -127,57 +127,68 @@ fn io_err(what: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::Internal(format!("export: {}: {e}", what.display()))
 }
 
-/// Write one export for `caller` (already narrowed to its streams) into the
-/// file `out`, a page of rows at a time, so an export is never held whole in
-/// memory; returns its size in bytes. A query export runs, renders and
-/// writes within the SQL timeout; the lossless form pages through the tables.
-pub async fn export_to(
-    store: &Store,
-    caller: &Caller,
-    limits: &crate::service::sql::SqlLimits,
-    format: ExportFormat,
-    sql: Option<&str>,
-    out: &Path,
-) -> Result<u64> {
-    if format == ExportFormat::Jsonl && sql.is_none() {
-        return lossless_to(store, caller, out).await;
-    }
-    let req = crate::service::sql::SqlRequest {
-        sql: sql.unwrap_or(DEFAULT_SQL).to_string(),
-        params: Vec::new(),
-        format: None,
-        max_rows: None,
-    };
-    let file = std::fs::File::create(out).map_err(io_err(out))?;
-    let (file, _rows) = crate::service::sql::export_into(
-        store,
-        caller,
-        limits,
-        &req,
-        format.output(),
-        std::io::BufWriter::new(file),
-    )
-    .await?;
-    let file = file
-        .into_inner()
-        .map_err(|e| io_err(out)(e.into_error()))?;
-    Ok(file.metadata().map_err(io_err(out))?.len())
+/// One export: a format and an optional query, for `caller` (already
+/// narrowed to its streams).
+pub struct Export<'a> {
+    pub store: &'a Store,
+    pub caller: &'a Caller,
+    pub limits: &'a crate::service::sql::SqlLimits,
+    pub format: ExportFormat,
+    pub sql: Option<&'a str>,
 }
 
-/// [`export_to`] a file at `path`, whole or not at all (see [`replace_file`]).
-/// Returns its size in bytes.
-pub async fn export_file(
-    store: &Store,
-    caller: &Caller,
-    limits: &crate::service::sql::SqlLimits,
-    format: ExportFormat,
-    sql: Option<&str>,
-    path: &Path,
-) -> Result<u64> {
-    replace_file(path, |tmp| async move {
-        export_to(store, caller, limits, format, sql, &tmp).await
-    })
-    .await
+impl Export<'_> {
+    /// Write it into the file `out`, a page of rows at a time, so an export
+    /// is never held whole in memory; returns its size in bytes. A query
+    /// export runs, renders and writes within the SQL timeout; the lossless
+    /// form pages through the tables.
+    pub async fn write_to(&self, out: &Path) -> Result<u64> {
+        if self.format == ExportFormat::Jsonl && self.sql.is_none() {
+            return lossless_to(self.store, self.caller, out).await;
+        }
+        let req = crate::service::sql::SqlRequest {
+            sql: self.sql.unwrap_or(DEFAULT_SQL).to_string(),
+            params: Vec::new(),
+            format: None,
+            max_rows: None,
+        };
+        let file = std::fs::File::create(out).map_err(io_err(out))?;
+        let (file, _rows) = crate::service::sql::export_into(
+            self.store,
+            self.caller,
+            self.limits,
+            &req,
+            self.format.output(),
+            std::io::BufWriter::new(file),
+        )
+        .await?;
+        let file = file
+            .into_inner()
+            .map_err(|e| io_err(out)(e.into_error()))?;
+        Ok(file.metadata().map_err(io_err(out))?.len())
+    }
+
+    /// Write it to a file at `path`, whole or not at all (see
+    /// [`replace_file`]); returns its size in bytes.
+    pub async fn write_file(&self, path: &Path) -> Result<u64> {
+        replace_file(path, |tmp| async move { self.write_to(&tmp).await }).await
+    }
+
+    /// Write it to a file under `dir` and open that for reading with its name
+    /// already removed: the caller streams it out, and its space is freed
+    /// when the handle closes (also when the client goes away). Returns the
+    /// handle and the size in bytes.
+    pub async fn write_unlinked(&self, dir: &Path) -> Result<(std::fs::File, u64)> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
+        let written = self.write_to(&path).await;
+        let opened = written.and_then(|bytes| {
+            let file = std::fs::File::open(&path).map_err(io_err(&path))?;
+            Ok((file, bytes))
+        });
+        let _ = std::fs::remove_file(&path);
+        opened
+    }
 }
 
 /// Write the file at `path` so a reader sees the old file or the whole new
@@ -202,29 +213,6 @@ where
         let _ = std::fs::remove_file(&tmp);
     }
     written
-}
-
-/// An export written to a file under `dir` and opened for reading with its
-/// name already removed: the caller streams it out, and its space is freed
-/// when the handle closes (also when the client goes away). Returns the
-/// handle and the size in bytes.
-pub async fn export_unlinked(
-    store: &Store,
-    caller: &Caller,
-    limits: &crate::service::sql::SqlLimits,
-    format: ExportFormat,
-    sql: Option<&str>,
-    dir: &Path,
-) -> Result<(std::fs::File, u64)> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let path = dir.join(format!("{}.part", uuid::Uuid::new_v4().simple()));
-    let written = export_to(store, caller, limits, format, sql, &path).await;
-    let opened = written.and_then(|bytes| {
-        let file = std::fs::File::open(&path).map_err(io_err(&path))?;
-        Ok((file, bytes))
-    });
-    let _ = std::fs::remove_file(&path);
-    opened
 }
 
 /// A fresh name beside `path` (its directory created) to write it under.

@@ -538,75 +538,93 @@ impl Graph {
         Ok(n)
     }
 
-    /// Take back what [`Graph::record`] recorded for chunks that were not
-    /// stored after all (a dropped near-duplicate, a failed write): each
-    /// chunk's id leaves the rows it was recorded in, and a row left with no
-    /// chunk goes. Reads and writes only those rows.
-    pub async fn retract(&self, chunks: &[(String, ChunkRefs)]) -> Result<()> {
-        if chunks.iter().all(|(_, r)| r.is_empty()) {
-            return Ok(());
-        }
-        let _merging = self.merging.lock().await;
-        let _gate = self.gate.read().await;
-        let strip = |refs: &mut Vec<String>, row_id: &str, of: fn(&ChunkRefs) -> &Vec<String>| {
+    /// Take chunk references out of the rows `predicate` selects: `gone(row
+    /// id, chunk id)` says which go; a row's count goes down with them, and a
+    /// row left with none is deleted (its name came only from those chunks).
+    /// Returns the entity rows kept and deleted. The caller holds `merging`.
+    async fn strip_refs(
+        &self,
+        entities: Option<String>,
+        edges: Option<String>,
+        gone: impl Fn(&str, &str) -> bool,
+    ) -> Result<(Vec<EntityRow>, Vec<EntityRow>)> {
+        let (mut kept, mut dropped) = (Vec::new(), Vec::new());
+        let strip = |row_id: &str, refs: &mut Vec<String>| {
             let before = refs.len();
-            refs.retain(|c| {
-                !chunks
-                    .iter()
-                    .any(|(id, r)| id == c && of(r).iter().any(|x| x == row_id))
-            });
-            before - refs.len()
+            refs.retain(|c| !gone(row_id, c));
+            (before - refs.len()) as i64
         };
-        let entity_ids: BTreeSet<String> =
-            chunks.iter().flat_map(|(_, r)| r.entities.clone()).collect();
-        if !entity_ids.is_empty() {
-            let (mut keep, mut drop) = (Vec::new(), Vec::new());
-            for mut row in read_where(&self.entities, column_in("id", &entity_ids), entity_rows).await? {
-                let id = row.id.clone();
-                let removed = strip(&mut row.chunk_ids, &id, |r| &r.entities);
+        if let Some(predicate) = entities {
+            for mut row in read_where(&self.entities, predicate, entity_rows).await? {
+                let removed = strip(&row.id, &mut row.chunk_ids);
                 if removed == 0 {
                     continue;
                 }
-                row.chunk_count = (row.chunk_count - removed as i64).max(0);
-                if row.chunk_ids.is_empty() {
-                    drop.push(row);
-                } else {
-                    keep.push(row);
+                row.chunk_count = (row.chunk_count - removed).max(0);
+                match row.chunk_ids.is_empty() {
+                    true => dropped.push(row),
+                    false => kept.push(row),
                 }
             }
-            upsert(&self.entities, entity_schema(), &keep).await?;
-            if !drop.is_empty() {
-                let ids: Vec<&str> = drop.iter().map(|r| r.id.as_str()).collect();
+            upsert(&self.entities, entity_schema(), &kept).await?;
+            if !dropped.is_empty() {
+                let ids: Vec<&str> = dropped.iter().map(|r| r.id.as_str()).collect();
                 self.entities.delete(&column_in("id", &ids)).await?;
             }
-            let mut known = self.known.lock().expect("known entities lock");
-            for row in &keep {
-                known.remember(row);
-            }
-            for row in &drop {
-                known.forget(&row.stream);
-            }
         }
-        let edge_ids: BTreeSet<String> = chunks.iter().flat_map(|(_, r)| r.edges.clone()).collect();
-        if !edge_ids.is_empty() {
+        if let Some(predicate) = edges {
             let (mut keep, mut drop) = (Vec::new(), Vec::new());
-            for mut row in read_where(&self.edges, column_in("id", &edge_ids), edge_rows).await? {
-                let id = row.id.clone();
-                let removed = strip(&mut row.chunk_ids, &id, |r| &r.edges);
+            for mut row in read_where(&self.edges, predicate, edge_rows).await? {
+                let removed = strip(&row.id, &mut row.chunk_ids);
                 if removed == 0 {
                     continue;
                 }
-                row.weight = (row.weight - removed as i64).max(0);
-                if row.chunk_ids.is_empty() {
-                    drop.push(row.id);
-                } else {
-                    keep.push(row);
+                row.weight = (row.weight - removed).max(0);
+                match row.chunk_ids.is_empty() {
+                    true => drop.push(row.id),
+                    false => keep.push(row),
                 }
             }
             upsert(&self.edges, edge_schema(), &keep).await?;
             if !drop.is_empty() {
                 self.edges.delete(&column_in("id", &drop)).await?;
             }
+        }
+        Ok((kept, dropped))
+    }
+
+    /// Take back what [`Graph::record`] recorded for chunks that were not
+    /// stored after all (a dropped near-duplicate, a failed write): each
+    /// chunk's id leaves the rows it was recorded in. Reads only those rows.
+    pub async fn retract(&self, chunks: &[(String, ChunkRefs)]) -> Result<()> {
+        let entity_ids: BTreeSet<&str> = chunks
+            .iter()
+            .flat_map(|(_, r)| r.entities.iter().map(String::as_str))
+            .collect();
+        let edge_ids: BTreeSet<&str> = chunks
+            .iter()
+            .flat_map(|(_, r)| r.edges.iter().map(String::as_str))
+            .collect();
+        if entity_ids.is_empty() && edge_ids.is_empty() {
+            return Ok(());
+        }
+        let _merging = self.merging.lock().await;
+        let _gate = self.gate.read().await;
+        let recorded = |row: &str, chunk: &str| {
+            chunks.iter().any(|(id, r)| {
+                id == chunk && (r.entities.iter().chain(&r.edges)).any(|x| x == row)
+            })
+        };
+        let predicate = |ids: BTreeSet<&str>| (!ids.is_empty()).then(|| column_in("id", ids));
+        let (kept, dropped) = self
+            .strip_refs(predicate(entity_ids), predicate(edge_ids), recorded)
+            .await?;
+        let mut known = self.known.lock().expect("known entities lock");
+        for row in &kept {
+            known.remember(row);
+        }
+        for row in &dropped {
+            known.forget(&row.stream);
         }
         Ok(())
     }
@@ -619,47 +637,12 @@ impl Graph {
         let _gate = self.gate.read().await;
         let gone: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
         let scope = Filter::new().stream(stream).predicate();
-        let strip = |refs: &mut Vec<String>| {
-            let before = refs.len();
-            refs.retain(|c| !gone.contains(c.as_str()));
-            before - refs.len()
-        };
-        let (mut keep, mut drop) = (Vec::new(), Vec::new());
-        for mut row in read_where(&self.entities, scope.clone(), entity_rows).await? {
-            let removed = strip(&mut row.chunk_ids);
-            if removed == 0 {
-                continue;
-            }
-            row.chunk_count = (row.chunk_count - removed as i64).max(0);
-            if row.chunk_ids.is_empty() {
-                drop.push(row.id);
-            } else {
-                keep.push(row);
-            }
-        }
-        upsert(&self.entities, entity_schema(), &keep).await?;
-        if !drop.is_empty() {
-            self.entities.delete(&column_in("id", &drop)).await?;
-        }
+        self.strip_refs(Some(scope.clone()), Some(scope), |_, chunk| gone.contains(chunk))
+            .await?;
         self.known
             .lock()
             .expect("known entities lock")
             .forget(stream);
-        let (mut keep, mut drop) = (Vec::new(), Vec::new());
-        for mut row in read_where(&self.edges, scope, edge_rows).await? {
-            if strip(&mut row.chunk_ids) == 0 {
-                continue;
-            }
-            if row.chunk_ids.is_empty() {
-                drop.push(row.id);
-            } else {
-                keep.push(row);
-            }
-        }
-        upsert(&self.edges, edge_schema(), &keep).await?;
-        if !drop.is_empty() {
-            self.edges.delete(&column_in("id", &drop)).await?;
-        }
         Ok(())
     }
 

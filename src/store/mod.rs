@@ -518,21 +518,7 @@ impl Store {
 
     /// Ids (only) of the chunks matching a filter.
     pub async fn ids(&self, filter: &Filter) -> Result<Vec<String>> {
-        let batches: Vec<RecordBatch> = self
-            .chunks
-            .query()
-            .only_if(filter.predicate())
-            .select(Select::columns(&["id"]))
-            .execute()
-            .await?
-            .try_collect()
-            .await?;
-        let mut out = Vec::new();
-        for b in &batches {
-            let c = crate::core::model::Columns::new(b);
-            out.extend((0..b.num_rows()).filter_map(|r| c.str("id", r)));
-        }
-        Ok(out)
+        scan_ids(&self.chunks, filter).await
     }
 
     /// BM25 leg: best `limit` matches of `query` in `content`, prefiltered

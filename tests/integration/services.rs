@@ -236,14 +236,14 @@ async fn an_export_restores_into_an_empty_engine() {
     let limits = from.engine.cfg.sql.limits();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lib.jsonl");
-    let size = export::export_file(
-        &from.services().store,
-        &admin(),
-        &limits,
-        export::ExportFormat::Jsonl,
-        None,
-        &file,
-    )
+    let size = export::Export {
+        store: &from.services().store,
+        caller: &admin(),
+        limits: &limits,
+        format: export::ExportFormat::Jsonl,
+        sql: None,
+    }
+    .write_file(&file)
     .await
     .unwrap();
     let bytes = std::fs::read(&file).unwrap();
