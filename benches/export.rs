@@ -11,7 +11,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 
 use loomem::core::model::Chunk;
 use loomem::core::Caller;
-use loomem::service::export::{export, restore, ExportFormat};
+use loomem::service::export::{restore, Export, ExportFormat};
 use loomem::service::sql::SqlLimits;
 use loomem::store::Store;
 
@@ -55,12 +55,21 @@ fn bench_export(c: &mut Criterion) {
         timeout: Duration::from_secs(600),
         memory_bytes: 4 << 30,
         default_max_rows: 1_000,
-        max_rows_cap: 1_000,
+        max_rows_cap: 1_000_000,
     };
     let admin = Caller::admin("bench");
-    let lossless = rt
-        .block_on(export(&store, &admin, &limits, ExportFormat::Jsonl, None))
+    let export = |format| Export {
+        store: &store,
+        caller: &admin,
+        limits: &limits,
+        format,
+        sql: None,
+    };
+    // Exports are written to a file, as every route writes them.
+    let out = tmp.path().join("export.out");
+    rt.block_on(export(ExportFormat::Jsonl).write_to(&out))
         .unwrap();
+    let lossless = std::fs::read(&out).unwrap();
     eprintln!(
         "lossless export of {ROWS} memories: {:.1} MB",
         lossless.len() as f64 / 1e6
@@ -73,13 +82,13 @@ fn bench_export(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(60));
     group.bench_function("lossless_jsonl", |b| {
         b.iter(|| {
-            rt.block_on(export(&store, &admin, &limits, ExportFormat::Jsonl, None))
+            rt.block_on(export(ExportFormat::Jsonl).write_to(&out))
                 .unwrap()
         })
     });
     group.bench_function("parquet_query", |b| {
         b.iter(|| {
-            rt.block_on(export(&store, &admin, &limits, ExportFormat::Parquet, None))
+            rt.block_on(export(ExportFormat::Parquet).write_to(&out))
                 .unwrap()
         })
     });
