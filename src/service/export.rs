@@ -247,35 +247,43 @@ fn sorted(batches: Vec<RecordBatch>, key: &str) -> Result<Option<RecordBatch>> {
     Ok(Some(take_record_batch(&all, &order).map_err(fail)?))
 }
 
+/// The bytes the header line of a lossless export takes: its JSON, padded
+/// with spaces (which JSON readers skip), so it can be written in place once
+/// the rows are counted.
+const HEADER_WIDTH: usize = 1024;
+
 /// The lossless JSONL form of every memory table, limited to `caller`'s
 /// streams, into `out`: chunks by stream and id, the other tables by id, a
-/// page at a time. The header (with each table's row count) comes first, so
-/// the rows go to a file beside it and are copied in after it.
+/// page at a time. The header (with each table's row count) comes first: its
+/// line is reserved, the rows written after it, then the header written into
+/// its place.
 async fn lossless_to(store: &Store, caller: &Caller, out: &Path) -> Result<u64> {
-    let body_path = aside(out).map_err(io_err(out))?;
-    let result = async {
-        let file = std::fs::File::create(&body_path).map_err(io_err(&body_path))?;
-        let mut body = std::io::BufWriter::new(file);
-        let rows = lossless_rows(store, caller, &mut body, PAGE).await?;
-        body.flush().map_err(io_err(&body_path))?;
-        drop(body);
-        let header = serde_json::json!({
-            "loomem_export": LOSSLESS_VERSION,
-            "exported_at": crate::core::time::to_rfc3339(crate::core::model::now_micros()),
-            "embed_dim": store.dim(),
-            "rows": rows,
-        });
-        let mut file = std::fs::File::create(out).map_err(io_err(out))?;
-        let mut line = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
-        line.push(b'\n');
-        file.write_all(&line).map_err(io_err(out))?;
-        let mut rows_in = std::fs::File::open(&body_path).map_err(io_err(&body_path))?;
-        let copied = std::io::copy(&mut rows_in, &mut file).map_err(io_err(out))?;
-        Ok(line.len() as u64 + copied)
+    use std::io::{Seek, SeekFrom};
+    let file = std::fs::File::create(out).map_err(io_err(out))?;
+    let mut body = std::io::BufWriter::new(file);
+    let mut reserved = vec![b' '; HEADER_WIDTH];
+    reserved[HEADER_WIDTH - 1] = b'\n';
+    body.write_all(&reserved).map_err(io_err(out))?;
+    let rows = lossless_rows(store, caller, &mut body, PAGE).await?;
+    let header = serde_json::json!({
+        "loomem_export": LOSSLESS_VERSION,
+        "exported_at": crate::core::time::to_rfc3339(crate::core::model::now_micros()),
+        "embed_dim": store.dim(),
+        "rows": rows,
+    });
+    let line = serde_json::to_vec(&header).map_err(|e| Error::Internal(e.to_string()))?;
+    if line.len() >= HEADER_WIDTH {
+        return Err(Error::Internal(format!(
+            "export: a header of {} bytes does not fit its {HEADER_WIDTH}",
+            line.len()
+        )));
     }
-    .await;
-    let _ = std::fs::remove_file(&body_path);
-    result
+    let mut file = body
+        .into_inner()
+        .map_err(|e| io_err(out)(e.into_error()))?;
+    file.seek(SeekFrom::Start(0)).map_err(io_err(out))?;
+    file.write_all(&line).map_err(io_err(out))?;
+    Ok(file.metadata().map_err(io_err(out))?.len())
 }
 
 /// Every row line of the lossless form; the rows written per table.
