@@ -34,10 +34,9 @@ bench *ARGS:
 bench-recall DATA="datasets/recall/loomem_recall_s30.json" *ARGS:
     cargo run --profile daemon --locked --bin loomem -- bench-recall run {{DATA}} {{ARGS}}
 
-# Fuzz each target (request bodies, dates, the rule extractor, the SQL guard) for SECS
-# seconds with cargo-fuzz on the nightly toolchain, growing fuzz/corpus/. The first build
-# compiles the whole crate with coverage instrumentation (30-60 minutes on 2 cores).
+# Fuzz request bodies, dates, the rule extractor and the SQL guard for SECS seconds each (cargo-fuzz, nightly; first build 30-60 min).
 fuzz SECS="60":
+    rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
     cd fuzz && for t in request_json dates rules sql_guard; do \
       mkdir -p corpus/$t; \
