@@ -66,12 +66,11 @@ impl Notifier {
         match self {
             Notifier::Local(w) => {
                 let (tx, rx) = oneshot::channel();
-                w.by_id
-                    .lock()
-                    .expect("waiters lock")
-                    .entry(id.to_string())
-                    .or_default()
-                    .push(tx);
+                let mut by_id = w.by_id.lock().expect("waiters lock");
+                let waiting = by_id.entry(id.to_string()).or_default();
+                // Waits abandoned earlier (their writers gone) go now.
+                waiting.retain(|tx| !tx.is_closed());
+                waiting.push(tx);
                 Ok(Watch::Local(rx))
             }
             Notifier::Nats(client) => {
@@ -98,10 +97,18 @@ impl Notifier {
         }
     }
 
-    /// Stop watching `id` (the writer gave up).
+    /// A writer gave up on `id`: drop the waits nobody holds any more (its
+    /// own, once its `Watch` is dropped), never another writer's wait on the
+    /// same id.
     pub fn forget(&self, id: &str) {
         if let Notifier::Local(w) = self {
-            w.by_id.lock().expect("waiters lock").remove(id);
+            let mut by_id = w.by_id.lock().expect("waiters lock");
+            if let Some(waiting) = by_id.get_mut(id) {
+                waiting.retain(|tx| !tx.is_closed());
+                if waiting.is_empty() {
+                    by_id.remove(id);
+                }
+            }
         }
     }
 
@@ -126,5 +133,24 @@ impl Notifier {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_writer_giving_up_leaves_another_writers_wait_on_the_same_id() {
+        let n = Notifier::Local(Arc::new(LocalWaiters::default()));
+        let first = n.watch("x").await.unwrap();
+        let second = n.watch("x").await.unwrap();
+        drop(first);
+        n.forget("x");
+        let told = Outcome::Stored {
+            superseded: Vec::new(),
+        };
+        n.notify("x", &told).await;
+        assert_eq!(second.outcome().await, Some(told));
     }
 }
