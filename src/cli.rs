@@ -152,22 +152,21 @@ pub async fn export_via_daemon(
     use std::io::Write;
     let body = serde_json::json!({ "format": format.name(), "sql": sql, "stream": stream });
     let mut resp = send_to_daemon(url, "/v1/export", token, &body).await?;
-    let written = loomem::service::export::replace_file(output, |tmp| async move {
-        let fail = |e: std::io::Error| loomem::core::error::Error::Internal(e.to_string());
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
-        let mut bytes = 0u64;
-        while let Some(piece) = resp
-            .chunk()
-            .await
-            .map_err(|e| loomem::core::error::Error::Internal(format!("reading the export: {e}")))?
-        {
-            file.write_all(&piece).map_err(fail)?;
-            bytes += piece.len() as u64;
-        }
-        file.flush().map_err(fail)?;
-        Ok(bytes)
-    })
-    .await?;
+    let written =
+        loomem::service::export::replace_file(output, |tmp| async move {
+            let fail = |e: std::io::Error| loomem::core::error::Error::Internal(e.to_string());
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(fail)?);
+            let mut bytes = 0u64;
+            while let Some(piece) = resp.chunk().await.map_err(|e| {
+                loomem::core::error::Error::Internal(format!("reading the export: {e}"))
+            })? {
+                file.write_all(&piece).map_err(fail)?;
+                bytes += piece.len() as u64;
+            }
+            file.flush().map_err(fail)?;
+            Ok(bytes)
+        })
+        .await?;
     Ok(written)
 }
 

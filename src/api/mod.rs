@@ -166,7 +166,10 @@ async fn export_handler(
         .await?;
     Ok((
         [
-            (axum::http::header::CONTENT_TYPE, format.content_type().to_string()),
+            (
+                axum::http::header::CONTENT_TYPE,
+                format.content_type().to_string(),
+            ),
             (axum::http::header::CONTENT_LENGTH, bytes.to_string()),
         ],
         axum::body::Body::from_stream(read_in_pieces(file)),

@@ -31,7 +31,10 @@ fn query_of<T: JsonSchema>() -> Schema {
 pub enum Body {
     None,
     /// JSON; `required: false` when an empty body means the defaults.
-    Json { schema: SchemaFn, required: bool },
+    Json {
+        schema: SchemaFn,
+        required: bool,
+    },
     /// The body is a file in one of these formats (`/v1/import`).
     File(&'static [&'static str]),
 }
@@ -150,59 +153,106 @@ pub fn operations() -> Vec<Op> {
     use service::*;
     vec![
         op("get", "/health", "Liveness; needs no key"),
-        op("post", "/v1/store", "Store one memory (returns once it is written)")
-            .json::<memory::StoreRequest>()
-            .answers::<memory::StoreResponse>(),
-        op("post", "/v1/ingest", "A conversation transcript in, its facts stored")
-            .json::<conversation::IngestRequest>()
-            .answers::<conversation::IngestResponse>(),
-        op("post", "/v1/delete", "Delete a memory (with forget: erase it from earlier versions too)")
-            .json::<memories::DeleteRequest>()
-            .answers::<memory::Deleted>(),
-        op("delete", "/api/memories/{id}", "Delete a memory by id")
-            .query::<memories::NsQuery>(),
-        op("post", "/v1/purge-namespace", "List (dry run) or delete every memory of a stream")
-            .json::<memory::PurgeRequest>()
-            .answers::<memory::PurgeResponse>(),
+        op(
+            "post",
+            "/v1/store",
+            "Store one memory (returns once it is written)",
+        )
+        .json::<memory::StoreRequest>()
+        .answers::<memory::StoreResponse>(),
+        op(
+            "post",
+            "/v1/ingest",
+            "A conversation transcript in, its facts stored",
+        )
+        .json::<conversation::IngestRequest>()
+        .answers::<conversation::IngestResponse>(),
+        op(
+            "post",
+            "/v1/delete",
+            "Delete a memory (with forget: erase it from earlier versions too)",
+        )
+        .json::<memories::DeleteRequest>()
+        .answers::<memory::Deleted>(),
+        op("delete", "/api/memories/{id}", "Delete a memory by id").query::<memories::NsQuery>(),
+        op(
+            "post",
+            "/v1/purge-namespace",
+            "List (dry run) or delete every memory of a stream",
+        )
+        .json::<memory::PurgeRequest>()
+        .answers::<memory::PurgeResponse>(),
         Op {
             body: Body::File(&["application/x-ndjson", "text/plain"]),
-            ..op("post", "/v1/import", "Import a file: jsonl, chatgpt, claude, markdown, loomem-jsonl (restore)")
-                .query::<memories::ImportQuery>()
-                .answers::<import::ImportReport>()
+            ..op(
+                "post",
+                "/v1/import",
+                "Import a file: jsonl, chatgpt, claude, markdown, loomem-jsonl (restore)",
+            )
+            .query::<memories::ImportQuery>()
+            .answers::<import::ImportReport>()
         },
-        op("get", "/v1/memories/{id}/history", "The version chain of a memory and its reasons")
-            .query::<memories::HistoryQuery>()
-            .answers::<memory::History>(),
-        op("post", "/v1/search", "Hybrid search (BM25, vector, entity graph)")
-            .json::<search::SearchRequest>()
-            .answers::<search::SearchResponse>(),
+        op(
+            "get",
+            "/v1/memories/{id}/history",
+            "The version chain of a memory and its reasons",
+        )
+        .query::<memories::HistoryQuery>()
+        .answers::<memory::History>(),
+        op(
+            "post",
+            "/v1/search",
+            "Hybrid search (BM25, vector, entity graph)",
+        )
+        .json::<search::SearchRequest>()
+        .answers::<search::SearchResponse>(),
         op("post", "/v1/feedback", "Rate how useful a memory was")
             .json::<feedback::FeedbackRequest>()
             .answers::<feedback::FeedbackResponse>()
             .status(201),
-        op("post", "/v1/context-pack", "Memories for a task within a token budget")
-            .json::<context::ContextPackRequest>()
-            .answers::<context::ContextPack>(),
-        op("post", "/v1/ambient", "Memories relevant to the current message")
-            .json::<context::AmbientRequest>()
-            .answers::<context::Ambient>(),
+        op(
+            "post",
+            "/v1/context-pack",
+            "Memories for a task within a token budget",
+        )
+        .json::<context::ContextPackRequest>()
+        .answers::<context::ContextPack>(),
+        op(
+            "post",
+            "/v1/ambient",
+            "Memories relevant to the current message",
+        )
+        .json::<context::AmbientRequest>()
+        .answers::<context::Ambient>(),
         op("get", "/v1/profile", "What the memory knows about the user")
             .query::<super::context::ProfileQuery>(),
         op("get", "/v1/generate-memory-md", "A MEMORY.md of the stream")
             .query::<context::MemoryMdQuery>()
             .answers::<context::MemoryMd>(),
-        op("get", "/v1/graph/entity/{name}", "An entity, its aliases, memories and neighbours")
-            .query::<graph::GraphQuery>()
-            .answers::<graph::EntityView>(),
+        op(
+            "get",
+            "/v1/graph/entity/{name}",
+            "An entity, its aliases, memories and neighbours",
+        )
+        .query::<graph::GraphQuery>()
+        .answers::<graph::EntityView>(),
         op("get", "/v1/graph/stats", "Entity and edge counts")
             .query::<graph::GraphQuery>()
             .answers::<graph::GraphStats>(),
-        op("post", "/v1/associate", "Memories linked to one through shared entities")
-            .json::<associate::AssociateRequest>()
-            .answers::<associate::Associations>(),
-        op("post", "/v1/reflect", "A reflection over the stream's memories")
-            .json::<reflect::ReflectRequest>()
-            .answers::<reflect::Reflection>(),
+        op(
+            "post",
+            "/v1/associate",
+            "Memories linked to one through shared entities",
+        )
+        .json::<associate::AssociateRequest>()
+        .answers::<associate::Associations>(),
+        op(
+            "post",
+            "/v1/reflect",
+            "A reflection over the stream's memories",
+        )
+        .json::<reflect::ReflectRequest>()
+        .answers::<reflect::Reflection>(),
         op("post", "/v1/dream", "Consolidate near-duplicate memories")
             .optional_json::<dream::DreamRequest>()
             .answers::<dream::DreamReport>(),
@@ -213,66 +263,125 @@ pub fn operations() -> Vec<Op> {
         },
         Op {
             answer: Answer::Files(EXPORT_FORMATS),
-            ..op("post", "/v1/export", "Export the tables: lossless JSONL or a query's rows")
-                .json::<export::ExportRequest>()
+            ..op(
+                "post",
+                "/v1/export",
+                "Export the tables: lossless JSONL or a query's rows",
+            )
+            .json::<export::ExportRequest>()
         },
-        op("post", "/v1/embed-missing", "Embed memories without a vector of the current model")
-            .optional_json::<reembed::EmbedJobRequest>()
-            .answers::<reembed::EmbedJobResponse>()
-            .or_accepted(),
-        op("post", "/v1/re-embed-all", "Re-embed every memory of the caller's streams")
-            .optional_json::<reembed::EmbedJobRequest>()
-            .answers::<reembed::EmbedJobResponse>()
-            .or_accepted(),
-        op("get", "/v1/jobs/{id}", "An embedding job's progress")
-            .answers::<tasks::TaskView>(),
-        op("delete", "/v1/jobs/{id}", "Cancel an embedding job")
-            .answers::<tasks::TaskView>(),
-        op("get", "/v1/jobs", "Scheduled job runs (admin)")
-            .query::<jobs::RunsQuery>(),
-        op("post", "/admin/jobs/{name}/run", "Run a scheduled job now (admin)")
-            .optional_json::<jobs::RunRequest>()
-            .answers::<crate::jobs::RunView>(),
-        op("post", "/v1/snapshots", "Tag every table's current version (admin)")
-            .optional_json::<jobs::SnapshotRequest>()
-            .answers::<snapshot::Snapshot>()
-            .status(201),
+        op(
+            "post",
+            "/v1/embed-missing",
+            "Embed memories without a vector of the current model",
+        )
+        .optional_json::<reembed::EmbedJobRequest>()
+        .answers::<reembed::EmbedJobResponse>()
+        .or_accepted(),
+        op(
+            "post",
+            "/v1/re-embed-all",
+            "Re-embed every memory of the caller's streams",
+        )
+        .optional_json::<reembed::EmbedJobRequest>()
+        .answers::<reembed::EmbedJobResponse>()
+        .or_accepted(),
+        op("get", "/v1/jobs/{id}", "An embedding job's progress").answers::<tasks::TaskView>(),
+        op("delete", "/v1/jobs/{id}", "Cancel an embedding job").answers::<tasks::TaskView>(),
+        op("get", "/v1/jobs", "Scheduled job runs (admin)").query::<jobs::RunsQuery>(),
+        op(
+            "post",
+            "/admin/jobs/{name}/run",
+            "Run a scheduled job now (admin)",
+        )
+        .optional_json::<jobs::RunRequest>()
+        .answers::<crate::jobs::RunView>(),
+        op(
+            "post",
+            "/v1/snapshots",
+            "Tag every table's current version (admin)",
+        )
+        .optional_json::<jobs::SnapshotRequest>()
+        .answers::<snapshot::Snapshot>()
+        .status(201),
         op("get", "/v1/snapshots", "Every snapshot (admin)"),
-        op("delete", "/v1/snapshots/{name}", "Remove a snapshot's tags (admin)"),
-        op("post", "/v1/snapshots/{name}/rollback", "Put every table back to a snapshot (admin)")
-            .answers::<snapshot::Rollback>(),
-        op("post", "/v1/boost", "Raise a memory's importance")
-            .json::<maintenance::BoostRequest>(),
-        op("post", "/v1/retag-all", "Rerun entity extraction over the memories")
-            .optional_json::<maintenance::ScopeRequest>()
-            .answers::<maintenance::Report>(),
-        op("post", "/v1/score-all", "Rerun surprise scoring over the memories")
-            .optional_json::<maintenance::ScopeRequest>()
-            .answers::<maintenance::Report>(),
+        op(
+            "delete",
+            "/v1/snapshots/{name}",
+            "Remove a snapshot's tags (admin)",
+        ),
+        op(
+            "post",
+            "/v1/snapshots/{name}/rollback",
+            "Put every table back to a snapshot (admin)",
+        )
+        .answers::<snapshot::Rollback>(),
+        op("post", "/v1/boost", "Raise a memory's importance").json::<maintenance::BoostRequest>(),
+        op(
+            "post",
+            "/v1/retag-all",
+            "Rerun entity extraction over the memories",
+        )
+        .optional_json::<maintenance::ScopeRequest>()
+        .answers::<maintenance::Report>(),
+        op(
+            "post",
+            "/v1/score-all",
+            "Rerun surprise scoring over the memories",
+        )
+        .optional_json::<maintenance::ScopeRequest>()
+        .answers::<maintenance::Report>(),
         op("post", "/v1/reset-importance", "Clear implicit boosts")
             .optional_json::<maintenance::ScopeRequest>()
             .answers::<maintenance::Report>(),
         op("post", "/v1/reset-backfill", "Clear the LLM entity marks")
             .optional_json::<maintenance::ScopeRequest>()
             .answers::<maintenance::Report>(),
-        op("post", "/v1/build-graph", "Rebuild the entity graph from the memories")
-            .optional_json::<maintenance::ScopeRequest>()
-            .answers::<maintenance::Report>(),
-        op("post", "/v1/extract-entities", "Queue memories for LLM entity extraction")
-            .optional_json::<maintenance::ScopeRequest>()
-            .status(202),
-        op("post", "/admin/workers/pause", "Pause background maintenance (admin)")
-            .answers::<jobs::Workers>(),
-        op("post", "/admin/workers/resume", "Resume background maintenance (admin)")
-            .answers::<jobs::Workers>(),
-        op("get", "/admin/workers/status", "Whether maintenance is paused (admin)")
-            .answers::<jobs::Workers>(),
-        op("get", "/v1/status", "Counts, bus, embedder and pipelines as the key may see them")
-            .answers::<status::Status>(),
-        op("get", "/v1/namespaces", "The namespace labels the key may use")
-            .answers::<status::Namespaces>(),
-        op("get", "/v1/whoami", "The key's name, role and streams")
-            .answers::<status::WhoAmI>(),
+        op(
+            "post",
+            "/v1/build-graph",
+            "Rebuild the entity graph from the memories",
+        )
+        .optional_json::<maintenance::ScopeRequest>()
+        .answers::<maintenance::Report>(),
+        op(
+            "post",
+            "/v1/extract-entities",
+            "Queue memories for LLM entity extraction",
+        )
+        .optional_json::<maintenance::ScopeRequest>()
+        .status(202),
+        op(
+            "post",
+            "/admin/workers/pause",
+            "Pause background maintenance (admin)",
+        )
+        .answers::<jobs::Workers>(),
+        op(
+            "post",
+            "/admin/workers/resume",
+            "Resume background maintenance (admin)",
+        )
+        .answers::<jobs::Workers>(),
+        op(
+            "get",
+            "/admin/workers/status",
+            "Whether maintenance is paused (admin)",
+        )
+        .answers::<jobs::Workers>(),
+        op(
+            "get",
+            "/v1/status",
+            "Counts, bus, embedder and pipelines as the key may see them",
+        )
+        .answers::<status::Status>(),
+        op(
+            "get",
+            "/v1/namespaces",
+            "The namespace labels the key may use",
+        )
+        .answers::<status::Namespaces>(),
+        op("get", "/v1/whoami", "The key's name, role and streams").answers::<status::WhoAmI>(),
         op("get", "/openapi.json", "This description").answers_with(any_object),
     ]
 }
@@ -383,7 +492,8 @@ pub fn document() -> Value {
                 });
             }
             Body::File(types) => {
-                operation["requestBody"] = json!({ "required": true, "content": content(types, None) });
+                operation["requestBody"] =
+                    json!({ "required": true, "content": content(types, None) });
             }
         }
         if op.path == "/health" {
@@ -429,7 +539,10 @@ mod tests {
         assert_eq!(doc["openapi"], "3.1.0");
         let paths = doc["paths"].as_object().unwrap();
         assert_eq!(
-            paths.values().map(|p| p.as_object().unwrap().len()).sum::<usize>(),
+            paths
+                .values()
+                .map(|p| p.as_object().unwrap().len())
+                .sum::<usize>(),
             operations().len()
         );
         // Bodies are described field by field, with their defaults and limits.
@@ -447,7 +560,11 @@ mod tests {
         // Query strings become parameters.
         let search = &doc["paths"]["/v1/graph/stats"]["get"]["parameters"];
         assert!(
-            search.as_array().unwrap().iter().any(|p| p["name"] == "stream"),
+            search
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "stream"),
             "{search}"
         );
         assert_eq!(path_params("/v1/snapshots/{name}/rollback"), vec!["name"]);

@@ -56,7 +56,11 @@ pub fn id_in_use(id: &str) -> String {
 pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     let body = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None if bytes.is_empty() => &b"{}"[..],
-        None => return Err(Error::BadRequest("malformed JSON: the body is only whitespace".into())),
+        None => {
+            return Err(Error::BadRequest(
+                "malformed JSON: the body is only whitespace".into(),
+            ))
+        }
         Some(b'{') => bytes,
         // serde would read a struct from an array of its fields too.
         Some(_) => return Err(Error::invalid("body", "must be a JSON object")),

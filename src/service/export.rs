@@ -162,9 +162,7 @@ impl Export<'_> {
             std::io::BufWriter::new(file),
         )
         .await?;
-        let file = file
-            .into_inner()
-            .map_err(|e| io_err(out)(e.into_error()))?;
+        let file = file.into_inner().map_err(|e| io_err(out)(e.into_error()))?;
         Ok(file.metadata().map_err(io_err(out))?.len())
     }
 
@@ -278,9 +276,7 @@ async fn lossless_to(store: &Store, caller: &Caller, out: &Path) -> Result<u64> 
             line.len()
         )));
     }
-    let mut file = body
-        .into_inner()
-        .map_err(|e| io_err(out)(e.into_error()))?;
+    let mut file = body.into_inner().map_err(|e| io_err(out)(e.into_error()))?;
     file.seek(SeekFrom::Start(0)).map_err(io_err(out))?;
     file.write_all(&line).map_err(io_err(out))?;
     Ok(file.metadata().map_err(io_err(out))?.len())
@@ -664,18 +660,29 @@ mod tests {
         store.add_history(history).await.unwrap();
         let admin = Caller::admin("test");
         let mut whole = Vec::new();
-        let rows = lossless_rows(&store, &admin, &mut whole, 1000).await.unwrap();
+        let rows = lossless_rows(&store, &admin, &mut whole, 1000)
+            .await
+            .unwrap();
         assert_eq!((rows[CHUNKS], rows[HISTORY]), (11, 7), "{rows:?}");
         let mut paged = Vec::new();
         lossless_rows(&store, &admin, &mut paged, 2).await.unwrap();
-        assert_eq!(String::from_utf8(paged).unwrap(), String::from_utf8(whole.clone()).unwrap());
+        assert_eq!(
+            String::from_utf8(paged).unwrap(),
+            String::from_utf8(whole.clone()).unwrap()
+        );
         // Chunks by stream, then id.
         let ids: Vec<String> = String::from_utf8(whole)
             .unwrap()
             .lines()
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
             .filter(|l| l["table"] == CHUNKS)
-            .map(|l| format!("{}/{}", l["row"]["stream"].as_str().unwrap(), l["row"]["id"].as_str().unwrap()))
+            .map(|l| {
+                format!(
+                    "{}/{}",
+                    l["row"]["stream"].as_str().unwrap(),
+                    l["row"]["id"].as_str().unwrap()
+                )
+            })
             .collect();
         let mut sorted = ids.clone();
         sorted.sort();

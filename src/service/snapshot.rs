@@ -166,7 +166,8 @@ pub async fn holding(store: &Store, ids: &[String]) -> Result<Vec<String>> {
             .map_err(|e| Error::Internal(e.to_string()))?;
         let mut held = 0;
         for part in ids.chunks(1000) {
-            held += crate::store::count_where(&table, &crate::store::Filter::new().ids(part)).await?;
+            held +=
+                crate::store::count_where(&table, &crate::store::Filter::new().ids(part)).await?;
         }
         if held > 0 {
             names.push(s.name);

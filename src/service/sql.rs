@@ -556,7 +556,10 @@ impl std::str::FromStr for OutputFormat {
 pub fn render(result: &SqlResult, format: OutputFormat) -> Result<(&'static str, Vec<u8>)> {
     let mut renderer = Renderer::new(format, result.schema.clone(), Vec::new())?;
     for b in &result.batches {
-        if result.deadline.is_some_and(|d| std::time::Instant::now() > d) {
+        if result
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() > d)
+        {
             return Err(Error::Timeout(
                 "SQL: the query's time ran out while its result was rendered".into(),
             ));
@@ -621,10 +624,7 @@ impl<W: std::io::Write + Send> Renderer<W> {
                 parquet::arrow::ArrowWriter::try_new(out, schema, None).map_err(render_err)?,
             ),
         };
-        Ok(Renderer {
-            rows: 0,
-            form,
-        })
+        Ok(Renderer { rows: 0, form })
     }
 
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -637,7 +637,11 @@ impl<W: std::io::Write + Send> Renderer<W> {
                 lines.write(batch).map_err(render_err)?;
                 lines.finish().map_err(render_err)?;
                 let text = lines.into_inner();
-                for (i, row) in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+                for (i, row) in text
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .enumerate()
+                {
                     if !(first && i == 0) {
                         out.write_all(b",").map_err(render_err)?;
                     }
@@ -664,14 +668,19 @@ impl<W: std::io::Write + Send> Renderer<W> {
     pub fn finish(self, truncated: bool) -> Result<W> {
         Ok(match self.form {
             Form::Json(mut out) => {
-                write!(out, "],\"row_count\":{},\"truncated\":{truncated}}}", self.rows)
-                    .map_err(render_err)?;
+                write!(
+                    out,
+                    "],\"row_count\":{},\"truncated\":{truncated}}}",
+                    self.rows
+                )
+                .map_err(render_err)?;
                 out
             }
             Form::Jsonl(out) | Form::Csv(out) => out,
             Form::Markdown(mut out) => {
                 if truncated {
-                    out.write_all(b"\n(truncated at max_rows)").map_err(render_err)?;
+                    out.write_all(b"\n(truncated at max_rows)")
+                        .map_err(render_err)?;
                 }
                 out
             }

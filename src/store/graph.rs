@@ -172,7 +172,10 @@ impl Mention {
 impl Relation {
     /// The id of the edge row this relation is recorded in.
     pub fn edge_id(&self) -> String {
-        format!("{}/{}/{}/{}", self.stream, self.source, self.relation, self.target)
+        format!(
+            "{}/{}/{}/{}",
+            self.stream, self.source, self.relation, self.target
+        )
     }
 }
 
@@ -337,10 +340,7 @@ impl Graph {
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
         if !mentions.is_empty() {
-            let ids: BTreeSet<String> = mentions
-                .iter()
-                .map(Mention::entity_id)
-                .collect();
+            let ids: BTreeSet<String> = mentions.iter().map(Mention::entity_id).collect();
             let mut rows: HashMap<String, EntityRow> =
                 read_where(&self.entities, column_in("id", &ids), entity_rows)
                     .await?
@@ -611,9 +611,9 @@ impl Graph {
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
         let recorded = |row: &str, chunk: &str| {
-            chunks.iter().any(|(id, r)| {
-                id == chunk && (r.entities.iter().chain(&r.edges)).any(|x| x == row)
-            })
+            chunks
+                .iter()
+                .any(|(id, r)| id == chunk && (r.entities.iter().chain(&r.edges)).any(|x| x == row))
         };
         let predicate = |ids: BTreeSet<&str>| (!ids.is_empty()).then(|| column_in("id", ids));
         let (kept, dropped) = self
@@ -637,8 +637,10 @@ impl Graph {
         let _gate = self.gate.read().await;
         let gone: BTreeSet<&str> = ids.iter().map(String::as_str).collect();
         let scope = Filter::new().stream(stream).predicate();
-        self.strip_refs(Some(scope.clone()), Some(scope), |_, chunk| gone.contains(chunk))
-            .await?;
+        self.strip_refs(Some(scope.clone()), Some(scope), |_, chunk| {
+            gone.contains(chunk)
+        })
+        .await?;
         self.known
             .lock()
             .expect("known entities lock")

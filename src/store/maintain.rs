@@ -181,10 +181,7 @@ pub async fn erase_deleted(table: &Table, fts_column: Option<&str>) -> Result<Er
     if let Some(column) = fts_column {
         retrying("full-text index", || async {
             table
-                .create_index(
-                    &[column],
-                    lancedb::index::Index::FTS(Default::default()),
-                )
+                .create_index(&[column], lancedb::index::Index::FTS(Default::default()))
                 .replace(true)
                 .execute()
                 .await

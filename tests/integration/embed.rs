@@ -582,7 +582,12 @@ async fn embedding_jobs_are_per_caller_and_their_owner_can_cancel_them() {
     .await;
     for (token, text) in [(TOKEN_A, "apples and pears"), (TOKEN_B, "trains to Berlin")] {
         let (code, body) = d
-            .call_as(Some(token), "POST", "/v1/store", Some(json!({"content": text})))
+            .call_as(
+                Some(token),
+                "POST",
+                "/v1/store",
+                Some(json!({"content": text})),
+            )
             .await;
         assert_eq!(code, 200, "{body}");
     }
@@ -654,6 +659,9 @@ async fn embedding_jobs_are_per_caller_and_their_owner_can_cancel_them() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(view["state"], "succeeded", "{view}");
-        assert_eq!((view["total"].clone(), view["done"].clone()), (json!(1), json!(1)));
+        assert_eq!(
+            (view["total"].clone(), view["done"].clone()),
+            (json!(1), json!(1))
+        );
     }
 }

@@ -166,12 +166,17 @@ async fn a_dropped_near_duplicate_leaves_nothing_in_the_graph() {
         )
         .await;
     assert_eq!(s, 200, "{r}");
-    assert_eq!(r["status"], "duplicate", "the hash embedder sees a near-copy: {r}");
+    assert_eq!(
+        r["status"], "duplicate",
+        "the hash embedder sees a near-copy: {r}"
+    );
     // The names of the text that was not stored are not in the graph, and
     // the entities it shares with the kept memory point at that one only.
     let (s, gone) = d.call("GET", "/v1/graph/entity/Zorac?stream=g", None).await;
     assert_eq!(s, 404, "{gone}");
-    let (s, city) = d.call("GET", "/v1/graph/entity/Lisbon?stream=g", None).await;
+    let (s, city) = d
+        .call("GET", "/v1/graph/entity/Lisbon?stream=g", None)
+        .await;
     assert_eq!(s, 200, "{city}");
     assert_eq!(city["chunk_ids"], json!([kept]), "{city}");
     let (s, name) = d.call("GET", "/v1/graph/entity/Zorab?stream=g", None).await;

@@ -496,9 +496,7 @@ async fn forget_erases_a_memory_from_every_file_but_a_snapshots() {
         .store(&format!("The bank vault phrase is {gone_word} 9921"), "f")
         .await;
     // Touched again, so earlier versions of the row exist too.
-    let (s, r) = d
-        .call("POST", "/v1/boost", Some(json!({"id": gone})))
-        .await;
+    let (s, r) = d.call("POST", "/v1/boost", Some(json!({"id": gone}))).await;
     assert_eq!(s, 200, "{r}");
     assert!(!files_holding(&chunks, gone_word).is_empty());
 
@@ -535,13 +533,26 @@ async fn forget_erases_a_memory_from_every_file_but_a_snapshots() {
     // Forgetting the memory a snapshot holds erases everything else: the
     // earlier delete's leftovers too.
     let (s, r) = d
-        .call("POST", "/v1/delete", Some(json!({"id": kept, "forget": true})))
+        .call(
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": kept, "forget": true})),
+        )
         .await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["forgotten"]["still_in_snapshots"], json!(["snap"]), "{r}");
-    assert!(r["forgotten"]["versions_removed"].as_u64().unwrap() > 0, "{r}");
-    assert_eq!(files_holding(&d.data_dir, gone_word), Vec::<std::path::PathBuf>::new());
-    assert!(!files_holding(&chunks, kept_word).is_empty(), "the snapshot keeps it");
+    assert!(
+        r["forgotten"]["versions_removed"].as_u64().unwrap() > 0,
+        "{r}"
+    );
+    assert_eq!(
+        files_holding(&d.data_dir, gone_word),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert!(
+        !files_holding(&chunks, kept_word).is_empty(),
+        "the snapshot keeps it"
+    );
     // The snapshot is whole: rolling back brings the memory back.
     let (s, r) = d
         .call("POST", "/v1/snapshots/snap/rollback", Some(json!({})))
@@ -552,11 +563,18 @@ async fn forget_erases_a_memory_from_every_file_but_a_snapshots() {
     let (s, r) = d.call("DELETE", "/v1/snapshots/snap", None).await;
     assert!(s == 200 || s == 204, "{s} {r}");
     let (s, r) = d
-        .call("POST", "/v1/delete", Some(json!({"id": kept, "forget": true})))
+        .call(
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": kept, "forget": true})),
+        )
         .await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["forgotten"]["still_in_snapshots"], json!([]), "{r}");
-    assert_eq!(files_holding(&d.data_dir, kept_word), Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        files_holding(&d.data_dir, kept_word),
+        Vec::<std::path::PathBuf>::new()
+    );
     assert_eq!(row(&d, &kept).await, Value::Null);
     // The tables work on after it.
     let after = d.store("Written after the forgetting", "f").await;

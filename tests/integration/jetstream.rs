@@ -428,10 +428,13 @@ async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_of_the_same_id_and_text_is_not_taken_for_a_retry() {
     let d = Daemon::start(Options::default().env("LOOMEM_SERVER__STORE_TIMEOUT_MS", "10000")).await;
-    let body = json!({"id": "again", "content": "The spare key is under the blue pot", "stream": "s"});
+    let body =
+        json!({"id": "again", "content": "The spare key is under the blue pot", "stream": "s"});
     let (s, r) = d.call("POST", "/v1/store", Some(body.clone())).await;
     assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
-    let (s, r) = d.call("POST", "/v1/delete", Some(json!({"id": "again"}))).await;
+    let (s, r) = d
+        .call("POST", "/v1/delete", Some(json!({"id": "again"})))
+        .await;
     assert_eq!(s, 200, "{r}");
     // The same id and text, well within JetStream's duplicate window: a new
     // write, not a retry of the first.

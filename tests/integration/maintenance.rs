@@ -279,7 +279,10 @@ async fn build_graph_does_not_hold_other_writes_back() {
         })
         .collect();
     let (s, r) = d
-        .post_raw("/v1/import?format=jsonl&stream=big", lines.join("\n").into_bytes())
+        .post_raw(
+            "/v1/import?format=jsonl&stream=big",
+            lines.join("\n").into_bytes(),
+        )
         .await;
     assert_eq!(s, 200, "{r}");
     let entities = || async {
@@ -328,7 +331,8 @@ async fn build_graph_does_not_hold_other_writes_back() {
     tokio::pin!(rebuild);
     let store = async {
         while entities().await >= before {}
-        d.store("Bought oat milk and sourdough bread", "other").await
+        d.store("Bought oat milk and sourdough bread", "other")
+            .await
     };
     let stored = tokio::select! {
         (s, r) = &mut rebuild => panic!("the rebuild ended ({s} {r}) before the store was written"),

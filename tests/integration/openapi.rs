@@ -11,7 +11,8 @@ async fn every_route_the_router_answers_is_described() {
     let d = Daemon::start(Options {
         embedded: true,
         ..Options::with_auth()
-    }).await;
+    })
+    .await;
     let (s, doc) = d.call("GET", "/openapi.json", None).await;
     assert_eq!(s, 200, "{doc}");
     let described: BTreeSet<(String, String)> = doc["paths"]
@@ -105,12 +106,19 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_description() 
         report
             .lines()
             .find_map(|l| l.trim().strip_prefix(label))
-            .map(|rest| rest.split('/').filter_map(|n| n.trim().parse().ok()).collect())
+            .map(|rest| {
+                rest.split('/')
+                    .filter_map(|n| n.trim().parse().ok())
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let (selected, tested) = (count("Selected:"), count("Tested:"));
     assert!(
-        selected.len() == 2 && selected[0] == selected[1] && tested == vec![selected[0]] && selected[0] >= 40,
+        selected.len() == 2
+            && selected[0] == selected[1]
+            && tested == vec![selected[0]]
+            && selected[0] >= 40,
         "{selected:?} {tested:?}\n{report}"
     );
     let generated: u64 = report

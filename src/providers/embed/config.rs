@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(
+    schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum EmbedProvider {
     /// sentence-transformers all-MiniLM-L6-v2, in-process (candle).

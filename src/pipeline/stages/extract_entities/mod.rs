@@ -440,8 +440,14 @@ impl Stage for ExtractEntities {
                 }
                 if self.populate_graph {
                     r.graph_refs = crate::store::graph::ChunkRefs {
-                        entities: mentions[first_mention..].iter().map(Mention::entity_id).collect(),
-                        edges: relations[first_relation..].iter().map(Relation::edge_id).collect(),
+                        entities: mentions[first_mention..]
+                            .iter()
+                            .map(Mention::entity_id)
+                            .collect(),
+                        edges: relations[first_relation..]
+                            .iter()
+                            .map(Relation::edge_id)
+                            .collect(),
                     };
                 }
             }
