@@ -15,7 +15,11 @@ fn resolver() -> &'static DateResolver {
 fuzz_target!(|text: &str| {
     let _ = loomem::core::time::parse_instant_str(text);
     let _ = loomem::core::time::parse_instant("at", &serde_json::Value::String(text.into()));
-    for base in [NaiveDate::MIN, NaiveDate::MAX, NaiveDate::from_ymd_opt(2026, 2, 28).unwrap()] {
+    for base in [
+        NaiveDate::MIN,
+        NaiveDate::MAX,
+        NaiveDate::from_ymd_opt(2026, 2, 28).unwrap(),
+    ] {
         let found = resolver().resolve(text, base);
         let _ = DateResolver::rewrite(text, &found);
     }

@@ -19,7 +19,11 @@ fn rules() -> &'static RuleExtractor {
 
 fuzz_target!(|text: &str| {
     let turns = parse_transcript(text);
-    for date in [NaiveDate::MIN, NaiveDate::MAX, NaiveDate::from_ymd_opt(2026, 11, 24).unwrap()] {
+    for date in [
+        NaiveDate::MIN,
+        NaiveDate::MAX,
+        NaiveDate::from_ymd_opt(2026, 11, 24).unwrap(),
+    ] {
         let _ = rules().extract(&turns, date);
     }
 });
