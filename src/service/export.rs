@@ -290,8 +290,10 @@ async fn lossless_rows(
     page: usize,
 ) -> Result<BTreeMap<String, usize>> {
     let fail = |e: std::io::Error| Error::Internal(format!("export: {e}"));
+    let prefix = |name: &str| format!("{{\"table\":\"{name}\",\"row\":");
     let mut rows = BTreeMap::new();
     let mut written = 0;
+    let chunk_prefix = prefix(CHUNKS);
     for stream in streams(store, caller).await? {
         let mut ids = store.ids(&Filter::new().stream(&stream)).await?;
         ids.sort();
@@ -301,10 +303,9 @@ async fn lossless_rows(
                 .await?;
             chunks.sort_by(|a, b| a.id.cmp(&b.id));
             for c in &chunks {
-                let line = serde_json::json!({"table": CHUNKS, "row": c});
-                serde_json::to_writer(&mut *body, &line)
-                    .map_err(|e| Error::Internal(e.to_string()))?;
-                body.write_all(b"\n").map_err(fail)?;
+                body.write_all(chunk_prefix.as_bytes()).map_err(fail)?;
+                serde_json::to_writer(&mut *body, c).map_err(|e| Error::Internal(e.to_string()))?;
+                body.write_all(b"}\n").map_err(fail)?;
             }
             written += chunks.len();
         }
@@ -316,7 +317,7 @@ async fn lossless_rows(
         let table = &tables[name];
         let mut ids = crate::store::scan_ids(table, &filter).await?;
         ids.sort();
-        let prefix = format!("{{\"table\":\"{name}\",\"row\":");
+        let prefix = prefix(name);
         let mut written = 0;
         for part in ids.chunks(page) {
             let batches = crate::store::scan(table, &filter.clone().ids(part)).await?;
@@ -589,22 +590,6 @@ fn safe_segment(s: &str) -> String {
     }
 }
 
-/// Write `bytes` to `path` so that a reader sees the old file or the whole new
-/// one, never a part: a temp file beside it, synced, then renamed over it.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = aside(path)?;
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -690,12 +675,24 @@ mod tests {
         store.close().await;
     }
 
-    #[test]
-    fn atomic_writes_replace_whole_files_and_leave_no_temp() {
+    #[tokio::test]
+    async fn atomic_writes_replace_whole_files_and_leave_no_temp() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a/b/out.jsonl");
-        write_atomically(&path, b"one\n").unwrap();
-        write_atomically(&path, b"two\n").unwrap();
+        let write = |bytes: &'static [u8]| {
+            replace_file(&path, move |tmp| async move {
+                std::fs::write(&tmp, bytes).map_err(io_err(&tmp))
+            })
+        };
+        write(b"one\n").await.unwrap();
+        write(b"two\n").await.unwrap();
+        // A write that fails leaves the file as it was, and no temp behind.
+        let failed: Result<()> = replace_file(&path, |tmp| async move {
+            std::fs::write(&tmp, b"half").map_err(io_err(&tmp))?;
+            Err(Error::Internal("cut short".into()))
+        })
+        .await;
+        assert!(failed.is_err());
         assert_eq!(std::fs::read(&path).unwrap(), b"two\n");
         let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()
