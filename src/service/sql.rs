@@ -6,7 +6,7 @@
 //! `chunks_as_of(version_or_timestamp)` (the table as it was, a Lance version).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use lancedb::datafusion::arrow::array::RecordBatch;
@@ -400,10 +400,11 @@ pub fn check_query(sql: &str) -> Result<Vec<String>> {
             ))
         }
     }
-    let as_of =
-        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex");
+    static AS_OF: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?i)chunks_as_of\s*\(\s*(?:'([^']*)'|(\d+))\s*\)").expect("static regex")
+    });
     let mut args: Vec<String> = Vec::new();
-    for caps in as_of.captures_iter(sql) {
+    for caps in AS_OF.captures_iter(sql) {
         let Some(arg) = caps.get(1).or_else(|| caps.get(2)) else {
             continue;
         };
@@ -429,6 +430,7 @@ async fn plan(
     req: &SqlRequest,
 ) -> Result<DataFrame> {
     let sql = req.sql.trim();
+    let past_versions = check_query(sql)?;
     let params = req
         .params
         .iter()
@@ -445,15 +447,13 @@ async fn plan(
         runtime,
     );
 
-    let past_versions = check_query(sql)?;
-
     let options = lancedb::datafusion::execution::context::SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
-    let wants_embedding = Regex::new(r"(?i)\bembedding\b")
-        .expect("static regex")
-        .is_match(sql);
+    static EMBEDDING: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?i)\bembedding\b").expect("static regex"));
+    let wants_embedding = EMBEDDING.is_match(sql);
     let tables = store.tables();
     for name in TABLES {
         let df = scoped(
