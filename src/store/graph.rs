@@ -246,6 +246,17 @@ impl Known {
         }
     }
 
+    /// Stop holding one row (deleted from the table).
+    fn remove(&mut self, row: &EntityRow) {
+        if let Some(old) = self
+            .streams
+            .get_mut(&row.stream)
+            .and_then(|rows| rows.remove(&row.key))
+        {
+            self.refs -= old.chunk_ids.len();
+        }
+    }
+
     fn remember(&mut self, row: &EntityRow) {
         let Some(stream) = self.streams.get_mut(&row.stream) else {
             return;
@@ -385,8 +396,7 @@ impl Graph {
             self.written(rows.len()).await;
         }
         if !relations.is_empty() {
-            let id_of = Relation::edge_id;
-            let ids: BTreeSet<String> = relations.iter().map(id_of).collect();
+            let ids: BTreeSet<String> = relations.iter().map(Relation::edge_id).collect();
             let mut rows: HashMap<String, EdgeRow> =
                 read_where(&self.edges, column_in("id", &ids), edge_rows)
                     .await?
@@ -394,7 +404,7 @@ impl Graph {
                     .map(|r| (r.id.clone(), r))
                     .collect();
             for r in relations {
-                let id = id_of(r);
+                let id = r.edge_id();
                 let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
                     id,
                     stream: r.stream.clone(),
@@ -430,12 +440,7 @@ impl Graph {
         if let Some(row) = rows.pop() {
             return Ok(Some(row));
         }
-        let all = read_where(
-            &self.entities,
-            format!("stream = {}", sql_str(stream)),
-            entity_rows,
-        )
-        .await?;
+        let all = self.stream_entities(stream).await?;
         Ok(all
             .into_iter()
             .find(|e| e.aliases.iter().any(|a| entity_key(a) == key)))
@@ -474,6 +479,16 @@ impl Graph {
         Ok(out)
     }
 
+    /// Every entity row of a stream.
+    async fn stream_entities(&self, stream: &str) -> Result<Vec<EntityRow>> {
+        read_where(
+            &self.entities,
+            format!("stream = {}", sql_str(stream)),
+            entity_rows,
+        )
+        .await
+    }
+
     /// The rows of `keys` in a known stream (None: not known).
     fn known_rows(&self, stream: &str, keys: &[String]) -> Option<Vec<EntityRow>> {
         let known = self.known.lock().expect("known entities lock");
@@ -485,12 +500,7 @@ impl Graph {
     async fn load_known(&self, stream: &str) -> Result<bool> {
         // No merge lands between the read and the install.
         let _merging = self.merging.lock().await;
-        let rows = read_where(
-            &self.entities,
-            format!("stream = {}", sql_str(stream)),
-            entity_rows,
-        )
-        .await?;
+        let rows = self.stream_entities(stream).await?;
         Ok(self
             .known
             .lock()
@@ -624,7 +634,7 @@ impl Graph {
             known.remember(row);
         }
         for row in &dropped {
-            known.forget(&row.stream);
+            known.remove(row);
         }
         Ok(())
     }
@@ -777,7 +787,7 @@ mod tests {
         let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
         let graph = &store.graph;
         let streams = vec!["a".to_string(), "b".to_string()];
-        let keys = vec!["alice".to_string(), "bob".to_string(), "carol".to_string()];
+        let keys: Vec<String> = ["alice", "bob", "carol", "dave"].map(String::from).to_vec();
         let agree = |round: &'static str| {
             let (streams, keys) = (streams.clone(), keys.clone());
             async move {
@@ -844,6 +854,31 @@ mod tests {
                 .chunk_ids,
             ["c3"]
         );
+        // A write taken back: its references go, a row left empty goes, and
+        // the stream stays held.
+        graph
+            .record(
+                &[mention("a", "alice", "c9"), mention("a", "dave", "c9")],
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(agree("before a retraction").await.len(), 4);
+        let refs = ChunkRefs {
+            entities: vec!["a/alice".into(), "a/dave".into()],
+            edges: Vec::new(),
+        };
+        graph.retract(&[("c9".into(), refs)]).await.unwrap();
+        let rows = agree("after a retraction").await;
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        let alice = rows.iter().find(|r| r.id == "a/alice").unwrap();
+        assert_eq!(
+            (alice.chunk_ids.clone(), alice.chunk_count),
+            (vec!["c3".to_string()], 1)
+        );
+        assert!(graph.known.lock().unwrap().streams.contains_key("a"));
+        let (refs, counted) = held_refs(graph);
+        assert_eq!(refs, counted, "a retraction keeps the measure true");
         graph.delete(&Filter::new().stream("b")).await.unwrap();
         assert_eq!(agree("after a delete").await.len(), 2);
         graph
