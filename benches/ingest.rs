@@ -200,9 +200,14 @@ fn bench_e2e(c: &mut Criterion) {
                         )
                         .unwrap();
                         let started = Instant::now();
-                        loomem::service::import::publish(&engine.bus, parsed, |_, _| {})
-                            .await
-                            .unwrap();
+                        loomem::service::import::publish(
+                            &engine.bus,
+                            Some(&engine.store),
+                            parsed,
+                            |_, _| {},
+                        )
+                        .await
+                        .unwrap();
                         let filter = Filter::new().stream(&stream);
                         while engine.store.count(&filter).await.unwrap() < n {
                             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -122,9 +122,9 @@ impl JetStreamBus {
     }
 
     /// Publish every envelope (pipelined), then wait for each acknowledgement.
-    /// Returns how many JetStream recognised as duplicates (same message id within
+    /// Returns those JetStream recognised as duplicates (same message id within
     /// the duplicate window: already accepted, not delivered again).
-    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<usize, BusError> {
+    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, BusError> {
         if self.client.connection_state() != State::Connected {
             return Err(unavailable(&self.url, "not connected"));
         }
@@ -132,9 +132,10 @@ impl JetStreamBus {
         for e in &envelopes {
             let payload = serde_json::to_vec(e).map_err(|e| BusError::Encode(e.to_string()))?;
             let subject = format!("{SUBJECT_PREFIX}.{}", subject_token(&e.chunk.stream));
+            let id = message_id(&e.chunk.id, &payload);
             let msg = jetstream::message::PublishMessage::build()
                 .payload(payload.into())
-                .message_id(message_id(e)?);
+                .message_id(id);
             let ack = self.js.send_publish(subject, msg).await.map_err(|e| {
                 if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
                     BusError::TooLarge(format!(
@@ -146,10 +147,11 @@ impl JetStreamBus {
             })?;
             acks.push(ack);
         }
-        let mut duplicates = 0;
-        for ack in acks {
+        let mut duplicates = Vec::new();
+        for (ack, e) in acks.into_iter().zip(envelopes) {
             match tokio::time::timeout(self.publish_timeout, ack).await {
-                Ok(Ok(a)) => duplicates += usize::from(a.duplicate),
+                Ok(Ok(a)) if a.duplicate => duplicates.push(e),
+                Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(unavailable(&self.url, e)),
                 Err(_) => return Err(unavailable(&self.url, "no acknowledgement in time")),
             }
@@ -168,12 +170,11 @@ impl JetStreamBus {
 /// retry) is dropped by JetStream, while any other write of the same id goes
 /// through: an update of any field, a re-store after a delete (a new request
 /// has its own `created_at`), a write sent again on purpose (`resend`).
-pub fn message_id(envelope: &super::Envelope) -> Result<String, BusError> {
+pub fn message_id(memory_id: &str, payload: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    let payload = serde_json::to_vec(envelope).map_err(|e| BusError::Encode(e.to_string()))?;
-    let digest = Sha256::digest(&payload);
+    let digest = Sha256::digest(payload);
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!("{}:{hex}", envelope.chunk.id))
+    format!("{memory_id}:{hex}")
 }
 
 impl JetStreamConsumer {

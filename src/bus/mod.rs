@@ -159,10 +159,10 @@ pub enum Bus {
 
 impl Bus {
     /// Hand envelopes to the bus; Ok means accepted (durably, for JetStream),
-    /// with the number the bus recognised as already accepted.
-    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<usize, BusError> {
+    /// with those the bus recognised as already accepted and dropped.
+    pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, BusError> {
         match self {
-            Bus::Embedded(b) => b.publish(envelopes).await.map(|()| 0),
+            Bus::Embedded(b) => b.publish(envelopes).await.map(|()| Vec::new()),
             Bus::JetStream(b) => b.publish(envelopes).await,
         }
     }

@@ -60,7 +60,8 @@ pub struct Rejected {
 pub struct ImportReport {
     pub read: usize,
     pub accepted: usize,
-    /// Records whose id was already in this file or already accepted by the bus.
+    /// Records whose id was already in this file, or that the bus already
+    /// holds and that are stored.
     pub duplicates: usize,
     pub rejected: Vec<Rejected>,
 }
@@ -206,9 +207,12 @@ impl Parsed {
 }
 
 /// Publish parsed records onto the bus (accepted, not waited for), calling
-/// `progress(done, total)` after each chunk.
+/// `progress(done, total)` after each chunk. With the `store`, a record the
+/// bus drops as already held but that is not stored is sent again (see
+/// [`crate::service::memory::publish_fresh`]).
 pub async fn publish(
     bus: &Bus,
+    store: Option<&crate::store::Store>,
     parsed: Parsed,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ImportReport> {
@@ -232,7 +236,10 @@ pub async fn publish(
     while rest.peek().is_some() {
         let chunk: Vec<Chunk> = rest.by_ref().take(PUBLISH_CHUNK).collect();
         let n = chunk.len();
-        let dup = bus.publish(envelopes("import", chunk, false)).await?;
+        let dup =
+            crate::service::memory::publish_fresh(bus, store, envelopes("import", chunk, false))
+                .await?
+                .len();
         report.accepted += n - dup;
         report.duplicates += dup;
         done += n;
@@ -437,7 +444,7 @@ pub async fn import_text(
     if let Some(store) = to.store {
         parsed.refuse_taken_ids(store).await?;
     }
-    publish(bus, parsed, progress).await
+    publish(bus, to.store, parsed, progress).await
 }
 
 #[cfg(test)]

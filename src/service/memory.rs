@@ -263,6 +263,37 @@ async fn wait_for(watch: crate::bus::Watch, deadline: tokio::time::Instant) -> W
     }
 }
 
+/// Publish `envelopes`. The bus drops a message it already holds (the very
+/// same bytes within its duplicate window): one whose memory is stored now is
+/// done, and its id is returned; any other (still on its way, deleted since,
+/// or failed) is sent again under a fresh message id, so it is surely stored.
+/// Sent twice, a write is merged by id: harmless. Without a `store` to ask,
+/// every dropped message counts as stored.
+pub async fn publish_fresh(
+    bus: &crate::bus::Bus,
+    store: Option<&crate::store::Store>,
+    envelopes: Vec<Envelope>,
+) -> Result<std::collections::HashSet<String>> {
+    let mut stored = std::collections::HashSet::new();
+    let mut missing = Vec::new();
+    for mut e in bus.publish(envelopes).await? {
+        let present = match store {
+            Some(store) => store.get(&e.chunk.id).await?.is_some(),
+            None => true,
+        };
+        if present {
+            stored.insert(e.chunk.id.clone());
+        } else {
+            e.resend = crate::core::model::now_micros().unsigned_abs().max(1);
+            missing.push(e);
+        }
+    }
+    if !missing.is_empty() {
+        bus.publish(missing).await?;
+    }
+    Ok(stored)
+}
+
 /// Publish `envelopes` (each with `notify`) and wait until every one has an
 /// outcome, or the store timeout passes (then the write is reported as not
 /// yet committed; it will still be stored).
@@ -274,37 +305,13 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
         watches.push(engine.notifier.watch(id).await?);
     }
     let forget = || ids.iter().for_each(|id| engine.notifier.forget(id));
-    let again = envelopes.clone();
-    let republished = match engine.bus.publish(envelopes).await {
-        Ok(already) => already > 0,
+    let done = match publish_fresh(&engine.bus, Some(&engine.store), envelopes).await {
+        Ok(stored) => stored,
         Err(e) => {
             forget();
-            return Err(e.into());
+            return Err(e);
         }
     };
-    // The bus dropped some of these as messages it already holds (the very
-    // same bytes within its duplicate window). One whose memory is stored
-    // now is done; any other (still on its way, or deleted since, or failed)
-    // is sent again under a fresh message id, so it is surely stored and
-    // answered. Sent twice, a write is merged by id: harmless.
-    let mut done = std::collections::HashSet::new();
-    if republished {
-        let mut missing = Vec::new();
-        for mut e in again {
-            if engine.store.get(&e.chunk.id).await?.is_some() {
-                done.insert(e.chunk.id.clone());
-            } else {
-                e.resend = crate::core::model::now_micros().unsigned_abs().max(1);
-                missing.push(e);
-            }
-        }
-        if !missing.is_empty() {
-            if let Err(e) = engine.bus.publish(missing).await {
-                forget();
-                return Err(e.into());
-            }
-        }
-    }
     let deadline = tokio::time::Instant::now() + timeout;
     let mut outcomes = Vec::with_capacity(ids.len());
     for (id, watch) in ids.iter().zip(watches) {

@@ -185,11 +185,12 @@ async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
             minted: false,
             resend: 0,
         };
+        let payload = serde_json::to_vec(&env).unwrap();
         publish_raw(
             &d,
             "loomem.in.p",
-            &message_id(&env).unwrap(),
-            serde_json::to_vec(&env).unwrap(),
+            &message_id(&env.chunk.id, &payload),
+            payload,
         )
         .await;
     }
@@ -453,4 +454,46 @@ async fn a_write_of_the_same_id_and_text_is_not_taken_for_a_retry() {
     assert_eq!((s, r["status"].clone()), (200, json!("stored")), "{r}");
     let rows = d.sql("SELECT title FROM chunks WHERE id = 'again'").await;
     assert_eq!(rows, vec![json!({"title": "Keys"})]);
+
+    let d = &d;
+    // An import line is the very same message each time it is sent: sent
+    // again it is a duplicate while stored, and stored again once deleted.
+    let line = json!({"id": "imported", "content": "The gate code is 4471", "created_at": "2024-05-01T10:00:00Z"});
+    let import = || {
+        d.post_raw(
+            "/v1/import?format=jsonl&stream=s",
+            line.to_string().into_bytes(),
+        )
+    };
+    let wait_rows = |want: usize| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let rows = d.sql("SELECT id FROM chunks WHERE id = 'imported'").await;
+            if rows.len() == want {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{rows:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (s, r) = import().await;
+    assert_eq!((s, r["accepted"].clone()), (200, json!(1)), "{r}");
+    wait_rows(1).await;
+    let (_, r) = import().await;
+    assert_eq!(
+        (r["accepted"].clone(), r["duplicates"].clone()),
+        (json!(0), json!(1)),
+        "{r}"
+    );
+    let (s, r) = d
+        .call("POST", "/v1/delete", Some(json!({"id": "imported"})))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let (_, r) = import().await;
+    assert_eq!(
+        (r["accepted"].clone(), r["duplicates"].clone()),
+        (json!(1), json!(0)),
+        "{r}"
+    );
+    wait_rows(1).await;
 }
