@@ -36,7 +36,7 @@ fn config() -> Config {
 
 fn bench(c: &mut Criterion) {
     // As `loomem` does (candle reads these when it first runs a kernel).
-    loomem::providers::embed::minilm::single_threaded_kernels();
+    loomem::providers::embed::minilm::kernel_threads();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let cfg = config();
     let minilm = MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)
@@ -70,10 +70,11 @@ fn bench_model(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, mode
         }
         group.finish();
     }
-    // One query as search embeds it: a short question, alone.
-    let query = vec!["What IDE does the user prefer?".to_string()];
+    // One query as search embeds it: a short question, alone, through the
+    // query path (MiniLM's query thread).
+    let query = "What IDE does the user prefer?";
     c.bench_function(&format!("{name}/query_latency"), |b| {
-        b.iter(|| rt.block_on(model.embed(&query)).unwrap())
+        b.iter(|| rt.block_on(model.embed_query(query)).unwrap())
     });
 }
 

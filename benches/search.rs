@@ -1,9 +1,12 @@
-//! Search latency at 10k, 100k and 1M memories: the full hybrid path of
-//! `POST /v1/search` (query embedding with MiniLM, BM25, vector and graph legs,
-//! fusion, ranking) minus HTTP.
+//! Search latency at 10k and 100k memories in one stream, and on a
+//! multi-tenant store of 1M memories over 1,000 streams: the full hybrid path
+//! of `POST /v1/search` (query embedding with MiniLM, BM25, vector and graph
+//! legs, fusion, ranking) minus HTTP.
 //!
-//! `cargo bench --bench search` (sizes: `LOOMEM_BENCH_SIZES=10000,100000`;
-//! `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables).
+//! `cargo bench --bench search` (scenarios: `LOOMEM_BENCH_SIZES=10000,100000,1000000x1000`,
+//! where `ROWSxSTREAMS` spreads the rows over streams with Zipf-distributed
+//! sizes, the largest ~13% of the rows, and asks each query of a random
+//! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables).
 //!
 //! The memories are synthetic: 12 words each from a 4,000-word Zipf-distributed
 //! vocabulary, with random unit vectors (embedding 1M texts with MiniLM would
@@ -33,6 +36,56 @@ use loomem::store::Store;
 const DIM: usize = 384;
 const BATCH: usize = 50_000;
 const STREAM: &str = "bench";
+
+/// A store to search: `rows` memories in `streams` streams.
+#[derive(Clone, Copy)]
+struct Scenario {
+    rows: usize,
+    streams: usize,
+}
+
+impl Scenario {
+    fn parse(spec: &str) -> Scenario {
+        let spec = spec.trim();
+        let number = |s: &str| s.parse().expect("LOOMEM_BENCH_SIZES: ROWS or ROWSxSTREAMS");
+        match spec.split_once('x') {
+            Some((rows, streams)) => Scenario {
+                rows: number(rows),
+                streams: number(streams),
+            },
+            None => Scenario {
+                rows: number(spec),
+                streams: 1,
+            },
+        }
+    }
+
+    fn name(&self) -> String {
+        match self.streams {
+            1 => self.rows.to_string(),
+            n => format!("{}x{n}", self.rows),
+        }
+    }
+
+    fn stream(&self, i: usize) -> String {
+        match self.streams {
+            1 => STREAM.to_string(),
+            _ => format!("t{i:04}"),
+        }
+    }
+
+    /// Rows per stream: Zipf (stream i gets a share of 1/(i+1)), the
+    /// rounding left to the first.
+    fn sizes(&self) -> Vec<usize> {
+        let h: f64 = (1..=self.streams).map(|i| 1.0 / i as f64).sum();
+        let mut sizes: Vec<usize> = (1..=self.streams)
+            .map(|i| ((self.rows as f64 / h) / i as f64).floor().max(1.0) as usize)
+            .collect();
+        let given: usize = sizes.iter().sum();
+        sizes[0] += self.rows.saturating_sub(given);
+        sizes
+    }
+}
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -82,13 +135,18 @@ fn text(rng: &mut Rng, vocab: &[String], words: usize) -> String {
         .join(" ")
 }
 
-fn data_dir(rows: usize) -> PathBuf {
+fn data_dir(scenario: Scenario) -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
-    PathBuf::from(home).join(format!(".cache/loomem/bench-data/search-{rows}"))
+    PathBuf::from(home).join(format!(
+        ".cache/loomem/bench-data/search-{}",
+        scenario.name()
+    ))
 }
 
-/// Build the table of `rows` memories with its indexes, unless already there.
-async fn build(dir: &Path, rows: usize, index_min_rows: usize) {
+/// Build the table of the scenario's memories with its indexes, unless
+/// already there.
+async fn build(dir: &Path, scenario: Scenario, index_min_rows: usize) {
+    let rows = scenario.rows;
     let store = Store::open(dir, DIM, 100_000).await.unwrap();
     let have = store.count(&loomem::store::Filter::new()).await.unwrap();
     if have == rows && (rows < index_min_rows || store.has_vector_index().await) {
@@ -99,12 +157,18 @@ async fn build(dir: &Path, rows: usize, index_min_rows: usize) {
     let vocab = vocabulary();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let table = store.chunks_table();
+    let owner: Vec<usize> = scenario
+        .sizes()
+        .into_iter()
+        .enumerate()
+        .flat_map(|(s, n)| std::iter::repeat_n(s, n))
+        .collect();
     for start in (0..rows).step_by(BATCH) {
         let chunks: Vec<Chunk> = (start..(start + BATCH).min(rows))
             .map(|i| {
                 let mut c = Chunk::new(
                     format!("m-{i}"),
-                    STREAM.into(),
+                    scenario.stream(owner[i]),
                     text(&mut rng, &vocab, 12),
                     1_700_000_000_000_000 + i as i64 * 10_000_000,
                 );
@@ -155,26 +219,49 @@ fn resident_mib() -> u64 {
         .map_or(0, |kb| kb / 1024)
 }
 
+/// One search as the bench asks it.
+fn request(query: &str, stream: String, mode: &str) -> SearchRequest {
+    SearchRequest {
+        query: query.to_string(),
+        stream: Some(stream),
+        dry_run: true,
+        mode: Some(mode.into()),
+        ..Default::default()
+    }
+}
+
+fn report(label: &str, times: &mut [Duration]) {
+    times.sort();
+    println!(
+        "{label}: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms over {} queries",
+        percentile(times, 0.50).as_secs_f64() * 1e3,
+        percentile(times, 0.95).as_secs_f64() * 1e3,
+        percentile(times, 0.99).as_secs_f64() * 1e3,
+        times.len(),
+    );
+}
+
 fn bench_search(c: &mut Criterion) {
     // As `loomem` does, before any other thread exists.
-    loomem::providers::embed::minilm::single_threaded_kernels();
+    loomem::providers::embed::minilm::kernel_threads();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let sizes: Vec<usize> = std::env::var("LOOMEM_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000,100000,1000000".into())
+    let scenarios: Vec<Scenario> = std::env::var("LOOMEM_BENCH_SIZES")
+        .unwrap_or_else(|_| "10000,100000,1000000x1000".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("LOOMEM_BENCH_SIZES: numbers"))
+        .map(Scenario::parse)
         .collect();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let vocab = vocabulary();
     let mut group = c.benchmark_group("search_hybrid");
     group.sample_size(30);
     group.measurement_time(Duration::from_secs(10));
-    for rows in sizes {
-        let dir = data_dir(rows);
+    for scenario in scenarios {
+        let name = scenario.name();
+        let dir = data_dir(scenario);
         let mut env: HashMap<String, String> = HashMap::new();
         env.insert("LOOMEM_STORAGE__DATA_DIR".into(), dir.display().to_string());
         env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
@@ -183,7 +270,7 @@ fn bench_search(c: &mut Criterion) {
         }
         let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
         let index_min_rows = cfg.search.vector_index_min_rows;
-        rt.block_on(build(&dir, rows, index_min_rows));
+        rt.block_on(build(&dir, scenario, index_min_rows));
         if std::env::var("LOOMEM_BENCH_BUILD_ONLY").is_ok() {
             continue;
         }
@@ -191,86 +278,89 @@ fn bench_search(c: &mut Criterion) {
         let caller = Caller::admin("bench");
         let mut rng = Rng(42);
         // Distinct sets for each measurement: a query asked before is served
-        // from the query-vector cache, which would hide the embedding.
-        let queries: Vec<String> = (0..1200).map(|_| text(&mut rng, &vocab, 4)).collect();
-        let (legs, warm, timed, concurrent) = (
+        // from the query-vector cache, which would hide the embedding. Each
+        // query goes to a stream drawn at random (the one stream when there
+        // is one).
+        let queries: Vec<(String, String)> = (0..1500)
+            .map(|_| {
+                let stream = scenario.stream(rng.next() as usize % scenario.streams);
+                (text(&mut rng, &vocab, 4), stream)
+            })
+            .collect();
+        let (legs, warm, timed, again, concurrent) = (
             &queries[..400],
             &queries[400..420],
             &queries[420..720],
-            &queries[720..],
+            &queries[720..1020],
+            &queries[1020..],
         );
-        let run_mode = |q: &str, mode: &str| {
+        let run = |(q, stream): &(String, String), mode: &str| {
             rt.block_on(search::search(
                 &engine,
                 &caller,
-                SearchRequest {
-                    query: q.to_string(),
-                    stream: Some(STREAM.into()),
-                    dry_run: true,
-                    mode: Some(mode.into()),
-                    ..Default::default()
-                },
+                request(q, stream.clone(), mode),
             ))
             .unwrap()
         };
-        let run = |q: &str| run_mode(q, "hybrid");
         // The query embedding alone, then each leg alone (the vector leg
         // includes the embedding).
         let mut t: Vec<Duration> = legs
             .iter()
             .take(100)
-            .map(|q| {
+            .map(|(q, _)| {
                 let s = Instant::now();
                 rt.block_on(engine.embedder.embed_query(q)).unwrap();
                 s.elapsed()
             })
             .collect();
-        t.sort();
-        println!(
-            "embed_query/{rows}: p50 {:.1} ms, p95 {:.1} ms",
-            percentile(&t, 0.50).as_secs_f64() * 1e3,
-            percentile(&t, 0.95).as_secs_f64() * 1e3,
-        );
-        // Each leg alone (with the query embedding for the vector leg).
+        report(&format!("embed_query/{name}"), &mut t);
         for (k, mode) in ["bm25", "vector", "graph"].into_iter().enumerate() {
             let mut t: Vec<Duration> = legs[100 * (k + 1)..100 * (k + 2)]
                 .iter()
                 .map(|q| {
                     let s = Instant::now();
-                    run_mode(q, mode);
+                    run(q, mode);
                     s.elapsed()
                 })
                 .collect();
-            t.sort();
-            println!(
-                "search_{mode}/{rows}: p50 {:.1} ms, p95 {:.1} ms",
-                percentile(&t, 0.50).as_secs_f64() * 1e3,
-                percentile(&t, 0.95).as_secs_f64() * 1e3,
-            );
+            report(&format!("search_{mode}/{name}"), &mut t);
         }
         // Warm up caches (index pages, the model), then the percentiles.
         for q in warm {
-            run(q);
+            run(q, "hybrid");
         }
-        let mut times: Vec<Duration> = timed
-            .iter()
-            .map(|q| {
-                let t = Instant::now();
-                let r = run(q);
-                let took = t.elapsed();
-                assert!(!r.results.is_empty(), "no results for {q}");
-                took
-            })
-            .collect();
-        times.sort();
-        println!(
-            "search_hybrid/{rows}: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms over {} queries (vector index: {})",
-            percentile(&times, 0.50).as_secs_f64() * 1e3,
-            percentile(&times, 0.95).as_secs_f64() * 1e3,
-            percentile(&times, 0.99).as_secs_f64() * 1e3,
-            times.len(),
-            rt.block_on(engine.store.has_vector_index()),
+        let timed_run = |queries: &[(String, String)]| -> Vec<Duration> {
+            queries
+                .iter()
+                .map(|q| {
+                    let t = Instant::now();
+                    let r = run(q, "hybrid");
+                    let took = t.elapsed();
+                    assert!(!r.results.is_empty(), "no results for {}", q.0);
+                    took
+                })
+                .collect()
+        };
+        report(
+            &format!(
+                "search_hybrid/{name} (vector index: {})",
+                rt.block_on(engine.store.has_vector_index())
+            ),
+            &mut timed_run(timed),
         );
+        if scenario.streams > 1 {
+            // The same streams again, new questions: the streams the first
+            // pass loaded are served from memory while the budget holds them.
+            let again: Vec<(String, String)> = again
+                .iter()
+                .zip(timed)
+                .map(|((q, _), (_, stream))| (q.clone(), stream.clone()))
+                .collect();
+            report(
+                &format!("search_hybrid/{name}, the same streams again"),
+                &mut timed_run(&again),
+            );
+        }
         // 16 searchers at once, each with its own queries.
         let searchers = 16;
         let began = Instant::now();
@@ -282,20 +372,11 @@ fn bench_search(c: &mut Criterion) {
                     let (engine, caller, qs) = (engine.clone(), caller.clone(), qs.to_vec());
                     tokio::spawn(async move {
                         let mut t = Vec::new();
-                        for q in qs {
+                        for (q, stream) in qs {
                             let s = Instant::now();
-                            search::search(
-                                &engine,
-                                &caller,
-                                SearchRequest {
-                                    query: q,
-                                    stream: Some(STREAM.into()),
-                                    dry_run: true,
-                                    ..Default::default()
-                                },
-                            )
-                            .await
-                            .unwrap();
+                            search::search(&engine, &caller, request(&q, stream, "hybrid"))
+                                .await
+                                .unwrap();
                             t.push(s.elapsed());
                         }
                         t
@@ -309,22 +390,27 @@ fn bench_search(c: &mut Criterion) {
             all
         });
         let secs = began.elapsed().as_secs_f64();
-        times.sort();
         println!(
-            "search_hybrid/{rows} with {searchers} concurrent searchers: {:.0} queries/s, p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms",
+            "search_hybrid/{name} with {searchers} concurrent searchers: {:.0} queries/s",
             times.len() as f64 / secs,
-            percentile(&times, 0.50).as_secs_f64() * 1e3,
-            percentile(&times, 0.95).as_secs_f64() * 1e3,
-            percentile(&times, 0.99).as_secs_f64() * 1e3,
         );
+        report(
+            &format!("search_hybrid/{name} with {searchers} concurrent searchers"),
+            &mut times,
+        );
+        let (hot_bytes, hot_streams) = engine.store.hot_usage();
         println!(
-            "resident memory with {rows} memories loaded: {} MiB",
-            resident_mib()
+            "resident memory with {name} memories: {} MiB (hot index: {} MiB in {hot_streams} streams)",
+            resident_mib(),
+            hot_bytes >> 20,
         );
         // Fresh queries (mostly unseen, so mostly embedded) for criterion too.
-        let mut fresh = Rng(7 + rows as u64);
-        group.bench_function(format!("{rows}"), |b| {
-            b.iter(|| run(&text(&mut fresh, &vocab, 4)))
+        let mut fresh = Rng(7 + scenario.rows as u64);
+        group.bench_function(&name, |b| {
+            b.iter(|| {
+                let stream = scenario.stream(fresh.next() as usize % scenario.streams);
+                run(&(text(&mut fresh, &vocab, 4), stream), "hybrid")
+            })
         });
         rt.block_on(engine.shutdown());
     }

@@ -103,7 +103,7 @@ fn main() {
         return;
     }
     // As `loomem` does, before any other thread exists.
-    loomem::providers::embed::minilm::single_threaded_kernels();
+    loomem::providers::embed::minilm::kernel_threads();
     let total = knob("LOOMEM_WORKLOAD_TURNS", 6000);
     let writers = knob("LOOMEM_WORKLOAD_WRITERS", 8);
     let streams = knob("LOOMEM_WORKLOAD_STREAMS", 10);

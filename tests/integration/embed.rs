@@ -92,13 +92,13 @@ async fn minilm_concurrent_calls_each_get_their_own_vectors() {
     }
 }
 
-/// The nice value of each of this process's threads named `name` (Linux).
-fn niceness_of_threads(name: &str) -> Vec<i64> {
+/// The nice value of each of this process's threads whose name `matches` (Linux).
+fn niceness_of_threads(matches: impl Fn(&str) -> bool) -> Vec<i64> {
     let mut out = Vec::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap() {
         let dir = task.unwrap().path();
         let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if comm.trim_end() != name {
+        if !matches(comm.trim_end()) {
             continue;
         }
         let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
@@ -116,10 +116,22 @@ async fn the_pipelines_embedding_yields_the_cpu_to_queries() {
     let model = minilm();
     model.embed(&["a pass".to_string()]).await.unwrap();
     model.embed_query("a query").await.unwrap();
-    // Thread names are cut at 15 bytes: `loomem-minilm-query` is `loomem-minilm-q`.
-    let bulk = niceness_of_threads("loomem-minilm");
-    let query = niceness_of_threads("loomem-minilm-q");
+    // Thread names are cut at 15 bytes: `loomem-minilm-query` is
+    // `loomem-minilm-q`. The kernels run on each lane's own pools.
+    let bulk = niceness_of_threads(|n| n == "loomem-minilm" || n.starts_with("loomem-bulk-"));
+    let query = niceness_of_threads(|n| n == "loomem-minilm-q" || n.starts_with("loomem-qry-"));
+    let kernels = niceness_of_threads(|n| n.starts_with("loomem-qry-"));
     assert!(!bulk.is_empty() && !query.is_empty(), "{bulk:?} {query:?}");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(
+        kernels.len(),
+        cpus.min(4),
+        "a query's kernels use every CPU"
+    );
+    assert!(
+        bulk.len() > cpus,
+        "the pipeline's sub-batches have their own kernel threads: {bulk:?}"
+    );
     assert!(
         bulk.iter().all(|&n| n == 10),
         "bulk passes run at nice 10: {bulk:?}"

@@ -10,9 +10,9 @@
 //! batch pass to end). Calls that arrive while a thread is busy are merged
 //! into its next pass, and each
 //! pass sorts its texts by token count and pads per sub-batch to the longest
-//! member, so short texts do not pay for long ones. A pass runs its
-//! sub-batches on every CPU side by side, each with single-threaded kernels
-//! (see [`single_threaded_kernels`]).
+//! member, so short texts do not pay for long ones. A pipeline pass runs its
+//! sub-batches on every CPU side by side, each with single-threaded kernels;
+//! a query runs its kernels over every CPU (see [`kernel_threads`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
@@ -176,13 +176,47 @@ struct Model {
     tokenizer: Tokenizer,
     encoder: Encoder,
     batch_size: usize,
-    /// Threads a pass spreads its sub-batches over (each runs candle's
-    /// kernels on itself alone: see [`single_threaded_kernels`]).
-    threads: usize,
+    /// How the thread spreads its work: sub-batches side by side, each on
+    /// kernels over so many threads.
+    layout: Layout,
+}
+
+/// An inference thread's CPUs: `workers` sub-batches at once, each running
+/// candle's kernels over `kernel_threads` threads named `{name}-{worker}.{thread}`.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    name: &'static str,
+    workers: usize,
+    kernel_threads: usize,
+}
+
+impl Layout {
+    /// One rayon pool per worker, `kernel_threads` threads each, created by
+    /// the calling thread (so they inherit its priority). candle's matrix
+    /// multiplies split over the pool they run in: a pool of one runs the
+    /// pieces in turn, with no other thread to wait for.
+    fn pools(self) -> Result<Vec<rayon::ThreadPool>, EmbedError> {
+        let name = self.name;
+        (0..self.workers.max(1))
+            .map(|w| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.kernel_threads.max(1))
+                    .thread_name(move |t| format!("{name}-{w}.{t}"))
+                    .build()
+                    .map_err(|e| {
+                        EmbedError::Provider(format!("cannot start the kernel threads: {e}"))
+                    })
+            })
+            .collect()
+    }
 }
 
 impl Model {
-    fn embed_all(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    fn embed_all(
+        &self,
+        pools: &[rayon::ThreadPool],
+        texts: &[String],
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let encodings = self
             .tokenizer
             .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
@@ -193,7 +227,7 @@ impl Model {
         order.sort_by_key(|&i| encodings[i].get_ids().len());
         let size = self
             .batch_size
-            .min(texts.len().div_ceil(self.threads.max(1)))
+            .min(texts.len().div_ceil(pools.len()))
             .max(1);
         let groups: Vec<&[usize]> = order.chunks(size).collect();
         type Vectors = Result<Vec<Vec<f32>>, EmbedError>;
@@ -216,23 +250,28 @@ impl Model {
                 .embed(&ids, &mask, group.len(), len)
                 .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))
         };
-        let vectors: Vec<Vectors> = if self.threads <= 1 || groups.len() == 1 {
-            groups.iter().map(|g| run(g)).collect()
+        let vectors: Vec<Vectors> = if pools.len() <= 1 || groups.len() == 1 {
+            pools[0].install(|| groups.iter().map(|g| run(g)).collect())
         } else {
-            // Each thread takes the next sub-batch until none is left.
+            // Each worker takes the next sub-batch until none is left.
             let next = std::sync::atomic::AtomicUsize::new(0);
             let mut done: Vec<(usize, Vectors)> = std::thread::scope(|scope| {
-                let workers: Vec<_> = (0..self.threads.min(groups.len()))
-                    .map(|_| {
-                        scope.spawn(|| {
-                            let mut mine = Vec::new();
-                            loop {
-                                let g = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                let Some(group) = groups.get(g) else {
-                                    return mine;
-                                };
-                                mine.push((g, run(group)));
-                            }
+                let workers: Vec<_> = pools
+                    .iter()
+                    .take(groups.len())
+                    .map(|pool| {
+                        let (next, run, groups) = (&next, &run, &groups);
+                        scope.spawn(move || {
+                            pool.install(|| {
+                                let mut mine = Vec::new();
+                                loop {
+                                    let g = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let Some(group) = groups.get(g) else {
+                                        return mine;
+                                    };
+                                    mine.push((g, run(group)));
+                                }
+                            })
                         })
                     })
                     .collect();
@@ -254,22 +293,36 @@ impl Model {
     }
 }
 
-/// candle spreads every kernel of a forward pass over RAYON_NUM_THREADS
-/// threads (else the physical core count) that meet at a spinning barrier
-/// after each one. MiniLM's kernels are small, so on a machine that does
-/// anything else at the same time the threads wait for each other more than
-/// they compute (a third of the embedding threads' time under the ordinary
-/// workload went to the barrier and the scheduler). loomem runs each kernel on
-/// one thread instead and puts the CPUs to work on separate texts: a pass's
-/// sub-batches run side by side, and a query runs beside them. Sets both
-/// variables to 1 unless they are set. Call it before any other thread exists
-/// (it writes the process environment).
-pub fn single_threaded_kernels() {
-    for var in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+/// candle splits every matrix multiply into RAYON_NUM_THREADS pieces (else
+/// one per physical core) and runs them on the rayon pool it is called from,
+/// waiting for the last. MiniLM's kernels are small, so threads that share
+/// the CPUs with anything else wait for each other more than they compute (a
+/// third of the embedding threads' time under the ordinary workload went to
+/// waiting and the scheduler when every pass used the global pool). So each
+/// inference thread brings its own pools ([`Layout::pools`]): the pipeline's
+/// passes run their sub-batches side by side, each in a pool of one thread
+/// that runs the pieces in turn, while a query, one text that cannot be
+/// split into sub-batches, runs its pieces on every CPU at normal priority.
+///
+/// Sets RAYON_NUM_THREADS to the query's kernel threads and
+/// CANDLE_NUM_THREADS to 1, unless they are set. Call it before any other
+/// thread exists (it writes the process environment).
+pub fn kernel_threads() {
+    let vars = [
+        ("RAYON_NUM_THREADS", query_kernel_threads().to_string()),
+        ("CANDLE_NUM_THREADS", "1".to_string()),
+    ];
+    for (var, value) in vars {
         if std::env::var_os(var).is_none() {
-            std::env::set_var(var, "1");
+            std::env::set_var(var, value);
         }
     }
+}
+
+/// The threads a query's kernels run on: every CPU, up to four (beyond that
+/// MiniLM's matrices are too small to share).
+fn query_kernel_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 struct Job {
@@ -404,7 +457,7 @@ impl MiniLmEmbedder {
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
         let start = |name: &str,
-                     threads: usize,
+                     layout: Layout,
                      niceness: i32|
          -> Result<std_mpsc::Sender<Job>, LoadError> {
             let model = Model {
@@ -412,7 +465,7 @@ impl MiniLmEmbedder {
                 encoder: Encoder::load(dir, &cfg)
                     .map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?,
                 batch_size: batch_size.max(1),
-                threads,
+                layout,
             };
             let (tx, rx) = std_mpsc::channel::<Job>();
             std::thread::Builder::new()
@@ -422,13 +475,26 @@ impl MiniLmEmbedder {
             Ok(tx)
         };
         Ok(MiniLmEmbedder {
-            // The pipeline's passes use every CPU; a query is one text.
+            // The pipeline's passes use every CPU through sub-batches; a
+            // query is one text, so through its kernels.
             jobs: start(
                 "loomem-minilm",
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
+                Layout {
+                    name: "loomem-bulk",
+                    workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+                    kernel_threads: 1,
+                },
                 BULK_NICENESS,
             )?,
-            queries: start("loomem-minilm-query", 1, 0)?,
+            queries: start(
+                "loomem-minilm-query",
+                Layout {
+                    name: "loomem-qry",
+                    workers: 1,
+                    kernel_threads: query_kernel_threads(),
+                },
+                0,
+            )?,
             dim: cfg.hidden_size,
         })
     }
@@ -462,6 +528,17 @@ fn serve(model: Model, rx: std_mpsc::Receiver<Job>, niceness: i32) {
     if niceness > 0 {
         lower_priority(niceness);
     }
+    // After the priority is set: the pools' threads inherit it.
+    let pools = match model.layout.pools() {
+        Ok(pools) => pools,
+        Err(e) => {
+            tracing::error!(error = %e, "the MiniLM inference thread cannot run");
+            while let Ok(job) = rx.recv() {
+                let _ = job.reply.send(Err(EmbedError::Provider(e.to_string())));
+            }
+            return;
+        }
+    };
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let mut total = jobs[0].texts.len();
@@ -479,7 +556,7 @@ fn serve(model: Model, rx: std_mpsc::Receiver<Job>, niceness: i32) {
             .iter_mut()
             .flat_map(|j| std::mem::take(&mut j.texts))
             .collect();
-        match model.embed_all(&texts) {
+        match model.embed_all(&pools, &texts) {
             Ok(mut vectors) => {
                 for (job, len) in jobs.into_iter().zip(lens).rev() {
                     let rest = vectors.split_off(vectors.len() - len);

@@ -495,7 +495,10 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         };
         Ok::<_, Error>((hits, micros_since(started)))
     };
-    let (bm25, vector, graph) = tokio::join!(bm25, vector, graph);
+    // The vector leg first: its query goes to the embedding thread at once,
+    // and the BM25 and graph legs (from memory, without yielding) run while
+    // it is embedded.
+    let (vector, bm25, graph) = tokio::join!(vector, bm25, graph);
     let ((bm25, bm25_us), (vector, embed_us, vector_us), (graph, graph_us)) =
         (bm25?, vector?, graph?);
     (timings.bm25, timings.embed, timings.vector, timings.graph) =
