@@ -329,6 +329,8 @@ fn bench_search(c: &mut Criterion) {
         for q in warm {
             run(q, "hybrid");
         }
+        // In one stream every query finds something; a small stream of a
+        // multi-tenant store may hold nothing close enough, which is an answer.
         let timed_run = |queries: &[(String, String)]| -> Vec<Duration> {
             queries
                 .iter()
@@ -336,7 +338,11 @@ fn bench_search(c: &mut Criterion) {
                     let t = Instant::now();
                     let r = run(q, "hybrid");
                     let took = t.elapsed();
-                    assert!(!r.results.is_empty(), "no results for {}", q.0);
+                    assert!(
+                        scenario.streams > 1 || !r.results.is_empty(),
+                        "no results for {}",
+                        q.0
+                    );
                     took
                 })
                 .collect()
