@@ -46,32 +46,26 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Quantise the unit vector `v` to signed bytes with one scale (symmetric:
-/// the largest magnitude maps to 127), appended to `out`; returns the scale,
-/// so that `v[i] ≈ scale * out[i]`. An int8 copy is a quarter of the f32
-/// bytes, and a scan over many rows is bound by the bytes it reads.
-pub fn quantize_i8(v: &[f32], out: &mut Vec<i8>) -> f32 {
+/// the largest magnitude maps to 127), written to `out` (as long as `v`);
+/// returns the scale, so that `v[i] ≈ scale * out[i]`. An int8 copy is a
+/// quarter of the f32 bytes, and a scan over many rows is bound by the bytes
+/// it reads.
+pub fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
+    assert_eq!(v.len(), out.len(), "one byte per value");
     let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     if max == 0.0 || !max.is_finite() {
-        out.extend(std::iter::repeat_n(0i8, v.len()));
+        out.fill(0);
         return 0.0;
     }
     let scale = max / 127.0;
-    out.extend(
-        v.iter()
-            .map(|x| (x / scale).round().clamp(-127.0, 127.0) as i8),
-    );
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = (x / scale).round().clamp(-127.0, 127.0) as i8;
+    }
     scale
 }
 
-/// The exact integer dot product of two int8 vectors. With the scales of
-/// [`quantize_i8`] it approximates the f32 dot.
-pub fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
-    let mut out = [0i32];
-    dot_i8_rows(a, &b[..a.len().min(b.len())], &mut out);
-    out[0]
-}
-
-/// `q`'s int8 dot product with each row of the row-major matrix `rows`
+/// `q`'s int8 dot product (exact; with the scales of [`quantize_i8`] it
+/// approximates the f32 dot) with each row of the row-major matrix `rows`
 /// (`q.len()` bytes a row), into `out` (one per row). One call for many rows
 /// keeps the AVX2 loop (when the CPU has it) free of per-row dispatch.
 pub fn dot_i8_rows(q: &[i8], rows: &[i8], out: &mut [i32]) {
@@ -137,6 +131,12 @@ unsafe fn dot_i8_rows_avx2(q: &[i8], rows: &[i8], out: &mut [i32]) {
 mod tests {
     use super::*;
 
+    fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+        let mut out = [0i32];
+        dot_i8_rows(a, b, &mut out);
+        out[0]
+    }
+
     #[test]
     fn int8_dot_matches_the_plain_sum_and_approximates_the_f32_dot() {
         for n in [0usize, 1, 31, 32, 33, 384, 1000] {
@@ -144,7 +144,7 @@ mod tests {
             let mut b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             l2_normalize(&mut a);
             l2_normalize(&mut b);
-            let (mut qa, mut qb) = (Vec::new(), Vec::new());
+            let (mut qa, mut qb) = (vec![0; n], vec![0; n]);
             let (sa, sb) = (quantize_i8(&a, &mut qa), quantize_i8(&b, &mut qb));
             assert_eq!(dot_i8(&qa, &qb), dot_i8_plain(&qa, &qb), "n = {n}");
             let mut many = vec![0i32; 3];
@@ -166,7 +166,7 @@ mod tests {
         let high = vec![127i8; 4096];
         assert_eq!(dot_i8(&low, &low), 127 * 127 * 4096);
         assert_eq!(dot_i8(&low, &high), -127 * 127 * 4096);
-        let mut zero = Vec::new();
+        let mut zero = [7i8; 2];
         assert_eq!(quantize_i8(&[0.0, 0.0], &mut zero), 0.0);
         assert_eq!(zero, [0, 0]);
     }

@@ -197,24 +197,25 @@ impl StreamIndex {
         match row.vector {
             Some(mut v) if v.len() == self.dim => {
                 l2_normalize(&mut v);
-                match self.pos.get(&id) {
+                let d = self.dim;
+                let i = match self.pos.get(&id) {
                     Some(&i) => {
-                        let d = self.dim;
                         self.vectors[i * d..(i + 1) * d].copy_from_slice(&v);
-                        let mut code = Vec::with_capacity(d);
-                        self.scales[i] = quantize_i8(&v, &mut code);
-                        self.codes[i * d..(i + 1) * d].copy_from_slice(&code);
                         self.meta[i] = row.meta;
+                        i
                     }
                     None => {
-                        self.pos.insert(id.clone(), self.ids.len());
+                        let i = self.ids.len();
+                        self.pos.insert(id.clone(), i);
                         self.ids.push(id);
                         self.vectors.extend_from_slice(&v);
-                        let scale = quantize_i8(&v, &mut self.codes);
-                        self.scales.push(scale);
+                        self.codes.resize((i + 1) * d, 0);
+                        self.scales.push(0.0);
                         self.meta.push(row.meta);
+                        i
                     }
-                }
+                };
+                self.scales[i] = quantize_i8(&v, &mut self.codes[i * d..(i + 1) * d]);
             }
             _ => self.remove(&id),
         }
@@ -253,13 +254,7 @@ impl StreamIndex {
         if k == 0 || q.len() != self.dim {
             return;
         }
-        let mut code = Vec::with_capacity(self.dim);
-        let scale = quantize_i8(q, &mut code);
-        let query = Query {
-            exact: q,
-            code: &code,
-            scale,
-        };
+        let query = Query::new(q);
         let n = self.ids.len();
         let threads = if n >= PARALLEL_ROWS {
             std::thread::available_parallelism().map_or(1, |p| p.get().min(4))
@@ -310,7 +305,7 @@ impl StreamIndex {
         for start in rows.clone().step_by(BLOCK) {
             let end = (start + BLOCK).min(rows.end);
             let dots = &mut dots[..end - start];
-            dot_i8_rows(q.code, &self.codes[start * d..end * d], dots);
+            dot_i8_rows(&q.code, &self.codes[start * d..end * d], dots);
             for (i, &product) in (start..end).zip(dots.iter()) {
                 let candidate = Approx {
                     distance: 1.0 - q.scale * self.scales[i] * product as f32,
@@ -341,8 +336,16 @@ impl StreamIndex {
 /// A query as the scan reads it: the unit vector and its int8 code.
 struct Query<'a> {
     exact: &'a [f32],
-    code: &'a [i8],
+    code: Vec<i8>,
     scale: f32,
+}
+
+impl Query<'_> {
+    fn new(exact: &[f32]) -> Query<'_> {
+        let mut code = vec![0; exact.len()];
+        let scale = quantize_i8(exact, &mut code);
+        Query { exact, code, scale }
+    }
 }
 
 /// How many rows the int8 scan keeps for exact scoring when `k` are asked
@@ -760,6 +763,7 @@ pub(super) fn bm25_in(
 
 #[cfg(test)]
 mod tests {
+    use super::against_lance::vector;
     use super::*;
 
     fn chunk(id: &str, stream: &str, v: &[f32]) -> Chunk {
@@ -836,14 +840,7 @@ mod tests {
         let q = [0.3, -0.2, 0.9, 0.1];
         let mut parallel = Vec::new();
         ix.nearest(&q, &[Cond::Current], 25, &mut parallel);
-        let mut code = Vec::new();
-        let scale = quantize_i8(&q, &mut code);
-        let query = Query {
-            exact: &q,
-            code: &code,
-            scale,
-        };
-        let mut one = ix.top_k(&query, &[Cond::Current], 25, 0..n);
+        let mut one = ix.top_k(&Query::new(&q), &[Cond::Current], 25, 0..n);
         one.sort();
         one.truncate(25);
         let one: Vec<(f32, String)> = one
@@ -860,24 +857,17 @@ mod tests {
     #[test]
     fn the_int8_scan_keeps_the_exact_scans_top_10() {
         let dim = 384;
-        let mut x = 11u64;
-        let mut next = move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-        };
         let mut ix = StreamIndex::new(dim);
         let mut all = Vec::new();
         for i in 0..20_000 {
-            let mut v: Vec<f32> = (0..dim).map(|_| next()).collect();
+            let mut v = vector(i, dim);
             l2_normalize(&mut v);
             ix.apply(row(&chunk(&format!("r{i}"), "s", &v)));
             all.push(v);
         }
         let (mut kept, mut asked) = (0, 0);
-        for _ in 0..50 {
-            let mut q: Vec<f32> = (0..dim).map(|_| next()).collect();
+        for j in 0..50 {
+            let mut q = vector(1_000_000 + j, dim);
             l2_normalize(&mut q);
             let mut exact: Vec<(f32, usize)> = all
                 .iter()
@@ -998,7 +988,7 @@ mod against_lance {
     use crate::store::{Filter, Store};
 
     /// A deterministic unit-ish vector per seed.
-    fn vector(seed: u64, dim: usize) -> Vec<f32> {
+    pub(super) fn vector(seed: u64, dim: usize) -> Vec<f32> {
         let mut x = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);

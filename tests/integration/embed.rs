@@ -352,9 +352,24 @@ async fn the_daemon_stores_and_recalls_with_the_static_embedder() {
 /// while `hold` is set, requests wait.
 struct StubApi {
     url: String,
+    dim: usize,
     requests: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<(Option<String>, Value)>>>,
     hold: tokio::sync::watch::Sender<bool>,
+}
+
+impl StubApi {
+    /// `options` with the `openai` provider pointed at this stand-in (model
+    /// `stub-embed-1`, key `sk-test-123` through `STUB_KEY`).
+    fn configure(&self, options: Options) -> Options {
+        options
+            .env("LOOMEM_EMBED__PROVIDER", "openai")
+            .env("LOOMEM_EMBED__BASE_URL", &self.url)
+            .env("LOOMEM_EMBED__MODEL", "stub-embed-1")
+            .env("LOOMEM_EMBED__DIM", &self.dim.to_string())
+            .env("LOOMEM_EMBED__API_KEY_ENV", "STUB_KEY")
+            .env("STUB_KEY", "sk-test-123")
+    }
 }
 
 async fn stub_api(dim: usize) -> StubApi {
@@ -393,6 +408,7 @@ async fn stub_api(dim: usize) -> StubApi {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     StubApi {
         url,
+        dim,
         requests,
         seen,
         hold,
@@ -416,14 +432,8 @@ fn word_vector(text: &str, dim: usize) -> Vec<f32> {
 async fn openai_provider_batches_retries_and_records_its_model() {
     let api = stub_api(16).await;
     let d = Daemon::start(
-        Options::embedded()
-            .env("LOOMEM_EMBED__PROVIDER", "openai")
-            .env("LOOMEM_EMBED__BASE_URL", &api.url)
-            .env("LOOMEM_EMBED__MODEL", "stub-embed-1")
-            .env("LOOMEM_EMBED__DIM", "16")
+        api.configure(Options::embedded())
             .env("LOOMEM_EMBED__BATCH_SIZE", "2")
-            .env("LOOMEM_EMBED__API_KEY_ENV", "STUB_KEY")
-            .env("STUB_KEY", "sk-test-123")
             .env("LOOMEM_SEARCH__BM25_WEIGHT", "0"),
     )
     .await;
@@ -582,16 +592,7 @@ async fn changing_the_model_marks_chunks_stale_until_embed_missing() {
 async fn embedding_jobs_are_per_caller_and_their_owner_can_cancel_them() {
     use crate::fixture::{TOKEN_A, TOKEN_B};
     let api = stub_api(16).await;
-    let d = Daemon::start(
-        Options::with_auth()
-            .env("LOOMEM_EMBED__PROVIDER", "openai")
-            .env("LOOMEM_EMBED__BASE_URL", &api.url)
-            .env("LOOMEM_EMBED__MODEL", "stub-embed-1")
-            .env("LOOMEM_EMBED__DIM", "16")
-            .env("LOOMEM_EMBED__API_KEY_ENV", "STUB_KEY")
-            .env("STUB_KEY", "sk-test-123"),
-    )
-    .await;
+    let d = Daemon::start(api.configure(Options::with_auth())).await;
     for (token, text) in [(TOKEN_A, "apples and pears"), (TOKEN_B, "trains to Berlin")] {
         let (code, body) = d
             .call_as(
