@@ -186,12 +186,27 @@ pub struct BuildContext {
 /// The embeddings of a batch's kept records, grouped by stream and copied into
 /// one contiguous matrix per stream (batch order kept), for the within-batch
 /// O(n^2) similarity scans of dedupe and score_surprise.
+///
+/// The scans read int8 codes of the vectors (a quarter of the bytes, four
+/// times the products an instruction) and compute the exact f32 similarity
+/// only for the rows whose approximate one, widened by its error bound,
+/// could decide the answer: the answers are the exact scan's.
 pub struct StreamVectors {
     /// Batch positions of the rows.
     pub idx: Vec<usize>,
     flat: Vec<f32>,
+    codes: Vec<i8>,
+    scales: Vec<f32>,
+    /// Per row: the length of the quantisation error `v − scale·code`, the
+    /// length of `v` and of `scale·code` (the terms of the error bound).
+    err: Vec<f32>,
+    norm: Vec<f32>,
+    code_norm: Vec<f32>,
     dim: usize,
 }
+
+/// Added to every error bound: the rounding of the f32 sums themselves.
+const ROUNDING_SLACK: f32 = 1e-3;
 
 impl StreamVectors {
     /// Group the kept, embedded records of `batch` by stream.
@@ -206,14 +221,38 @@ impl StreamVectors {
                 .or_insert_with(|| StreamVectors {
                     idx: Vec::new(),
                     flat: Vec::new(),
+                    codes: Vec::new(),
+                    scales: Vec::new(),
+                    err: Vec::new(),
+                    norm: Vec::new(),
+                    code_norm: Vec::new(),
                     dim: v.len(),
                 });
             if v.len() == g.dim {
-                g.idx.push(i);
-                g.flat.extend_from_slice(v);
+                g.push(i, v);
             }
         }
         groups.into_values().collect()
+    }
+
+    fn push(&mut self, i: usize, v: &[f32]) {
+        let at = self.codes.len();
+        self.codes.resize(at + v.len(), 0);
+        let code = &mut self.codes[at..];
+        let scale = crate::core::vector::quantize_i8(v, code);
+        let (mut err, mut norm, mut code_norm) = (0.0f32, 0.0f32, 0.0f32);
+        for (x, c) in v.iter().zip(code.iter()) {
+            let y = scale * f32::from(*c);
+            err += (x - y) * (x - y);
+            norm += x * x;
+            code_norm += y * y;
+        }
+        self.idx.push(i);
+        self.flat.extend_from_slice(v);
+        self.scales.push(scale);
+        self.err.push(err.sqrt());
+        self.norm.push(norm.sqrt());
+        self.code_norm.push(code_norm.sqrt());
     }
 
     /// Cosine similarity of rows `p` and `q`.
@@ -223,6 +262,53 @@ impl StreamVectors {
             &self.flat[p * d..(p + 1) * d],
             &self.flat[q * d..(q + 1) * d],
         )
+    }
+
+    /// The rows before `p` as (row, approximate similarity, error bound):
+    /// the exact similarity lies within the bound of the approximation.
+    fn approx_earlier(&self, p: usize) -> impl Iterator<Item = (usize, f32, f32)> + '_ {
+        let d = self.dim;
+        let mut dots = vec![0i32; p];
+        crate::core::vector::dot_i8_rows(
+            &self.codes[p * d..(p + 1) * d],
+            &self.codes[..p * d],
+            &mut dots,
+        );
+        dots.into_iter().enumerate().map(move |(q, dot)| {
+            let approx = self.scales[p] * self.scales[q] * dot as f32;
+            // v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
+            let bound =
+                self.err[p] * self.norm[q] + self.code_norm[p] * self.err[q] + ROUNDING_SLACK;
+            (q, approx, bound)
+        })
+    }
+
+    /// The first row before `p` (in batch order) more similar to it than
+    /// `threshold` that `accept` takes.
+    pub fn first_earlier_above(
+        &self,
+        p: usize,
+        threshold: f32,
+        mut accept: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        self.approx_earlier(p)
+            .filter(|&(_, approx, bound)| approx + bound > threshold)
+            .map(|(q, _, _)| q)
+            .find(|&q| self.sim(p, q) > threshold && accept(q))
+    }
+
+    /// The highest similarity of row `p` to a row before it (0 when none is
+    /// positive).
+    pub fn max_earlier(&self, p: usize) -> f32 {
+        let approx: Vec<(usize, f32, f32)> = self.approx_earlier(p).collect();
+        // The exact maximum is at least the best lower bound, so only rows
+        // whose upper bound reaches it can hold it.
+        let floor = approx.iter().map(|&(_, a, b)| a - b).fold(0.0f32, f32::max);
+        approx
+            .iter()
+            .filter(|&&(_, a, b)| a + b >= floor)
+            .map(|&(q, _, _)| self.sim(p, q))
+            .fold(0.0f32, f32::max)
     }
 }
 
@@ -455,6 +541,56 @@ impl Pipelines {
 mod tests {
     use super::*;
     use crate::providers::embed::HashEmbedder;
+
+    /// The int8 scans with their exact checks give the exact scan's answers.
+    #[test]
+    fn within_batch_scans_answer_as_the_exact_scan_does() {
+        let e = HashEmbedder::new(384);
+        let words = [
+            "tea",
+            "coffee",
+            "Lisbon",
+            "Berlin",
+            "cello",
+            "Rust",
+            "April",
+            "dark mode",
+        ];
+        let batch: Vec<Record> = (0..300usize)
+            .map(|i| {
+                // Overlapping texts: many pairs are close, some are equal.
+                let text = format!(
+                    "Alice likes {} and {} on {}",
+                    words[i % 8],
+                    words[(i / 8) % 8],
+                    words[(i * 7 / 5) % 8]
+                );
+                let mut c = Chunk::new(format!("r{i}"), format!("s{}", i % 2), text.clone(), 0);
+                c.embedding = Some(e.embed_one(&text));
+                Record::new(c)
+            })
+            .collect();
+        let groups = StreamVectors::of(&batch);
+        assert_eq!(groups.len(), 2);
+        let (mut close, mut equal) = (0, 0);
+        for g in &groups {
+            for p in 0..g.idx.len() {
+                let exact = (0..p).map(|q| g.sim(p, q)).fold(0.0f32, f32::max);
+                assert_eq!(g.max_earlier(p), exact, "row {p}");
+                for threshold in [0.5, 0.8, 0.92, 0.999] {
+                    let odd = |q: &usize| q % 2 == 1;
+                    assert_eq!(
+                        g.first_earlier_above(p, threshold, |q| odd(&q)),
+                        (0..p).find(|q| g.sim(p, *q) > threshold && odd(q)),
+                        "row {p}, threshold {threshold}"
+                    );
+                }
+                close += usize::from(exact > 0.8);
+                equal += usize::from(exact > 0.999);
+            }
+        }
+        assert!(close > 50 && equal > 10, "{close} close, {equal} equal");
+    }
 
     async fn ctx(dir: &Path) -> BuildContext {
         BuildContext {

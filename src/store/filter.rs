@@ -30,8 +30,34 @@ pub(in crate::store) enum Cond {
     /// Lower-cased.
     Subject(String),
     MinConfidence(f64),
+    /// The memory's `entities` hold this key (needs the row).
+    MentionsKey(String),
+    /// The memory's lower-cased text contains this (lower-case) text (needs the row).
+    ContentContains(String),
+    /// Any of these conjunctions holds.
+    Any(Vec<Vec<Cond>>),
     /// Anything else: only Lance can judge it.
     Opaque,
+}
+
+impl Cond {
+    /// True when judging the condition takes the memory's row (its text or
+    /// entities), not only the filter columns a search scan holds.
+    pub(in crate::store) fn needs_row(&self) -> bool {
+        match self {
+            Cond::MentionsKey(_) | Cond::ContentContains(_) => true,
+            Cond::Any(branches) => branches.iter().flatten().any(Cond::needs_row),
+            _ => false,
+        }
+    }
+
+    fn is_opaque(&self) -> bool {
+        match self {
+            Cond::Opaque => true,
+            Cond::Any(branches) => branches.iter().flatten().any(Cond::is_opaque),
+            _ => false,
+        }
+    }
 }
 
 /// Quote a value for a Lance SQL filter.
@@ -89,9 +115,17 @@ impl Filter {
         out
     }
 
-    /// The typed conditions, or `None` when one of them is opaque.
+    /// The typed conditions a search scan can judge from the filter columns
+    /// alone, or `None` when one of them is opaque or needs the row.
     pub(in crate::store) fn conds(&self) -> Option<&[Cond]> {
-        (!self.conds.contains(&Cond::Opaque)).then_some(self.conds.as_slice())
+        self.row_conds()
+            .filter(|conds| !conds.iter().any(Cond::needs_row))
+    }
+
+    /// The typed conditions, some perhaps needing the memory's row, or
+    /// `None` when one of them is opaque.
+    pub(in crate::store) fn row_conds(&self) -> Option<&[Cond]> {
+        (!self.conds.iter().any(Cond::is_opaque)).then_some(self.conds.as_slice())
     }
 
     /// True when the filter keeps every row.
@@ -226,15 +260,21 @@ impl Filter {
 
     /// Memories whose text contains `text` (case-insensitive; `text` lower-case).
     pub fn content_contains(self, text: &str) -> Filter {
-        self.and(format!(
-            "lower(content) LIKE {}",
-            sql_str(&format!("%{text}%"))
-        ))
+        let clause = format!("lower(content) LIKE {}", sql_str(&format!("%{text}%")));
+        // LIKE's wildcards are not the plain substring the index looks for.
+        if text.contains(['%', '_', '\\']) {
+            self.and(clause)
+        } else {
+            self.typed(clause, Cond::ContentContains(text.to_string()))
+        }
     }
 
     /// Memories that mention the entity key `key` exactly as stored.
     pub fn mentions_key(self, key: &str) -> Filter {
-        self.and(format!("array_has(entities, {})", sql_str(key)))
+        self.typed(
+            format!("array_has(entities, {})", sql_str(key)),
+            Cond::MentionsKey(key.to_string()),
+        )
     }
 
     /// Memories of one type (`fact`, `preference`, …).
@@ -313,9 +353,30 @@ impl Filter {
 
     /// Rows matching `self` or `other` (an empty side keeps every row).
     pub fn or(self, other: Filter) -> Filter {
-        match (self.sql(), other.sql()) {
-            (Some(a), Some(b)) => Filter::new().and(format!("(({a}) OR ({b}))")),
-            _ => Filter::new(),
+        let (Some(a), Some(b)) = (self.sql(), other.sql()) else {
+            return Filter::new();
+        };
+        let clause = format!("(({a}) OR ({b}))");
+        // A stream condition inside a branch is not one the index applies
+        // per stream, so such an `or` stays Lance's.
+        let typed = |f: &Filter| {
+            f.row_conds()
+                .filter(|c| !c.iter().any(|c| matches!(c, Cond::Streams(_))))
+                .map(<[Cond]>::to_vec)
+        };
+        match (typed(&self), typed(&other)) {
+            (Some(x), Some(y)) => {
+                let mut branches = Vec::new();
+                for side in [x, y] {
+                    // An `or` of `or`s is one `Any`.
+                    match side.as_slice() {
+                        [Cond::Any(inner)] => branches.extend(inner.iter().cloned()),
+                        _ => branches.push(side),
+                    }
+                }
+                Filter::new().typed(clause, Cond::Any(branches))
+            }
+            _ => Filter::new().and(clause),
         }
     }
 

@@ -48,8 +48,19 @@ impl Meta {
     }
 
     /// Whether the row meets every condition (stream conditions are the
-    /// caller's business: an index holds one stream).
+    /// caller's business: an index holds one stream). Conditions that need
+    /// the row ([`Cond::needs_row`]) are judged by [`Meta::meets_row`];
+    /// here they never hold.
     pub fn meets(&self, conds: &[Cond]) -> bool {
+        self.judge(conds, None)
+    }
+
+    /// [`Meta::meets`], with the memory's row for the conditions that need it.
+    pub fn meets_row(&self, chunk: &Chunk, conds: &[Cond]) -> bool {
+        self.judge(conds, Some(chunk))
+    }
+
+    fn judge(&self, conds: &[Cond], row: Option<&Chunk>) -> bool {
         conds.iter().all(|c| match c {
             Cond::Streams(_) => true,
             Cond::Current => self.current,
@@ -63,6 +74,11 @@ impl Meta {
             Cond::MemoryType(m) => self.memory_type == *m,
             Cond::Subject(s) => self.subject.as_deref() == Some(s.as_str()),
             Cond::MinConfidence(min) => f64::from(self.confidence) >= *min,
+            Cond::MentionsKey(key) => row.is_some_and(|c| c.entities.iter().any(|e| e == key)),
+            Cond::ContentContains(text) => {
+                row.is_some_and(|c| c.content.to_lowercase().contains(text.as_str()))
+            }
+            Cond::Any(branches) => branches.iter().any(|b| self.judge(b, row)),
             Cond::Opaque => false,
         })
     }
@@ -152,6 +168,13 @@ impl StreamIndex {
     /// A memory of the stream (without its embedding) and its filter columns.
     pub fn get(&self, id: &str) -> Option<(&Arc<Chunk>, &Meta)> {
         Some((self.docs.get(id)?, self.text.meta(id)?))
+    }
+
+    /// Every memory of the stream (without its embedding) and its filter columns.
+    pub fn rows(&self) -> impl Iterator<Item = (&Arc<Chunk>, &Meta)> {
+        self.docs
+            .iter()
+            .filter_map(|(id, chunk)| Some((chunk, self.text.meta(id)?)))
     }
 
     /// The postings of the stream's text.
@@ -576,6 +599,21 @@ impl HotIndex {
             .values()
             .filter(|s| matches!(s, Slot::Ready { .. }))
             .count()
+    }
+
+    /// The stream's index when it is loaded, without loading it or counting
+    /// as a use (for reads cheaper than a load, like a count).
+    pub(super) fn ready(&self, stream: &str) -> Option<Arc<RwLock<StreamIndex>>> {
+        match self
+            .state
+            .lock()
+            .expect("hot index lock")
+            .streams
+            .get(stream)
+        {
+            Some(Slot::Ready { index, .. }) => Some(index.clone()),
+            _ => None,
+        }
     }
 
     pub(super) fn lookup(self: &Arc<Self>, stream: &str) -> Lookup {
@@ -1012,6 +1050,7 @@ mod against_lance {
         c.embedding = Some(vector(i, dim));
         c.embed_model = Some("m".into());
         c.memory_type = if i % 3 == 0 { "preference" } else { "fact" }.into();
+        c.entities = vec![format!("e{}", i % 5)];
         c
     }
 
@@ -1046,6 +1085,54 @@ mod against_lance {
             assert!(
                 hot.contains(&"m8".to_string()),
                 "{round}: found without a vector of the model"
+            );
+        }
+        // Reads of whole rows, with conditions on their text and entities.
+        let row_filters = [
+            Filter::new()
+                .stream("a")
+                .current()
+                .content_contains("memory 1"),
+            Filter::new().stream("a").mentions_key("e2"),
+            Filter::new().stream("b").with(
+                Filter::new()
+                    .mentions_key("e1")
+                    .or(Filter::new().content_contains("memory 3").current()),
+            ),
+        ];
+        for filter in &row_filters {
+            assert!(filter.row_conds().is_some(), "{filter} is typed");
+            assert!(filter.conds().is_none(), "{filter} needs the row");
+        }
+        for (f, filter) in row_filters.iter().chain(filters).enumerate() {
+            let ids = |rows: Vec<Chunk>| {
+                let mut ids: Vec<(i64, String)> =
+                    rows.into_iter().map(|c| (c.created_at, c.id)).collect();
+                ids.sort();
+                ids
+            };
+            let hot = ids(store.find_rows(filter, None).await.unwrap());
+            let lance = ids(super::super::read_rows(&store.chunks, filter, None)
+                .await
+                .unwrap());
+            assert_eq!(hot, lance, "{round}: rows of filter {f}");
+            assert!(
+                f >= row_filters.len() || lance.len() > 3,
+                "{round}: filter {f} finds rows"
+            );
+            let first = ids(store.find_rows(filter, Some(3)).await.unwrap());
+            assert_eq!(
+                first,
+                lance[..lance.len().min(3)],
+                "{round}: first rows of filter {f}"
+            );
+            let lance_count = super::super::count_where(&store.chunks, filter)
+                .await
+                .unwrap();
+            assert_eq!(
+                store.count(filter).await.unwrap(),
+                lance_count,
+                "{round}: count of filter {f}"
             );
         }
         for (f, filter) in filters.iter().enumerate() {

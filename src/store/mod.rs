@@ -14,7 +14,7 @@ pub mod llm_calls;
 pub mod maintain;
 mod writer;
 
-pub use writer::Modifier;
+pub use writer::{Modifier, WriteBatch};
 
 use std::path::Path;
 
@@ -34,7 +34,7 @@ pub use history::{history_schema, HistoryRow};
 pub use job_runs::job_run_schema;
 pub use writer::ChunkWriter;
 
-use filter::sql_str;
+use filter::{sql_str, Cond};
 
 pub const CHUNKS: &str = "chunks";
 pub const DEAD_LETTERS: &str = "dead_letters";
@@ -68,6 +68,10 @@ pub enum StoreError {
     Dimension { found: usize, configured: usize },
     #[error("the chunk writer has stopped")]
     WriterGone,
+    /// A write would have overwritten these memories of other streams, or
+    /// immutable ones; nothing was written.
+    #[error("{} memories may not be overwritten", .0.len())]
+    Refused(std::collections::HashMap<String, Owner>),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -350,22 +354,23 @@ impl Store {
     /// Upsert `rows` and the pipeline's side effects on other memories in one
     /// commit (see [`ChunkWriter::commit_batch`]).
     pub async fn commit_with_side_effects(&self, rows: Vec<Chunk>, side: Vec<Chunk>) -> Result<()> {
-        self.commit_batch(Vec::new(), rows, side).await
+        self.commit_batch(writer::WriteBatch {
+            fresh: Vec::new(),
+            rows,
+            side,
+            refuse: false,
+        })
+        .await
     }
 
     /// The pipeline's write (see [`ChunkWriter::commit_batch`]): `fresh` rows,
-    /// whose ids no stored row can have, are appended; `rows` and `side` are
-    /// merged on `id`.
-    pub async fn commit_batch(
-        &self,
-        fresh: Vec<Chunk>,
-        rows: Vec<Chunk>,
-        side: Vec<Chunk>,
-    ) -> Result<()> {
-        let mut streams = streams_of(&fresh);
-        streams.extend(streams_of(&rows));
-        streams.extend(streams_of(&side));
-        let result = self.writer.commit_batch(fresh, rows, side).await;
+    /// whose ids no stored row can have, and rows whose ids no stored row
+    /// has are appended; the rest of `rows` and `side` are merged on `id`.
+    pub async fn commit_batch(&self, batch: writer::WriteBatch) -> Result<()> {
+        let mut streams = streams_of(&batch.fresh);
+        streams.extend(streams_of(&batch.rows));
+        streams.extend(streams_of(&batch.side));
+        let result = self.writer.commit_batch(batch).await;
         self.bump(streams);
         result
     }
@@ -489,7 +494,26 @@ impl Store {
         Ok(out)
     }
 
+    /// How many memories meet `filter`: counted in the hot index when it
+    /// holds every stream the filter names (loaded already: a count does
+    /// not load one), by Lance otherwise.
     pub async fn count(&self, filter: &Filter) -> Result<usize> {
+        if let (Some(conds), Some(streams)) = (filter.row_conds(), filter.streams()) {
+            let ready: Option<Vec<_>> = streams.iter().map(|s| self.hot.ready(s)).collect();
+            if let Some(indexes) = ready {
+                return Ok(indexes
+                    .iter()
+                    .map(|ix| {
+                        let ix = ix.read().expect("stream index lock");
+                        if conds.iter().all(|c| matches!(c, Cond::Streams(_))) {
+                            ix.rows().count()
+                        } else {
+                            ix.rows().filter(|(c, m)| m.meets_row(c, conds)).count()
+                        }
+                    })
+                    .sum());
+            }
+        }
         Ok(self.chunks.count_rows(filter.sql()).await?)
     }
 
@@ -501,6 +525,36 @@ impl Store {
     /// Full chunks matching a filter (embedding included).
     pub async fn find(&self, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
         read_chunks(&self.chunks, filter.predicate(), limit).await
+    }
+
+    /// Memories matching a filter, without their embeddings, at most `limit`.
+    /// From the hot index when it holds every stream the filter names
+    /// (loading them; past `limit`, the earliest recorded are kept), from
+    /// Lance otherwise (its first `limit`).
+    pub async fn find_rows(&self, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
+        if let Some(conds) = filter.row_conds() {
+            if let Some(indexes) = self.hot_streams(filter).await? {
+                let mut out: Vec<Chunk> = Vec::new();
+                for ix in &indexes {
+                    let ix = ix.read().expect("stream index lock");
+                    out.extend(
+                        ix.rows()
+                            .filter(|(c, m)| m.meets_row(c, conds))
+                            .map(|(c, _)| Chunk::clone(c)),
+                    );
+                }
+                if let Some(limit) = limit.filter(|&l| l < out.len()) {
+                    out.sort_by(|a, b| {
+                        a.created_at
+                            .cmp(&b.created_at)
+                            .then_with(|| a.id.cmp(&b.id))
+                    });
+                    out.truncate(limit);
+                }
+                return Ok(out);
+            }
+        }
+        read_rows(&self.chunks, filter, limit).await
     }
 
     /// Change chunks in place (see [`ChunkWriter::modify`]); returns how many changed.
@@ -662,25 +716,11 @@ impl Store {
         filter: &Filter,
         limit: usize,
     ) -> Result<Vec<Hit>> {
-        let batches: Vec<RecordBatch> = at
-            .unwrap_or(&self.chunks)
-            .query()
-            .only_if(filter.predicate())
-            .select(Select::columns(HIT_COLUMNS))
-            .limit(limit)
-            .execute()
+        Ok(read_rows(at.unwrap_or(&self.chunks), filter, Some(limit))
             .await?
-            .try_collect()
-            .await?;
-        let mut out = Vec::new();
-        for b in &batches {
-            out.extend(
-                batch_to_chunks(b)?
-                    .into_iter()
-                    .map(|chunk| Hit { chunk, score: 0.0 }),
-            );
-        }
-        Ok(out)
+            .into_iter()
+            .map(|chunk| Hit { chunk, score: 0.0 })
+            .collect())
     }
 
     /// True when `embedding` has an ANN index.
@@ -828,6 +868,16 @@ impl Store {
         if filter.conds().is_none() {
             return Ok(None);
         }
+        self.hot_streams(filter).await
+    }
+
+    /// The hot indexes of the streams `filter` names, loading those not
+    /// loaded yet; None when one cannot be (too big, being loaded, the
+    /// budget is 0) or the filter names no stream.
+    async fn hot_streams(
+        &self,
+        filter: &Filter,
+    ) -> Result<Option<Vec<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>>> {
         let Some(streams) = filter.streams() else {
             return Ok(None);
         };
@@ -868,8 +918,8 @@ impl Store {
         Ok(guard.finish(index))
     }
 
-    /// The current memories of `stream` whose text hashes to any of `hashes`
-    /// (the hot index names them; Lance is read only for those found).
+    /// The current memories of `stream` whose text hashes to any of `hashes`,
+    /// without their embeddings (from the hot index when it holds the stream).
     pub async fn current_with_hashes<S: AsRef<str>>(
         &self,
         stream: &str,
@@ -877,22 +927,21 @@ impl Store {
     ) -> Result<Vec<Chunk>> {
         let filter = Filter::new().stream(stream).current();
         let Some(indexes) = self.hot_indexes(&filter).await? else {
-            return self.find(&filter.content_hash_in(hashes), None).await;
+            return read_rows(&self.chunks, &filter.content_hash_in(hashes), None).await;
         };
-        let ids: Vec<String> = indexes
-            .iter()
-            .flat_map(|ix| {
-                let ix = ix.read().expect("stream index lock");
-                hashes
-                    .iter()
-                    .flat_map(|h| ix.current_with_hash(h.as_ref()).to_vec())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        let mut out = Vec::new();
+        for ix in &indexes {
+            let ix = ix.read().expect("stream index lock");
+            for h in hashes {
+                out.extend(
+                    ix.current_with_hash(h.as_ref())
+                        .iter()
+                        .filter_map(|id| ix.get(id))
+                        .map(|(c, _)| Chunk::clone(c)),
+                );
+            }
         }
-        self.find(&filter.ids(&ids), None).await
+        Ok(out)
     }
 
     /// The nearest `limit` memories from the hot index, as (cosine
@@ -909,6 +958,23 @@ impl Store {
         let conds = filter.conds().expect("hot_indexes checked them");
         Ok(Some(hot::nearest_in(&indexes, vector, conds, limit)))
     }
+}
+
+/// Chunks without their embeddings matching a filter.
+async fn read_rows(table: &Table, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
+    let mut q = table
+        .query()
+        .only_if(filter.predicate())
+        .select(Select::columns(HIT_COLUMNS));
+    if let Some(limit) = limit {
+        q = q.limit(limit);
+    }
+    let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
+    let mut out = Vec::new();
+    for b in &batches {
+        out.extend(batch_to_chunks(b)?);
+    }
+    Ok(out)
 }
 
 async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {

@@ -22,18 +22,26 @@ enum WriteOp {
     Upsert(Vec<Chunk>, oneshot::Sender<Result<()>>),
     /// Append `fresh`, then upsert `rows` and, in the same commit, the side
     /// effects (see [`ChunkWriter::commit_batch`]).
-    Commit(
-        Vec<Chunk>,
-        Vec<Chunk>,
-        Vec<Chunk>,
-        oneshot::Sender<Result<()>>,
-    ),
+    Commit(WriteBatch, oneshot::Sender<Result<()>>),
     /// Read the chunks with these ids, apply the modifier, write back the changed ones.
     Modify(Vec<String>, Modifier, oneshot::Sender<Result<usize>>),
     /// Delete by predicate; the rows are confined to these streams (None: any).
     Delete(String, Option<Vec<String>>, oneshot::Sender<Result<u64>>),
     /// Everything queued before this is done; stop.
     Close(oneshot::Sender<()>),
+}
+
+/// A pipeline batch's write.
+pub struct WriteBatch {
+    /// Rows no stored row can share an id with.
+    pub fresh: Vec<Chunk>,
+    /// Rows that may replace stored ones.
+    pub rows: Vec<Chunk>,
+    /// Changes to other memories (supersessions, merged sources).
+    pub side: Vec<Chunk>,
+    /// Refuse the whole write when one of `rows` would overwrite another
+    /// stream's memory or an immutable one ([`StoreError::Refused`]).
+    pub refuse: bool,
 }
 
 pub struct ChunkWriter {
@@ -68,27 +76,26 @@ impl ChunkWriter {
     }
 
     /// Append `fresh` — rows no stored row can share an id with (ids the
-    /// server minted, on their first delivery), which costs no join against
-    /// the table — then upsert `rows` and apply `side` — changes a pipeline
-    /// stage made to other, already stored memories (a supersession, a
-    /// duplicate's merged sources) — in one commit. A side effect is rebased on
-    /// the memory as it is when the writer reaches it: only its lifecycle fields
-    /// (`superseded_by`, `valid_until`, `updated_at`) and its `extraction_meta`
-    /// keys are taken, so a concurrent change to anything else (LLM entities, a
-    /// new vector) is kept. A side effect on a memory not stored yet is written
-    /// as it is.
-    pub async fn commit_batch(
-        &self,
-        fresh: Vec<Chunk>,
-        rows: Vec<Chunk>,
-        side: Vec<Chunk>,
-    ) -> Result<()> {
-        if fresh.is_empty() && rows.is_empty() && side.is_empty() {
+    /// server minted, on their first delivery) — and those of `rows` whose
+    /// ids no stored row has (looked up here, in the writer, so no other
+    /// write can store one meanwhile): an append costs no join against the
+    /// table. Then upsert the rest of `rows` and apply `side` — changes a
+    /// pipeline stage made to other, already stored memories (a supersession,
+    /// a duplicate's merged sources) — in one commit. A side effect is
+    /// rebased on the memory as it is when the writer reaches it: only its
+    /// lifecycle fields (`superseded_by`, `valid_until`, `updated_at`) and its
+    /// `extraction_meta` keys are taken, so a concurrent change to anything
+    /// else (LLM entities, a new vector) is kept. A side effect on a memory
+    /// not stored yet is written as it is. With `refuse`, nothing is written
+    /// when one of `rows` would overwrite another stream's memory or an
+    /// immutable one: the error names their owners.
+    pub async fn commit_batch(&self, batch: WriteBatch) -> Result<()> {
+        if batch.fresh.is_empty() && batch.rows.is_empty() && batch.side.is_empty() {
             return Ok(());
         }
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(WriteOp::Commit(fresh, rows, side, done))
+            .send(WriteOp::Commit(batch, done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -250,42 +257,8 @@ async fn run(
                 since_compact += BIG_COMMIT_WEIGHT;
                 let _ = done.send(result);
             }
-            WriteOp::Commit(fresh, rows, side, done) => {
-                let result = async {
-                    if !fresh.is_empty() {
-                        sink.append(&fresh).await?;
-                    }
-                    if rows.is_empty() && side.is_empty() {
-                        return Ok::<usize, StoreError>(fresh.len());
-                    }
-                    let own: std::collections::HashSet<&str> =
-                        rows.iter().map(|c| c.id.as_str()).collect();
-                    let side: Vec<Chunk> = side
-                        .into_iter()
-                        .filter(|c| !own.contains(c.id.as_str()))
-                        .collect();
-                    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-                    let mut current: HashMap<String, Chunk> = if ids.is_empty() {
-                        HashMap::new()
-                    } else {
-                        super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
-                            .await?
-                            .into_iter()
-                            .map(|c| (c.id.clone(), c))
-                            .collect()
-                    };
-                    let rebased: Vec<Chunk> = side
-                        .into_iter()
-                        .map(|s| match current.remove(&s.id) {
-                            Some(now) => rebase(now, s),
-                            None => s,
-                        })
-                        .collect();
-                    // Side effects first: a record's own row wins the fold by id.
-                    sink.commit(rebased.iter().chain(rows.iter())).await?;
-                    Ok(fresh.len() + rows.len() + rebased.len())
-                }
-                .await;
+            WriteOp::Commit(batch, done) => {
+                let result = commit(&sink, batch).await;
                 let n = result.as_ref().copied().unwrap_or(0);
                 since_refresh += n;
                 since_compact += weight(n);
@@ -389,6 +362,77 @@ impl Refresher {
         });
         true
     }
+}
+
+/// A pipeline batch's write (see [`ChunkWriter::commit_batch`]); returns the
+/// rows written.
+async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
+    let WriteBatch {
+        mut fresh,
+        rows,
+        side,
+        refuse,
+    } = batch;
+    let table = &sink.table;
+    let owners = if rows.is_empty() {
+        HashMap::new()
+    } else {
+        let ids: Vec<&str> = rows.iter().map(|c| c.id.as_str()).collect();
+        super::read_owners(table, &ids, true).await?
+    };
+    if refuse {
+        let refused: HashMap<String, super::Owner> = rows
+            .iter()
+            .filter_map(|c| {
+                let o = owners.get(&c.id)?;
+                o.refuses(c).map(|_| (c.id.clone(), o.clone()))
+            })
+            .collect();
+        if !refused.is_empty() {
+            return Err(StoreError::Refused(refused));
+        }
+    }
+    // Rows whose id nothing stores, no side effect touches and the batch
+    // does not repeat are appended with `fresh`; the rest are merged.
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for c in rows.iter().chain(&side) {
+        *seen.entry(c.id.clone()).or_default() += 1;
+    }
+    let (new, rows): (Vec<Chunk>, Vec<Chunk>) = rows
+        .into_iter()
+        .partition(|c| !owners.contains_key(&c.id) && seen[&c.id] == 1);
+    fresh.extend(new);
+    if !fresh.is_empty() {
+        sink.append(&fresh).await?;
+    }
+    if rows.is_empty() && side.is_empty() {
+        return Ok(fresh.len());
+    }
+    let own: std::collections::HashSet<&str> = rows.iter().map(|c| c.id.as_str()).collect();
+    let side: Vec<Chunk> = side
+        .into_iter()
+        .filter(|c| !own.contains(c.id.as_str()))
+        .collect();
+    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
+    let mut current: HashMap<String, Chunk> = if ids.is_empty() {
+        HashMap::new()
+    } else {
+        super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
+            .await?
+            .into_iter()
+            .map(|c| (c.id.clone(), c))
+            .collect()
+    };
+    let rebased: Vec<Chunk> = side
+        .into_iter()
+        .map(|s| match current.remove(&s.id) {
+            Some(now) => rebase(now, s),
+            None => s,
+        })
+        .collect();
+    // Side effects first: a record's own row wins the fold by id.
+    sink.commit(rebased.iter().chain(rows.iter())).await?;
+    Ok(fresh.len() + rows.len() + rebased.len())
 }
 
 /// `side`'s lifecycle fields and `extraction_meta` keys on top of `now`.

@@ -228,13 +228,13 @@ impl Stage for Dedupe {
                         if !batch[i].is_kept() {
                             continue;
                         }
-                        let earlier = (0..p).map(|q| (g.idx[q], q)).find(|&(j, q)| {
+                        let earlier = g.first_earlier_above(p, self.cfg.near_threshold, |q| {
+                            let j = g.idx[q];
                             batch[j].is_kept()
                                 && batch[j].chunk.id != batch[i].chunk.id
-                                && g.sim(p, q) > self.cfg.near_threshold
                                 && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
                         });
-                        if let Some((j, _)) = earlier {
+                        if let Some(j) = earlier.map(|q| g.idx[q]) {
                             let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
                             remember(&mut batch[j].chunk, &dup);
                             drop_as(&mut batch[i], "near_duplicate", &id);

@@ -286,7 +286,7 @@ impl DetectContradictions {
                 .with(any);
             let found = self
                 .store
-                .find(&filter, Some(self.max_superseded * 4 + 1))
+                .find_rows(&filter, Some(self.max_superseded * 4 + 1))
                 .await
                 .map_err(|e| PipelineError::Batch {
                     stage: "detect_contradictions",

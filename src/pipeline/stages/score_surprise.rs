@@ -76,7 +76,7 @@ impl Stage for ScoreSurprise {
             let mut in_batch = vec![0.0f32; batch.len()];
             for g in StreamVectors::of(batch) {
                 for p in 0..g.idx.len() {
-                    in_batch[g.idx[p]] = (0..p).map(|q| g.sim(p, q)).fold(0.0f32, f32::max);
+                    in_batch[g.idx[p]] = g.max_earlier(p);
                 }
             }
             for i in 0..batch.len() {
