@@ -46,6 +46,64 @@ pub struct WriteBatch {
 
 pub struct ChunkWriter {
     tx: mpsc::Sender<WriteOp>,
+    known: Arc<KnownIds>,
+}
+
+/// The ids the table may hold, as 64-bit hashes, so that a row whose id
+/// nobody stored is appended without a lookup. Built from the table when
+/// the writer first needs it; every write adds its ids before it commits (a
+/// failed commit leaves hashes behind, which costs a lookup, never a wrong
+/// answer), and deletes leave theirs. A rollback brings back rows the set
+/// may not know, so it drops the set, to be built again. About 16 bytes a
+/// memory.
+#[derive(Default)]
+pub struct KnownIds {
+    hasher: std::hash::RandomState,
+    hashes: std::sync::Mutex<Option<std::collections::HashSet<u64>>>,
+}
+
+impl KnownIds {
+    fn hash(&self, id: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(id)
+    }
+
+    /// Forget every id (the table was rolled back).
+    pub fn forget(&self) {
+        *self.hashes.lock().expect("known ids lock") = None;
+    }
+
+    /// Record ids about to be written, when the set is built.
+    fn add<'a>(&self, ids: impl IntoIterator<Item = &'a str>) {
+        if let Some(set) = self.hashes.lock().expect("known ids lock").as_mut() {
+            set.extend(ids.into_iter().map(|id| self.hash(id)));
+        }
+    }
+
+    /// Which of `ids` no stored row can have; None when the set cannot be
+    /// built (every id must then be looked up).
+    async fn unstored<'a>(&self, table: &Table, ids: &[&'a str]) -> Option<Vec<&'a str>> {
+        if self.hashes.lock().expect("known ids lock").is_none() {
+            let all = super::scan_ids(table, &super::Filter::new()).await;
+            let all = match all {
+                Ok(all) => all,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the stored ids; looking each write up");
+                    return None;
+                }
+            };
+            let set = all.iter().map(|id| self.hash(id)).collect();
+            *self.hashes.lock().expect("known ids lock") = Some(set);
+        }
+        let guard = self.hashes.lock().expect("known ids lock");
+        let set = guard.as_ref()?;
+        Some(
+            ids.iter()
+                .copied()
+                .filter(|id| !set.contains(&self.hash(id)))
+                .collect(),
+        )
+    }
 }
 
 impl ChunkWriter {
@@ -58,9 +116,20 @@ impl ChunkWriter {
         gate: super::TableGate,
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
-        let sink = Sink { table, dim, hot };
+        let known = Arc::new(KnownIds::default());
+        let sink = Sink {
+            table,
+            dim,
+            hot,
+            known: known.clone(),
+        };
         tokio::spawn(run(sink, max_rows, maintenance, gate, rx));
-        ChunkWriter { tx }
+        ChunkWriter { tx, known }
+    }
+
+    /// The table was rolled back: the ids it holds are not known any more.
+    pub fn forget_ids(&self) {
+        self.known.forget();
     }
 
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
@@ -152,6 +221,7 @@ struct Sink {
     table: Table,
     dim: usize,
     hot: Arc<HotIndex>,
+    known: Arc<KnownIds>,
 }
 
 impl Sink {
@@ -167,6 +237,7 @@ impl Sink {
         }
         let rows: Vec<Chunk> = order.iter().map(|id| latest[id].clone()).collect();
         let reader = batch_reader(&rows, self.dim)?;
+        self.known.add(order.iter().copied());
         let mut merge = self.table.merge_insert(&["id"]);
         merge
             .when_matched_update_all(None)
@@ -178,6 +249,7 @@ impl Sink {
 
     /// One append of rows whose ids no stored row has.
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
+        self.known.add(rows.iter().map(|c| c.id.as_str()));
         self.table
             .add(batch_reader(rows, self.dim)?)
             .execute()
@@ -374,11 +446,25 @@ async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
         refuse,
     } = batch;
     let table = &sink.table;
+    // Only ids the table may hold are looked up.
     let owners = if rows.is_empty() {
         HashMap::new()
     } else {
         let ids: Vec<&str> = rows.iter().map(|c| c.id.as_str()).collect();
-        super::read_owners(table, &ids, true).await?
+        let maybe: Vec<&str> = match sink.known.unstored(table, &ids).await {
+            Some(unstored) => {
+                let unstored: std::collections::HashSet<&str> = unstored.into_iter().collect();
+                ids.into_iter()
+                    .filter(|id| !unstored.contains(id))
+                    .collect()
+            }
+            None => ids,
+        };
+        if maybe.is_empty() {
+            HashMap::new()
+        } else {
+            super::read_owners(table, &maybe, true).await?
+        }
     };
     if refuse {
         let refused: HashMap<String, super::Owner> = rows
@@ -498,6 +584,97 @@ mod tests {
             );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+    }
+
+    /// Rows whose ids nothing stores are appended; one that repeats a stored
+    /// id (of this process's writes, of the table as opened, or brought back
+    /// by a rollback) replaces it; one of another stream's id, or of an
+    /// immutable memory, refuses the batch. No id ever names two rows.
+    #[tokio::test]
+    async fn a_batch_appends_new_ids_replaces_stored_ones_and_refuses_foreign_ones() {
+        use crate::store::{Filter, StoreError, WriteBatch};
+        let tmp = tempfile::tempdir().unwrap();
+        let memory = |id: &str, stream: &str, text: &str| {
+            Chunk::new(id.into(), stream.into(), text.into(), 0)
+        };
+        let write = |rows: Vec<Chunk>| WriteBatch {
+            fresh: vec![],
+            rows,
+            side: vec![],
+            refuse: true,
+        };
+        // A table that held `gone` (deleted before this process opened it).
+        let before = {
+            let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+            store
+                .upsert(vec![memory("opened", "a", "v1"), memory("gone", "a", "v1")])
+                .await
+                .unwrap();
+            let version = store.chunks_table().version().await.unwrap();
+            store.delete(&Filter::new().id("gone")).await.unwrap();
+            version
+        };
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        let mut locked = memory("locked", "a", "v1");
+        locked.immutable = true;
+        store
+            .commit_batch(write(vec![memory("x", "a", "v1"), locked]))
+            .await
+            .unwrap();
+        let snapshot = store.chunks_table().version().await.unwrap();
+        store
+            .commit_batch(write(vec![
+                memory("x", "a", "v2"),
+                memory("opened", "a", "v2"),
+                memory("y", "a", "v1"),
+                memory("twice", "a", "v1"),
+                memory("twice", "a", "v2"),
+            ]))
+            .await
+            .unwrap();
+        for foreign in [memory("x", "b", "mine"), memory("locked", "a", "v2")] {
+            let refused = store
+                .commit_batch(write(vec![memory("z", "a", "v1"), foreign.clone()]))
+                .await;
+            match refused {
+                Err(StoreError::Refused(owners)) => {
+                    assert_eq!(owners.keys().collect::<Vec<_>>(), vec![&foreign.id])
+                }
+                other => panic!("{} was written: {other:?}", foreign.id),
+            }
+        }
+        let text = |id: &'static str| {
+            let store = &store;
+            async move {
+                let rows = store.find(&Filter::new().id(id), None).await.unwrap();
+                assert_eq!(rows.len(), 1, "{id} names one row");
+                rows[0].content.clone()
+            }
+        };
+        assert_eq!(text("x").await, "v2");
+        assert_eq!(text("opened").await, "v2");
+        assert_eq!(text("twice").await, "v2");
+        assert_eq!(text("locked").await, "v1");
+        assert_eq!(store.count(&Filter::new().id("z")).await.unwrap(), 0);
+        // A rollback to before `gone` was deleted brings it back: writing it
+        // again replaces it.
+        store.chunks_table().checkout(before).await.unwrap();
+        store.chunks_table().restore().await.unwrap();
+        store.rolled_back().await.unwrap();
+        store
+            .commit_batch(write(vec![
+                memory("gone", "a", "v2"),
+                memory("x", "a", "v3"),
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(text("gone").await, "v2");
+        assert_eq!(text("x").await, "v3");
+        assert_eq!(
+            store.count(&Filter::new()).await.unwrap(),
+            3,
+            "opened, gone, x"
+        );
     }
 
     #[tokio::test]
