@@ -963,23 +963,19 @@ impl Store {
 
 /// Chunks without their embeddings matching a filter.
 async fn read_rows(table: &Table, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
-    let mut q = table
+    let q = table
         .query()
         .only_if(filter.predicate())
         .select(Select::columns(HIT_COLUMNS));
-    if let Some(limit) = limit {
-        q = q.limit(limit);
-    }
-    let batches: Vec<RecordBatch> = q.execute().await?.try_collect().await?;
-    let mut out = Vec::new();
-    for b in &batches {
-        out.extend(batch_to_chunks(b)?);
-    }
-    Ok(out)
+    collect_chunks(q, limit).await
 }
 
+/// Full chunks (embedding included) matching a Lance predicate.
 async fn read_chunks(table: &Table, filter: String, limit: Option<usize>) -> Result<Vec<Chunk>> {
-    let mut q = table.query().only_if(filter);
+    collect_chunks(table.query().only_if(filter), limit).await
+}
+
+async fn collect_chunks(mut q: lancedb::query::Query, limit: Option<usize>) -> Result<Vec<Chunk>> {
     if let Some(limit) = limit {
         q = q.limit(limit);
     }

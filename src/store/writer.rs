@@ -621,7 +621,6 @@ mod tests {
             .commit_batch(write(vec![memory("x", "a", "v1"), locked]))
             .await
             .unwrap();
-        let snapshot = store.chunks_table().version().await.unwrap();
         store
             .commit_batch(write(vec![
                 memory("x", "a", "v2"),
