@@ -283,34 +283,102 @@ impl StreamVectors {
         })
     }
 
+    /// For each row, the rows before it (in order) whose similarity to it
+    /// may pass `threshold`; None for a row with more than [`NEAR_CAP`] of
+    /// them (a batch of near-copies), whose scan [`Self::first_earlier_above`]
+    /// then redoes. Rows are scanned in parallel.
+    pub fn maybe_above(&self, threshold: f32) -> Vec<Option<Vec<usize>>> {
+        self.per_row(|p| {
+            let mut out = Vec::new();
+            for (q, approx, bound) in self.approx_earlier(p) {
+                if approx + bound > threshold {
+                    if out.len() == NEAR_CAP {
+                        return None;
+                    }
+                    out.push(q);
+                }
+            }
+            Some(out)
+        })
+    }
+
     /// The first row before `p` (in batch order) more similar to it than
-    /// `threshold` that `accept` takes.
+    /// `threshold` that `accept` takes; `maybe` is the row's entry of
+    /// [`Self::maybe_above`] for the same threshold.
     pub fn first_earlier_above(
         &self,
         p: usize,
         threshold: f32,
+        maybe: Option<&[usize]>,
         mut accept: impl FnMut(usize) -> bool,
     ) -> Option<usize> {
-        self.approx_earlier(p)
-            .filter(|&(_, approx, bound)| approx + bound > threshold)
-            .map(|(q, _, _)| q)
-            .find(|&q| self.sim(p, q) > threshold && accept(q))
+        let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
+        match maybe {
+            Some(rows) => rows.iter().copied().find(|&q| exact(q)),
+            None => self
+                .approx_earlier(p)
+                .filter(|&(_, approx, bound)| approx + bound > threshold)
+                .map(|(q, _, _)| q)
+                .find(|&q| exact(q)),
+        }
     }
 
-    /// The highest similarity of row `p` to a row before it (0 when none is
-    /// positive).
-    pub fn max_earlier(&self, p: usize) -> f32 {
-        let approx: Vec<(usize, f32, f32)> = self.approx_earlier(p).collect();
-        // The exact maximum is at least the best lower bound, so only rows
-        // whose upper bound reaches it can hold it.
-        let floor = approx.iter().map(|&(_, a, b)| a - b).fold(0.0f32, f32::max);
-        approx
-            .iter()
-            .filter(|&&(_, a, b)| a + b >= floor)
-            .map(|&(q, _, _)| self.sim(p, q))
-            .fold(0.0f32, f32::max)
+    /// For each row, the highest similarity to a row before it (0 when none
+    /// is positive). Rows are scanned in parallel.
+    pub fn max_earlier(&self) -> Vec<f32> {
+        self.per_row(|p| {
+            let approx: Vec<(usize, f32, f32)> = self.approx_earlier(p).collect();
+            // The exact maximum is at least the best lower bound, so only rows
+            // whose upper bound reaches it can hold it.
+            let floor = approx.iter().map(|&(_, a, b)| a - b).fold(0.0f32, f32::max);
+            approx
+                .iter()
+                .filter(|&&(_, a, b)| a + b >= floor)
+                .map(|&(q, _, _)| self.sim(p, q))
+                .fold(0.0f32, f32::max)
+        })
+    }
+
+    /// `f` of every row, in row order; large groups spread over the CPUs in
+    /// interleaved blocks (row `p` costs `p` dot products).
+    fn per_row<T: Send>(&self, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+        let n = self.idx.len();
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(4));
+        if n < PARALLEL_SCAN_ROWS || threads == 1 {
+            return (0..n).map(f).collect();
+        }
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let f = &f;
+            let parts: Vec<_> = (0..threads)
+                .map(|t| {
+                    scope.spawn(move || {
+                        (0..n)
+                            .filter(|p| (p / SCAN_BLOCK) % threads == t)
+                            .map(|p| (p, f(p)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for part in parts {
+                for (p, v) in part.join().expect("scan thread") {
+                    out[p] = Some(v);
+                }
+            }
+        });
+        out.into_iter()
+            .map(|v| v.expect("every row scanned"))
+            .collect()
     }
 }
+
+/// Rows a within-batch scan keeps as maybe-near per row before it gives up
+/// and rescans that row when asked.
+const NEAR_CAP: usize = 64;
+/// Groups at least this large are scanned on several threads...
+const PARALLEL_SCAN_ROWS: usize = 512;
+/// ...in blocks of this many rows.
+const SCAN_BLOCK: usize = 32;
 
 /// Fill `neighbors` (the `k` most similar latest memories of the record's
 /// stream) for every kept, embedded record that lacks them: one batched vector
@@ -556,7 +624,7 @@ mod tests {
             "April",
             "dark mode",
         ];
-        let batch: Vec<Record> = (0..300usize)
+        let batch: Vec<Record> = (0..1200usize)
             .map(|i| {
                 // Overlapping texts: many pairs are close, some are equal.
                 let text = format!(
@@ -572,18 +640,36 @@ mod tests {
             .collect();
         let groups = StreamVectors::of(&batch);
         assert_eq!(groups.len(), 2);
+        let best: Vec<Vec<f32>> = groups.iter().map(StreamVectors::max_earlier).collect();
+        let maybe: Vec<Vec<(f32, Vec<Option<Vec<usize>>>)>> = groups
+            .iter()
+            .map(|g| {
+                [0.5, 0.8, 0.92, 0.999]
+                    .into_iter()
+                    .map(|t| (t, g.maybe_above(t)))
+                    .collect()
+            })
+            .collect();
+        // Some rows have too many close ones to list; they are rescanned.
+        assert!(maybe
+            .iter()
+            .flatten()
+            .any(|(_, m)| m.iter().any(Option::is_none)));
         let (mut close, mut equal) = (0, 0);
-        for g in &groups {
+        for (gi, g) in groups.iter().enumerate() {
             for p in 0..g.idx.len() {
                 let exact = (0..p).map(|q| g.sim(p, q)).fold(0.0f32, f32::max);
-                assert_eq!(g.max_earlier(p), exact, "row {p}");
-                for threshold in [0.5, 0.8, 0.92, 0.999] {
+                assert_eq!(best[gi][p], exact, "row {p}");
+                for (threshold, maybe) in &maybe[gi] {
                     let odd = |q: &usize| q % 2 == 1;
-                    assert_eq!(
-                        g.first_earlier_above(p, threshold, |q| odd(&q)),
-                        (0..p).find(|q| g.sim(p, *q) > threshold && odd(q)),
-                        "row {p}, threshold {threshold}"
-                    );
+                    let want = (0..p).find(|q| g.sim(p, *q) > *threshold && odd(q));
+                    for listed in [maybe[p].as_deref(), None] {
+                        assert_eq!(
+                            g.first_earlier_above(p, *threshold, listed, |q| odd(&q)),
+                            want,
+                            "row {p}, threshold {threshold}"
+                        );
+                    }
                 }
                 close += usize::from(exact > 0.8);
                 equal += usize::from(exact > 0.999);

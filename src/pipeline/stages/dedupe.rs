@@ -223,12 +223,14 @@ impl Stage for Dedupe {
             // Near: within the batch (the earlier memory is kept).
             if self.cfg.near_within_batch {
                 for g in StreamVectors::of(batch) {
+                    let maybe = g.maybe_above(self.cfg.near_threshold);
                     for p in 0..g.idx.len() {
                         let i = g.idx[p];
                         if !batch[i].is_kept() {
                             continue;
                         }
-                        let earlier = g.first_earlier_above(p, self.cfg.near_threshold, |q| {
+                        let near = self.cfg.near_threshold;
+                        let earlier = g.first_earlier_above(p, near, maybe[p].as_deref(), |q| {
                             let j = g.idx[q];
                             batch[j].is_kept()
                                 && batch[j].chunk.id != batch[i].chunk.id

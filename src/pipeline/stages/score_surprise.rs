@@ -75,8 +75,8 @@ impl Stage for ScoreSurprise {
             // Most similar earlier kept memory of the same stream in this batch.
             let mut in_batch = vec![0.0f32; batch.len()];
             for g in StreamVectors::of(batch) {
-                for p in 0..g.idx.len() {
-                    in_batch[g.idx[p]] = g.max_earlier(p);
+                for (p, best) in g.max_earlier().into_iter().enumerate() {
+                    in_batch[g.idx[p]] = best;
                 }
             }
             for i in 0..batch.len() {
