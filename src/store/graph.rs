@@ -302,17 +302,29 @@ fn push_ref(list: &mut Vec<String>, id: &str) {
 
 impl Graph {
     /// Open the graph over its two tables, with a BTree index on each `id`
-    /// (every batch reads and merges by id).
+    /// (every batch reads and merges by id) and a bitmap on each `stream`
+    /// (a stream's first graph leg reads all its entities).
     pub async fn open(entities: Table, edges: Table, gate: super::TableGate) -> Result<Graph> {
         for table in [&entities, &edges] {
-            let indexed = table
+            let indexed: Vec<Vec<String>> = table
                 .list_indices()
                 .await?
-                .iter()
-                .any(|i| i.columns.iter().any(|c| c == "id"));
-            if !indexed {
+                .into_iter()
+                .map(|i| i.columns)
+                .collect();
+            let has = |c: &str| indexed.iter().any(|cols| cols.iter().any(|x| x == c));
+            if !has("id") {
                 table
                     .create_index(&["id"], lancedb::index::Index::BTree(Default::default()))
+                    .execute()
+                    .await?;
+            }
+            if !has("stream") {
+                table
+                    .create_index(
+                        &["stream"],
+                        lancedb::index::Index::Bitmap(Default::default()),
+                    )
                     .execute()
                     .await?;
             }
@@ -786,6 +798,17 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
         let graph = &store.graph;
+        // A stream's entities are read through a bitmap on `stream`.
+        for table in [&graph.entities, &graph.edges] {
+            let indexed: Vec<Vec<String>> = table
+                .list_indices()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|i| i.columns)
+                .collect();
+            assert!(indexed.contains(&vec!["stream".to_string()]), "{indexed:?}");
+        }
         let streams = vec!["a".to_string(), "b".to_string()];
         let keys: Vec<String> = ["alice", "bob", "carol", "dave"].map(String::from).to_vec();
         let agree = |round: &'static str| {
