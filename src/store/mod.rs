@@ -419,7 +419,7 @@ impl Store {
         self.delete_generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.hot.invalidate(None);
-        self.writer.forget();
+        self.writer.forget_ids();
         self.graph.forget_known();
         self.feedback.reload().await
     }

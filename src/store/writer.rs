@@ -47,44 +47,6 @@ pub struct WriteBatch {
 pub struct ChunkWriter {
     tx: mpsc::Sender<WriteOp>,
     known: Arc<KnownIds>,
-    recent: Arc<std::sync::Mutex<Recent>>,
-}
-
-/// The rows the writer committed last, embeddings included, so that a side
-/// effect on a memory written moments ago (an update superseding the
-/// previous batch's memory) is rebased without a Lance read. It holds the
-/// committed version of each id it has; a delete, a rollback or a failed
-/// commit empties it.
-#[derive(Default)]
-struct Recent {
-    rows: HashMap<String, (u64, Chunk)>,
-    order: std::collections::VecDeque<(u64, String)>,
-    seq: u64,
-}
-
-/// Rows [`Recent`] holds: two batches of the default size.
-const RECENT_ROWS: usize = 4096;
-
-impl Recent {
-    fn remember(&mut self, rows: &[Chunk]) {
-        for c in rows {
-            self.seq += 1;
-            self.rows.insert(c.id.clone(), (self.seq, c.clone()));
-            self.order.push_back((self.seq, c.id.clone()));
-        }
-        while self.rows.len() > RECENT_ROWS {
-            let Some((seq, id)) = self.order.pop_front() else {
-                break;
-            };
-            if self.rows.get(&id).is_some_and(|(s, _)| *s == seq) {
-                self.rows.remove(&id);
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        *self = Recent::default();
-    }
 }
 
 /// The ids the table may hold, as 64-bit hashes, so that a row whose id
@@ -155,23 +117,19 @@ impl ChunkWriter {
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
         let known = Arc::new(KnownIds::default());
-        let recent = Arc::new(std::sync::Mutex::new(Recent::default()));
         let sink = Sink {
             table,
             dim,
             hot,
             known: known.clone(),
-            recent: recent.clone(),
         };
         tokio::spawn(run(sink, max_rows, maintenance, gate, rx));
-        ChunkWriter { tx, known, recent }
+        ChunkWriter { tx, known }
     }
 
-    /// The table was rolled back: what the writer remembers of it (the ids it
-    /// holds, the rows written last) no longer holds.
-    pub fn forget(&self) {
+    /// The table was rolled back: the ids it holds are not known any more.
+    pub fn forget_ids(&self) {
         self.known.forget();
-        self.recent.lock().expect("recent rows lock").clear();
     }
 
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
@@ -264,41 +222,9 @@ struct Sink {
     dim: usize,
     hot: Arc<HotIndex>,
     known: Arc<KnownIds>,
-    recent: Arc<std::sync::Mutex<Recent>>,
 }
 
 impl Sink {
-    /// After a commit: what it wrote is the newest version of its rows; after
-    /// a failed one, whatever was remembered may be stale.
-    fn committed<T>(&self, result: lancedb::Result<T>, rows: &[Chunk]) -> Result<()> {
-        let mut recent = self.recent.lock().expect("recent rows lock");
-        match result {
-            Ok(_) => {
-                recent.remember(rows);
-                self.hot.apply(rows);
-                Ok(())
-            }
-            Err(e) => {
-                recent.clear();
-                Err(e.into())
-            }
-        }
-    }
-
-    /// The rows of `ids` the writer committed last, taken out of `ids`.
-    fn recent(&self, ids: &mut Vec<String>) -> Vec<Chunk> {
-        let recent = self.recent.lock().expect("recent rows lock");
-        let mut found = Vec::new();
-        ids.retain(|id| match recent.rows.get(id) {
-            Some((_, c)) => {
-                found.push(c.clone());
-                false
-            }
-            None => true,
-        });
-        found
-    }
-
     /// One `merge_insert` on `id`; when an id repeats, its last version wins.
     /// The hot index learns the rows once they are committed.
     async fn commit<'a>(&self, chunks: impl Iterator<Item = &'a Chunk>) -> Result<()> {
@@ -316,26 +242,26 @@ impl Sink {
         merge
             .when_matched_update_all(None)
             .when_not_matched_insert_all();
-        let result = merge.execute(reader).await;
-        self.committed(result, &rows)
+        merge.execute(reader).await?;
+        self.hot.apply(&rows);
+        Ok(())
     }
 
     /// One append of rows whose ids no stored row has.
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
         self.known.add(rows.iter().map(|c| c.id.as_str()));
-        let result = self
-            .table
+        self.table
             .add(batch_reader(rows, self.dim)?)
             .execute()
-            .await;
-        self.committed(result, rows)
+            .await?;
+        self.hot.apply(rows);
+        Ok(())
     }
 
     /// Delete by predicate; the hot index drops the streams it touched
     /// (which rows went is not known one by one).
     async fn delete(&self, predicate: &str, streams: Option<&[String]>) -> Result<u64> {
         let result = self.table.delete(predicate).await;
-        self.recent.lock().expect("recent rows lock").clear();
         self.hot.invalidate(streams);
         Ok(result?.num_deleted_rows)
     }
@@ -573,17 +499,16 @@ async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
         .into_iter()
         .filter(|c| !own.contains(c.id.as_str()))
         .collect();
-    let mut ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-    let mut current: HashMap<String, Chunk> = sink
-        .recent(&mut ids)
-        .into_iter()
-        .map(|c| (c.id.clone(), c))
-        .collect();
-    if !ids.is_empty() {
-        let read =
-            super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None).await?;
-        current.extend(read.into_iter().map(|c| (c.id.clone(), c)));
-    }
+    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
+    let mut current: HashMap<String, Chunk> = if ids.is_empty() {
+        HashMap::new()
+    } else {
+        super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
+            .await?
+            .into_iter()
+            .map(|c| (c.id.clone(), c))
+            .collect()
+    };
     let rebased: Vec<Chunk> = side
         .into_iter()
         .map(|s| match current.remove(&s.id) {
@@ -813,34 +738,5 @@ mod tests {
                 .as_deref(),
             Some("new")
         );
-        // Rebased on what the writer committed last: a memory rewritten
-        // just now gives its newest text, and one deleted since is not
-        // brought back from memory (the side effect is written as it is).
-        let mut edited = store.get("new").await.unwrap().unwrap();
-        edited.content = "I live in Denver".into();
-        store.upsert(vec![edited]).await.unwrap();
-        let mut side = Chunk::new("new".into(), "s".into(), "stale text".into(), 5);
-        side.superseded_by = Some("newer".into());
-        store
-            .commit_with_side_effects(vec![], vec![side])
-            .await
-            .unwrap();
-        let got = store.get("new").await.unwrap().unwrap();
-        assert_eq!(
-            (got.content.as_str(), got.superseded_by.as_deref()),
-            ("I live in Denver", Some("newer"))
-        );
-        store
-            .delete(&crate::store::Filter::new().id("new"))
-            .await
-            .unwrap();
-        let mut side = Chunk::new("new".into(), "s".into(), "as the stage saw it".into(), 5);
-        side.superseded_by = Some("newest".into());
-        store
-            .commit_with_side_effects(vec![], vec![side])
-            .await
-            .unwrap();
-        let got = store.get("new").await.unwrap().unwrap();
-        assert_eq!(got.content, "as the stage saw it");
     }
 }
