@@ -256,7 +256,7 @@ impl StreamVectors {
     }
 
     /// Cosine similarity of rows `p` and `q`.
-    pub fn sim(&self, p: usize, q: usize) -> f32 {
+    fn sim(&self, p: usize, q: usize) -> f32 {
         let d = self.dim;
         crate::providers::embed::dot(
             &self.flat[p * d..(p + 1) * d],
@@ -290,16 +290,21 @@ impl StreamVectors {
     pub fn maybe_above(&self, threshold: f32) -> Vec<Option<Vec<usize>>> {
         self.per_row(|p| {
             let mut out = Vec::new();
-            for (q, approx, bound) in self.approx_earlier(p) {
-                if approx + bound > threshold {
-                    if out.len() == NEAR_CAP {
-                        return None;
-                    }
-                    out.push(q);
+            for q in self.earlier_maybe_above(p, threshold) {
+                if out.len() == NEAR_CAP {
+                    return None;
                 }
+                out.push(q);
             }
             Some(out)
         })
+    }
+
+    /// The rows before `p` whose similarity to it may pass `threshold`.
+    fn earlier_maybe_above(&self, p: usize, threshold: f32) -> impl Iterator<Item = usize> + '_ {
+        self.approx_earlier(p)
+            .filter(move |&(_, approx, bound)| approx + bound > threshold)
+            .map(|(q, _, _)| q)
     }
 
     /// The first row before `p` (in batch order) more similar to it than
@@ -315,11 +320,7 @@ impl StreamVectors {
         let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
-            None => self
-                .approx_earlier(p)
-                .filter(|&(_, approx, bound)| approx + bound > threshold)
-                .map(|(q, _, _)| q)
-                .find(|&q| exact(q)),
+            None => self.earlier_maybe_above(p, threshold).find(|&q| exact(q)),
         }
     }
 

@@ -274,13 +274,19 @@ pub async fn publish_fresh(
     store: Option<&crate::store::Store>,
     envelopes: Vec<Envelope>,
 ) -> Result<std::collections::HashSet<String>> {
+    let dropped = bus.publish(envelopes).await?;
+    // One lookup for every dropped message (a file imported again drops all).
+    let owners = match store {
+        Some(store) if !dropped.is_empty() => {
+            let ids: Vec<&str> = dropped.iter().map(|e| e.chunk.id.as_str()).collect();
+            Some(store.owners(&ids).await?)
+        }
+        _ => None,
+    };
     let mut stored = std::collections::HashSet::new();
     let mut missing = Vec::new();
-    for mut e in bus.publish(envelopes).await? {
-        let present = match store {
-            Some(store) => store.get(&e.chunk.id).await?.is_some(),
-            None => true,
-        };
+    for mut e in dropped {
+        let present = owners.as_ref().is_none_or(|o| o.contains_key(&e.chunk.id));
         if present {
             stored.insert(e.chunk.id.clone());
         } else {

@@ -170,11 +170,15 @@ impl StreamIndex {
         Some((self.docs.get(id)?, self.text.meta(id)?))
     }
 
-    /// Every memory of the stream (without its embedding) and its filter columns.
-    pub fn rows(&self) -> impl Iterator<Item = (&Arc<Chunk>, &Meta)> {
-        self.docs
-            .iter()
-            .filter_map(|(id, chunk)| Some((chunk, self.text.meta(id)?)))
+    /// The stream's memories (without their embeddings) that meet `conds`,
+    /// conditions on the row included ([`Meta::meets_row`]).
+    pub fn rows_meeting<'a>(&'a self, conds: &'a [Cond]) -> impl Iterator<Item = &'a Arc<Chunk>> {
+        self.docs.iter().filter_map(move |(id, chunk)| {
+            self.text
+                .meta(id)
+                .filter(|m| m.meets_row(chunk, conds))
+                .map(|_| chunk)
+        })
     }
 
     /// The postings of the stream's text.

@@ -34,7 +34,7 @@ pub use history::{history_schema, HistoryRow};
 pub use job_runs::job_run_schema;
 pub use writer::ChunkWriter;
 
-use filter::{sql_str, Cond};
+use filter::sql_str;
 
 pub const CHUNKS: &str = "chunks";
 pub const DEAD_LETTERS: &str = "dead_letters";
@@ -505,12 +505,10 @@ impl Store {
                 return Ok(indexes
                     .iter()
                     .map(|ix| {
-                        let ix = ix.read().expect("stream index lock");
-                        if conds.iter().all(|c| matches!(c, Cond::Streams(_))) {
-                            ix.rows().count()
-                        } else {
-                            ix.rows().filter(|(c, m)| m.meets_row(c, conds)).count()
-                        }
+                        ix.read()
+                            .expect("stream index lock")
+                            .rows_meeting(conds)
+                            .count()
                     })
                     .sum());
             }
@@ -538,11 +536,7 @@ impl Store {
                 let mut out: Vec<Chunk> = Vec::new();
                 for ix in &indexes {
                     let ix = ix.read().expect("stream index lock");
-                    out.extend(
-                        ix.rows()
-                            .filter(|(c, m)| m.meets_row(c, conds))
-                            .map(|(c, _)| Chunk::clone(c)),
-                    );
+                    out.extend(ix.rows_meeting(conds).map(|c| Chunk::clone(c)));
                 }
                 if let Some(limit) = limit.filter(|&l| l < out.len()) {
                     out.sort_by(|a, b| {

@@ -80,29 +80,28 @@ impl KnownIds {
         }
     }
 
-    /// Which of `ids` no stored row can have; None when the set cannot be
-    /// built (every id must then be looked up).
-    async fn unstored<'a>(&self, table: &Table, ids: &[&'a str]) -> Option<Vec<&'a str>> {
+    /// The ids among `ids` the table may hold (all of them when the set
+    /// cannot be built): only these need a lookup.
+    async fn maybe_stored<'a>(&self, table: &Table, ids: Vec<&'a str>) -> Vec<&'a str> {
         if self.hashes.lock().expect("known ids lock").is_none() {
-            let all = super::scan_ids(table, &super::Filter::new()).await;
-            let all = match all {
-                Ok(all) => all,
+            match super::scan_ids(table, &super::Filter::new()).await {
+                Ok(all) => {
+                    let set = all.iter().map(|id| self.hash(id)).collect();
+                    *self.hashes.lock().expect("known ids lock") = Some(set);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the stored ids; looking each write up");
-                    return None;
+                    return ids;
                 }
-            };
-            let set = all.iter().map(|id| self.hash(id)).collect();
-            *self.hashes.lock().expect("known ids lock") = Some(set);
+            }
         }
-        let guard = self.hashes.lock().expect("known ids lock");
-        let set = guard.as_ref()?;
-        Some(
-            ids.iter()
-                .copied()
-                .filter(|id| !set.contains(&self.hash(id)))
+        match self.hashes.lock().expect("known ids lock").as_ref() {
+            Some(set) => ids
+                .into_iter()
+                .filter(|id| set.contains(&self.hash(id)))
                 .collect(),
-        )
+            None => ids,
+        }
     }
 }
 
@@ -451,15 +450,7 @@ async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
         HashMap::new()
     } else {
         let ids: Vec<&str> = rows.iter().map(|c| c.id.as_str()).collect();
-        let maybe: Vec<&str> = match sink.known.unstored(table, &ids).await {
-            Some(unstored) => {
-                let unstored: std::collections::HashSet<&str> = unstored.into_iter().collect();
-                ids.into_iter()
-                    .filter(|id| !unstored.contains(id))
-                    .collect()
-            }
-            None => ids,
-        };
+        let maybe = sink.known.maybe_stored(table, ids).await;
         if maybe.is_empty() {
             HashMap::new()
         } else {
@@ -480,13 +471,17 @@ async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
     }
     // Rows whose id nothing stores, no side effect touches and the batch
     // does not repeat are appended with `fresh`; the rest are merged.
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for c in rows.iter().chain(&side) {
-        *seen.entry(c.id.clone()).or_default() += 1;
-    }
+    let repeated: std::collections::HashSet<String> = {
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        rows.iter()
+            .chain(&side)
+            .filter(|c| !seen.insert(c.id.as_str()))
+            .map(|c| c.id.clone())
+            .collect()
+    };
     let (new, rows): (Vec<Chunk>, Vec<Chunk>) = rows
         .into_iter()
-        .partition(|c| !owners.contains_key(&c.id) && seen[&c.id] == 1);
+        .partition(|c| !owners.contains_key(&c.id) && !repeated.contains(&c.id));
     fresh.extend(new);
     if !fresh.is_empty() {
         sink.append(&fresh).await?;
