@@ -263,11 +263,12 @@ pub struct RecallSelection {
     pub ks: Vec<usize>,
     pub granularity: String,
     pub qa: bool,
+    pub candidates: bool,
 }
 
 /// `loomem bench-recall run`: run the questions of `data` on a fresh engine (a
 /// temporary data directory, the in-process bus, the configured embedder) and
-/// write `recall-<time>.json`, `.md` and `.png` under `out`.
+/// write `recall-<time>.json`, `.md`, `.png` and `.svg` under `out`.
 pub async fn bench_recall(
     mut cfg: Config,
     env: &std::collections::HashMap<String, String>,
@@ -346,6 +347,7 @@ pub async fn bench_recall(
         ks,
         granularity,
         qa: sel.qa,
+        candidates: sel.candidates,
     };
     let saving = cache.clone();
     let report = run(&engine, &questions, &opts, |done, total| {
@@ -374,7 +376,10 @@ pub async fn bench_recall(
     let json_path = out.join(format!("recall-{stamp}.json"));
     let md_path = out.join(format!("recall-{stamp}.md"));
     let png_path = out.join(format!("recall-{stamp}.png"));
-    std::fs::write(&png_path, loomem::bench_recall::chart::png(&report))?;
+    let svg_path = out.join(format!("recall-{stamp}.svg"));
+    loomem::bench_recall::chart::png(&report, &png_path).map_err(anyhow::Error::msg)?;
+    let (svg, _) = loomem::bench_recall::chart::svg(&report).map_err(anyhow::Error::msg)?;
+    std::fs::write(&svg_path, svg)?;
     let md = markdown(&report);
     let doc = serde_json::json!({
         "dataset": data.display().to_string(),
@@ -386,12 +391,23 @@ pub async fn bench_recall(
     });
     std::fs::write(&json_path, serde_json::to_vec_pretty(&doc)?)?;
     std::fs::write(&md_path, &md)?;
+    if sel.candidates {
+        let path = out.join(format!("candidates-{stamp}.jsonl"));
+        let mut lines = Vec::new();
+        for c in &report.candidates {
+            serde_json::to_writer(&mut lines, c)?;
+            lines.push(b'\n');
+        }
+        std::fs::write(&path, lines)?;
+        eprintln!("wrote {}", path.display());
+    }
     println!("{md}");
     eprintln!(
-        "wrote {}, {} and {}",
+        "wrote {}, {}, {} and {}",
         json_path.display(),
         md_path.display(),
-        png_path.display()
+        png_path.display(),
+        svg_path.display()
     );
     Ok(())
 }

@@ -174,6 +174,11 @@ enum RecallAction {
         /// retrieved memories and judge it: QA accuracy per type.
         #[arg(long)]
         qa: bool,
+        /// Also write each question's first 300 hybrid candidates, with every
+        /// leg's rank and score, as candidates-<time>.jsonl (for studying
+        /// fusion offline).
+        #[arg(long)]
+        candidates: bool,
         /// Where the JSON, markdown and PNG results go.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -313,6 +318,7 @@ fn run() -> anyhow::Result<()> {
                         k,
                         granularity,
                         qa,
+                        candidates,
                         out,
                     },
             } => {
@@ -324,6 +330,7 @@ fn run() -> anyhow::Result<()> {
                     ks: k,
                     granularity,
                     qa,
+                    candidates,
                 };
                 cli::bench_recall(cfg, &env, &data, selection, &out).await?;
             }

@@ -1,451 +1,344 @@
-//! The bench-recall chart: recall_any@k curves per mode, at session and at turn
-//! level, as a PNG. Drawn on a small palette canvas with a built-in 5×7 font and
-//! written as an uncompressed (stored-deflate) palette PNG — a few hundred KB,
-//! no image or font dependency.
+//! The bench-recall chart, drawn with `plotters`: a panel per level shown
+//! (session, turn), recall_any@k against the cut-offs, one line with a point
+//! per cut-off for each mode, axes, labels and a legend. Written as SVG and
+//! PNG; the PNG's text uses the DejaVu Sans face the `dejavu` crate embeds, so
+//! no system font is needed.
 
-use std::collections::BTreeMap;
+use std::sync::Once;
 
-use super::metrics::Summary;
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
 use super::run::RunReport;
 
-const WIDTH: usize = 960;
-const HEIGHT: usize = 400;
-const PANEL: usize = WIDTH / 2;
+pub const WIDTH: u32 = 1200;
+pub const HEIGHT: u32 = 520;
 
-/// Palette indexes.
-const WHITE: u8 = 0;
-const BLACK: u8 = 1;
-const GRID: u8 = 2;
-/// Colours of the modes, in order.
-const LINES: [u8; 5] = [3, 4, 5, 6, 7];
-const PALETTE: [[u8; 3]; 8] = [
-    [255, 255, 255],
-    [30, 30, 30],
-    [225, 225, 225],
-    [31, 119, 180],
-    [255, 127, 14],
-    [44, 160, 44],
-    [214, 39, 40],
-    [148, 103, 189],
+/// The family the chart's text is set in.
+const FONT: &str = "sans-serif";
+
+const COLOURS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
 ];
 
-/// 5×7 glyphs (rows top to bottom, `#` = ink); other characters draw blank.
-fn glyph(c: char) -> Option<[&'static str; 7]> {
-    Some(match c {
-        '0' => [
-            " ### ", "#   #", "#  ##", "# # #", "##  #", "#   #", " ### ",
-        ],
-        '1' => [
-            "  #  ", " ##  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### ",
-        ],
-        '2' => [
-            " ### ", "#   #", "    #", "   # ", "  #  ", " #   ", "#####",
-        ],
-        '3' => [
-            "#####", "   # ", "  #  ", "   # ", "    #", "#   #", " ### ",
-        ],
-        '4' => [
-            "   # ", "  ## ", " # # ", "#  # ", "#####", "   # ", "   # ",
-        ],
-        '5' => [
-            "#####", "#    ", "#### ", "    #", "    #", "#   #", " ### ",
-        ],
-        '6' => [
-            "  ## ", " #   ", "#    ", "#### ", "#   #", "#   #", " ### ",
-        ],
-        '7' => [
-            "#####", "    #", "   # ", "  #  ", " #   ", " #   ", " #   ",
-        ],
-        '8' => [
-            " ### ", "#   #", "#   #", " ### ", "#   #", "#   #", " ### ",
-        ],
-        '9' => [
-            " ### ", "#   #", "#   #", " ####", "    #", "   # ", " ##  ",
-        ],
-        '.' => [
-            "     ", "     ", "     ", "     ", "     ", " ##  ", " ##  ",
-        ],
-        '_' => [
-            "     ", "     ", "     ", "     ", "     ", "     ", "#####",
-        ],
-        '-' => [
-            "     ", "     ", "     ", "#####", "     ", "     ", "     ",
-        ],
-        '=' => [
-            "     ", "     ", "#####", "     ", "#####", "     ", "     ",
-        ],
-        '@' => [
-            " ### ", "#   #", "# ###", "# # #", "# ###", "#    ", " ### ",
-        ],
-        'a' => [
-            "     ", "     ", " ### ", "    #", " ####", "#   #", " ####",
-        ],
-        'b' => [
-            "#    ", "#    ", "# ## ", "##  #", "#   #", "#   #", "#### ",
-        ],
-        'c' => [
-            "     ", "     ", " ### ", "#    ", "#    ", "#   #", " ### ",
-        ],
-        'd' => [
-            "    #", "    #", " ## #", "#  ##", "#   #", "#   #", " ####",
-        ],
-        'e' => [
-            "     ", "     ", " ### ", "#   #", "#####", "#    ", " ### ",
-        ],
-        'h' => [
-            "#    ", "#    ", "# ## ", "##  #", "#   #", "#   #", "#   #",
-        ],
-        'i' => [
-            "  #  ", "     ", " ##  ", "  #  ", "  #  ", "  #  ", " ### ",
-        ],
-        'k' => [
-            "#    ", "#    ", "#  # ", "# #  ", "##   ", "# #  ", "#  # ",
-        ],
-        'l' => [
-            " ##  ", "  #  ", "  #  ", "  #  ", "  #  ", "  #  ", " ### ",
-        ],
-        'm' => [
-            "     ", "     ", "## # ", "# # #", "# # #", "#   #", "#   #",
-        ],
-        'n' => [
-            "     ", "     ", "# ## ", "##  #", "#   #", "#   #", "#   #",
-        ],
-        'o' => [
-            "     ", "     ", " ### ", "#   #", "#   #", "#   #", " ### ",
-        ],
-        'r' => [
-            "     ", "     ", "# ## ", "##  #", "#    ", "#    ", "#    ",
-        ],
-        's' => [
-            "     ", "     ", " ####", "#    ", " ### ", "    #", "#### ",
-        ],
-        't' => [
-            " #   ", " #   ", "###  ", " #   ", " #   ", " #  #", "  ## ",
-        ],
-        'u' => [
-            "     ", "     ", "#   #", "#   #", "#   #", "#  ##", " ## #",
-        ],
-        'v' => [
-            "     ", "     ", "#   #", "#   #", "#   #", " # # ", "  #  ",
-        ],
-        'y' => [
-            "     ", "     ", "#   #", "#   #", " ####", "    #", " ### ",
-        ],
-        _ => return None,
-    })
+/// One point as drawn: the mode and level it belongs to, the cut-off, the
+/// value, and where it landed in pixels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    pub level: &'static str,
+    pub mode: String,
+    pub k: usize,
+    pub value: f64,
+    pub at: (i32, i32),
 }
 
-struct Canvas {
-    px: Vec<u8>,
+/// A panel's plotting area in pixels: x from `left` to `right`, y from `top`
+/// (value 1) to `bottom` (value 0).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Area {
+    pub left: i32,
+    pub right: i32,
+    pub top: i32,
+    pub bottom: i32,
 }
 
-impl Canvas {
-    fn new() -> Canvas {
-        Canvas {
-            px: vec![WHITE; WIDTH * HEIGHT],
-        }
-    }
-
-    fn set(&mut self, x: i64, y: i64, c: u8) {
-        if (0..WIDTH as i64).contains(&x) && (0..HEIGHT as i64).contains(&y) {
-            self.px[y as usize * WIDTH + x as usize] = c;
-        }
-    }
-
-    fn rect(&mut self, x: i64, y: i64, w: i64, h: i64, c: u8) {
-        for yy in y..y + h {
-            for xx in x..x + w {
-                self.set(xx, yy, c);
-            }
-        }
-    }
-
-    /// A line `thick` pixels wide (Bresenham with a square pen).
-    fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), thick: i64, c: u8) {
-        let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
-        let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
-        let (mut x, mut y, mut err) = (x0, y0, dx + dy);
-        loop {
-            self.rect(x - thick / 2, y - thick / 2, thick, thick, c);
-            if x == x1 && y == y1 {
-                break;
-            }
-            let e2 = 2 * err;
-            if e2 >= dy {
-                err += dy;
-                x += sx;
-            }
-            if e2 <= dx {
-                err += dx;
-                y += sy;
-            }
-        }
-    }
-
-    fn text(&mut self, x: i64, y: i64, s: &str, scale: i64, c: u8) {
-        for (i, ch) in s.chars().enumerate() {
-            let Some(rows) = glyph(ch) else { continue };
-            let ox = x + i as i64 * 6 * scale;
-            for (ry, row) in rows.iter().enumerate() {
-                for (rx, b) in row.bytes().enumerate() {
-                    if b == b'#' {
-                        self.rect(
-                            ox + rx as i64 * scale,
-                            y + ry as i64 * scale,
-                            scale,
-                            scale,
-                            c,
-                        );
-                    }
-                }
-            }
-        }
-    }
+/// What was drawn: the panels' plotting areas (in level order) and the points.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    pub panels: Vec<(&'static str, Area)>,
+    pub points: Vec<Drawn>,
 }
 
-/// Where the point (i-th of `n` ks, value) of a panel lands.
-fn point(panel: usize, i: usize, n: usize, value: f64) -> (i64, i64) {
-    let (left, right, top, bottom) = (60, 20, 50, 50);
-    let x0 = (panel * PANEL + left) as f64;
-    let w = (PANEL - left - right) as f64;
-    let x = x0 + w * i as f64 / n.saturating_sub(1).max(1) as f64;
-    let y = top as f64 + (HEIGHT - top - bottom) as f64 * (1.0 - value.clamp(0.0, 1.0));
-    (x.round() as i64, y.round() as i64)
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The face is a valid TrueType file: a failure here is a build defect.
+        plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular())
+            .unwrap_or_else(|_| panic!("the embedded DejaVu Sans face is not a valid font"));
+    });
 }
 
-fn panel(c: &mut Canvas, p: usize, title: &str, ks: &[usize], curves: &[(&str, &Summary)]) {
-    let n = ks.len();
-    c.text((p * PANEL + 60) as i64, 14, title, 2, BLACK);
-    for tenth in (0..=10).step_by(2) {
-        let v = tenth as f64 / 10.0;
-        let (x0, y) = point(p, 0, n, v);
-        let (x1, _) = point(p, n.saturating_sub(1), n, v);
-        c.line((x0, y), (x1, y), 1, GRID);
-        c.text(x0 - 40, y - 3, &format!("{v:.1}"), 1, BLACK);
-    }
-    for (i, k) in ks.iter().enumerate() {
-        let (x, y) = point(p, i, n, 0.0);
-        c.line((x, y), (x, y + 5), 1, BLACK);
-        let label = format!("{k}");
-        c.text(x - 3 * label.len() as i64, y + 10, &label, 1, BLACK);
-    }
-    let (x, y) = point(p, n.saturating_sub(1), n, 0.0);
-    c.text(x - 6, y + 24, "k", 1, BLACK);
-    for (n, (_, s)) in curves.iter().enumerate() {
-        let colour = LINES[n % LINES.len()];
-        let pts: Vec<(i64, i64)> = ks
-            .iter()
-            .enumerate()
-            .filter_map(|(i, k)| s.at.get(k).map(|x| point(p, i, n, x.recall_any)))
-            .collect();
-        for w in pts.windows(2) {
-            c.line(w[0], w[1], 3, colour);
-        }
-        for &(x, y) in &pts {
-            c.rect(x - 3, y - 3, 7, 7, colour);
-        }
-    }
+type DrawResult<T> = Result<T, String>;
+
+fn err<E: std::fmt::Debug>(e: E) -> String {
+    format!("drawing the chart: {e:?}")
 }
 
-/// The PNG of a report: a panel per level shown (session, turn
-/// recall_any@k), one curve per mode, and a legend.
-pub fn png(report: &RunReport) -> Vec<u8> {
-    let mut c = Canvas::new();
-    let modes: Vec<(&String, _)> = report.modes.iter().collect();
-    for (p, level) in report.levels.iter().enumerate() {
-        let curves: Vec<(&str, &Summary)> = modes
-            .iter()
-            .map(|(m, s)| {
-                (
-                    m.as_str(),
-                    if *level == "turn" {
-                        &s.turn
-                    } else {
-                        &s.session
-                    },
-                )
-            })
-            .collect();
-        panel(
-            &mut c,
-            p,
-            &format!("{level} recall_any@k"),
-            &report.ks,
-            &curves,
-        );
+/// Draw the report on `root`.
+fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    report: &RunReport,
+) -> DrawResult<Layout> {
+    register_font();
+    root.fill(&WHITE).map_err(err)?;
+    let mut layout = Layout::default();
+    let levels: Vec<&'static str> = report.levels.clone();
+    if levels.is_empty() || report.ks.is_empty() {
+        return Ok(layout);
     }
-    for (n, (mode, _)) in modes.iter().enumerate() {
-        let x = 60 + n as i64 * 140;
-        c.rect(x, HEIGHT as i64 - 18, 24, 6, LINES[n % LINES.len()]);
-        c.text(x + 30, HEIGHT as i64 - 21, mode, 2, BLACK);
-    }
-    encode(&c.px)
-}
-
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
+    let n = report.ks.len();
+    let panels = root.split_evenly((1, levels.len()));
+    for (level, area) in levels.iter().zip(&panels) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("{level} recall_any@k ({} questions)", report.questions),
+                (FONT, 20),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d((0..n as i32 - 1).into_segmented(), 0.0f64..1.0)
+            .map_err(err)?;
+        let ks = report.ks.clone();
+        let label = move |v: &SegmentValue<i32>| match v {
+            SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => ks
+                .get(*i as usize)
+                .map(|k| k.to_string())
+                .unwrap_or_default(),
+            SegmentValue::Last => String::new(),
+        };
+        chart
+            .configure_mesh()
+            .x_desc("k")
+            .y_desc("recall_any@k")
+            .x_labels(n)
+            .y_labels(11)
+            .x_label_formatter(&label)
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(err)?;
+        for (m, (mode, summary)) in report.modes.iter().enumerate() {
+            let s = if *level == "turn" {
+                &summary.turn
             } else {
-                crc >> 1
+                &summary.session
             };
+            let colour = COLOURS[m % COLOURS.len()];
+            let pts: Vec<(SegmentValue<i32>, f64, usize)> = report
+                .ks
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| {
+                    s.at.get(k)
+                        .map(|x| (SegmentValue::CenterOf(i as i32), x.recall_any, *k))
+                })
+                .collect();
+            chart
+                .draw_series(LineSeries::new(
+                    pts.iter().map(|(x, y, _)| (x.clone(), *y)),
+                    colour.stroke_width(2),
+                ))
+                .map_err(err)?
+                .label(mode.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    pts.iter()
+                        .map(|(x, y, _)| Circle::new((x.clone(), *y), 4, colour.filled())),
+                )
+                .map_err(err)?;
+            for (x, y, k) in &pts {
+                layout.points.push(Drawn {
+                    level,
+                    mode: mode.clone(),
+                    k: *k,
+                    value: *y,
+                    at: chart.backend_coord(&(x.clone(), *y)),
+                });
+            }
         }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        let (xs, ys) = chart.plotting_area().get_pixel_range();
+        layout.panels.push((
+            level,
+            Area {
+                left: xs.start,
+                right: xs.end,
+                top: ys.start,
+                bottom: ys.end,
+            },
+        ));
     }
-    !crc
+    root.present().map_err(err)?;
+    Ok(layout)
 }
 
-fn adler32(bytes: &[u8]) -> u32 {
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in bytes {
-        a = (a + u32::from(x)) % 65_521;
-        b = (b + a) % 65_521;
-    }
-    (b << 16) | a
+/// The chart as an SVG document, and what was drawn.
+pub fn svg(report: &RunReport) -> DrawResult<(String, Layout)> {
+    let mut out = String::new();
+    let layout = {
+        let root = SVGBackend::with_string(&mut out, (WIDTH, HEIGHT)).into_drawing_area();
+        draw(&root, report)?
+    };
+    Ok((out, layout))
 }
 
-fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    let start = out.len();
-    out.extend_from_slice(kind);
-    out.extend_from_slice(data);
-    let crc = crc32(&out[start..]);
-    out.extend_from_slice(&crc.to_be_bytes());
-}
-
-/// An 8-bit palette PNG of `px` (WIDTH × HEIGHT palette indexes), its image
-/// data in stored (uncompressed) deflate blocks.
-fn encode(px: &[u8]) -> Vec<u8> {
-    let mut raw = Vec::with_capacity((WIDTH + 1) * HEIGHT);
-    for row in px.chunks(WIDTH) {
-        raw.push(0); // filter: none
-        raw.extend_from_slice(row);
-    }
-    let mut z = vec![0x78, 0x01];
-    let blocks: Vec<&[u8]> = raw.chunks(65_535).collect();
-    for (i, b) in blocks.iter().enumerate() {
-        z.push(u8::from(i + 1 == blocks.len()));
-        let len = b.len() as u16;
-        z.extend_from_slice(&len.to_le_bytes());
-        z.extend_from_slice(&(!len).to_le_bytes());
-        z.extend_from_slice(b);
-    }
-    z.extend_from_slice(&adler32(&raw).to_be_bytes());
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&(WIDTH as u32).to_be_bytes());
-    ihdr.extend_from_slice(&(HEIGHT as u32).to_be_bytes());
-    ihdr.extend_from_slice(&[8, 3, 0, 0, 0]); // 8-bit, palette, deflate, no filter, no interlace
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(&mut out, b"PLTE", &PALETTE.concat());
-    chunk(&mut out, b"IDAT", &z);
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
-/// Chunks of a PNG as (type, data), checking every CRC (for tests).
-pub fn chunks(png: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
-    if !png.starts_with(b"\x89PNG\r\n\x1a\n") {
-        return Err("no PNG signature".into());
-    }
-    let mut at = 8;
-    let mut out = BTreeMap::new();
-    while at + 12 <= png.len() {
-        let len = u32::from_be_bytes(png[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let body = png.get(at + 4..at + 8 + len).ok_or("truncated chunk")?;
-        let crc = u32::from_be_bytes(
-            png.get(at + 8 + len..at + 12 + len)
-                .ok_or("truncated crc")?
-                .try_into()
-                .expect("4 bytes"),
-        );
-        if crc32(body) != crc {
-            return Err(format!(
-                "bad CRC in {}",
-                String::from_utf8_lossy(&body[..4])
-            ));
-        }
-        out.insert(
-            String::from_utf8_lossy(&body[..4]).into_owned(),
-            body[4..].to_vec(),
-        );
-        at += 12 + len;
-    }
-    Ok(out)
+/// Write the chart as a PNG file at `path`.
+pub fn png(report: &RunReport, path: &std::path::Path) -> DrawResult<Layout> {
+    let root = BitMapBackend::new(path, (WIDTH, HEIGHT)).into_drawing_area();
+    draw(&root, report)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::metrics::{Scores, KS};
-    use super::super::run::ModeSummary;
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::bench_recall::metrics::{Scores, Summary};
+    use crate::bench_recall::run::ModeSummary;
 
-    /// Palette index at (x, y), read back from the stored blocks.
-    fn pixel(png: &[u8], x: usize, y: usize) -> u8 {
-        let c = chunks(png).unwrap();
-        let z = &c["IDAT"];
-        let mut raw = Vec::new();
-        let mut at = 2;
-        loop {
-            let last = z[at] & 1 == 1;
-            let len = u16::from_le_bytes([z[at + 1], z[at + 2]]) as usize;
-            raw.extend_from_slice(&z[at + 5..at + 5 + len]);
-            at += 5 + len;
-            if last {
-                break;
-            }
-        }
-        assert_eq!(&z[at..at + 4], &adler32(&raw).to_be_bytes());
-        raw[y * (WIDTH + 1) + 1 + x]
-    }
-
-    #[test]
-    fn curves_are_drawn_where_their_values_are() {
-        let mut report = RunReport {
-            ks: KS.to_vec(),
-            levels: vec!["session", "turn"],
-            ..Default::default()
-        };
-        for (mode, v) in [("bm25", 0.5), ("vector", 1.0)] {
-            let mut s = ModeSummary::default();
-            let per_k = KS
+    fn summary(values: &[(usize, f64)]) -> Summary {
+        Summary {
+            questions: 10,
+            at: values
                 .iter()
-                .map(|&k| {
+                .map(|&(k, v)| {
                     (
                         k,
                         Scores {
                             recall_any: v,
-                            recall_all: v,
-                            ndcg_any: v,
+                            ..Default::default()
                         },
                     )
                 })
+                .collect(),
+        }
+    }
+
+    fn report() -> RunReport {
+        let ks = vec![1, 3, 5, 10, 30, 50];
+        let mut modes = BTreeMap::new();
+        let curves = [
+            ("bm25", [0.41, 0.67, 0.77, 0.79, 0.80, 0.82]),
+            ("hybrid", [0.83, 0.92, 0.95, 0.98, 1.0, 1.0]),
+            ("vector", [0.0, 0.25, 0.5, 0.66, 0.9, 0.99]),
+        ];
+        for (i, (mode, v)) in curves.iter().enumerate() {
+            let session: Vec<(usize, f64)> = ks.iter().copied().zip(v.iter().copied()).collect();
+            // The turn level differs from the session level, per mode.
+            let turn: Vec<(usize, f64)> = session
+                .iter()
+                .map(|&(k, x)| (k, x * (0.5 + 0.1 * i as f64)))
                 .collect();
-            s.session.add(&per_k);
-            s.turn.add(&per_k);
-            report.modes.insert(mode.into(), s);
+            modes.insert(
+                mode.to_string(),
+                ModeSummary {
+                    session: summary(&session),
+                    turn: summary(&turn),
+                    ..Default::default()
+                },
+            );
         }
-        let png = png(&report);
-        let c = chunks(&png).unwrap();
-        assert_eq!(&c["IHDR"][..8], &[0, 0, 3, 192, 0, 0, 1, 144]);
-        assert!(c.contains_key("IEND"));
-        // bm25 (first colour) at 0.5, vector (second) at 1.0, in both panels.
-        for p in 0..2 {
-            let (x, y) = point(p, 2, KS.len(), 0.5);
-            assert_eq!(pixel(&png, x as usize, y as usize), LINES[0]);
-            let (x, y) = point(p, 2, KS.len(), 1.0);
-            assert_eq!(pixel(&png, x as usize, y as usize), LINES[1]);
+        RunReport {
+            ks,
+            levels: vec!["session", "turn"],
+            questions: 10,
+            modes,
+            ..Default::default()
         }
-        assert_eq!(pixel(&png, 2, 2), WHITE);
+    }
+
+    /// `(cx, cy)` of every `<circle>` in an SVG document.
+    fn circles(svg: &str) -> Vec<(i32, i32)> {
+        let attr = |tag: &str, name: &str| -> i32 {
+            let at = tag.find(&format!(" {name}=\"")).expect(name) + name.len() + 3;
+            tag[at..at + tag[at..].find('"').unwrap()].parse().unwrap()
+        };
+        svg.split("<circle")
+            .skip(1)
+            .map(|tag| (attr(tag, "cx"), attr(tag, "cy")))
+            .collect()
     }
 
     #[test]
-    fn a_damaged_png_is_caught() {
-        let mut png = png(&RunReport::default());
-        let n = png.len();
-        png[n - 20] ^= 0xff;
-        assert!(chunks(&png).is_err());
+    fn every_point_is_drawn_where_its_value_and_cut_off_put_it() {
+        let report = report();
+        let (svg, layout) = svg(&report).unwrap();
+        assert_eq!(layout.panels.len(), 2);
+        let drawn = circles(&svg);
+        // One point per mode, level and cut-off: 3 × 2 × 6.
+        assert_eq!(drawn.len(), 36, "{drawn:?}");
+        assert_eq!(layout.points.len(), 36);
+        for (level, area) in &layout.panels {
+            // The cut-offs are evenly spaced, in order, inside the panel.
+            let height = f64::from(area.bottom - area.top);
+            let width = f64::from(area.right - area.left);
+            for (mode, s) in &report.modes {
+                let summary = if *level == "turn" {
+                    &s.turn
+                } else {
+                    &s.session
+                };
+                let mut xs = Vec::new();
+                for (k, scores) in &summary.at {
+                    // The circle drawn for this value, read back from the SVG.
+                    let p = layout
+                        .points
+                        .iter()
+                        .find(|p| p.level == *level && &p.mode == mode && p.k == *k)
+                        .unwrap_or_else(|| panic!("no point for {level} {mode} @{k}"));
+                    assert!(drawn.contains(&p.at), "{level} {mode} @{k}: {:?}", p.at);
+                    let (x, y) = p.at;
+                    assert!(
+                        (area.left..area.right).contains(&x)
+                            && (area.top..=area.bottom).contains(&y),
+                        "{level} {mode} @{k} at {:?} is outside its panel {area:?}",
+                        p.at
+                    );
+                    let read = f64::from(area.bottom - y) / height;
+                    assert!(
+                        (read - scores.recall_any).abs() <= 1.5 / height,
+                        "{level} {mode} @{k}: drawn at {read:.3}, value {}",
+                        scores.recall_any
+                    );
+                    let i = report.ks.iter().position(|x| x == k).unwrap();
+                    let slot = (f64::from(x - area.left) / width * report.ks.len() as f64) as usize;
+                    assert_eq!(slot, i, "{level} {mode} @{k} drawn in slot {slot}");
+                    xs.push(x);
+                }
+                assert_eq!(xs.len(), report.ks.len());
+            }
+        }
+        // Labels and a legend entry for each mode.
+        for text in [
+            "session recall_any@k",
+            "turn recall_any@k",
+            "bm25",
+            "hybrid",
+            "vector",
+        ] {
+            assert!(svg.contains(text), "{text} missing");
+        }
+    }
+
+    #[test]
+    fn the_png_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chart.png");
+        let layout = png(&report(), &path).unwrap();
+        assert_eq!(layout.points.len(), 36);
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"));
+        // IHDR: width and height.
+        assert_eq!(&bytes[16..20], &WIDTH.to_be_bytes());
+        assert_eq!(&bytes[20..24], &HEIGHT.to_be_bytes());
     }
 }

@@ -54,7 +54,14 @@ pub struct RunOptions {
     /// Also answer each question with the LLM from the memories the `hybrid`
     /// search (else the first mode) retrieved, and judge the answer.
     pub qa: bool,
+    /// Also keep, per question, the first [`CANDIDATES`] hybrid candidates
+    /// with every leg's rank and score (`RunReport::candidates`), for studying
+    /// fusion offline.
+    pub candidates: bool,
 }
+
+/// Candidates kept per question with `RunOptions::candidates`.
+pub const CANDIDATES: usize = 300;
 
 impl Default for RunOptions {
     fn default() -> Self {
@@ -64,6 +71,7 @@ impl Default for RunOptions {
             ks: KS.to_vec(),
             granularity: Granularity::Both,
             qa: false,
+            candidates: false,
         }
     }
 }
@@ -129,6 +137,9 @@ pub struct RunReport {
     /// QA calls that failed (not judged).
     pub qa_errors: usize,
     pub results: Vec<QuestionResult>,
+    /// With `RunOptions::candidates`: one JSON object a question.
+    #[serde(skip)]
+    pub candidates: Vec<serde_json::Value>,
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -189,6 +200,67 @@ async fn ingest(
     Ok(sources)
 }
 
+/// A question's first [`CANDIDATES`] hybrid candidates: for each, the turns it
+/// stands for, its session, role and time, every leg's rank and raw score, and
+/// the ranking factors.
+async fn candidates(
+    engine: &Engine,
+    caller: &Caller,
+    q: &Question,
+    stream: &str,
+    sources: &HashMap<String, Vec<String>>,
+) -> Result<serde_json::Value> {
+    let found = crate::service::search::search(
+        engine,
+        caller,
+        SearchRequest {
+            query: q.question.clone(),
+            top_k: Some(CANDIDATES),
+            stream: Some(stream.to_string()),
+            now: Some(serde_json::json!(q.question_date as f64 / 1e6)),
+            trace: true,
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let role = |turn: &str| {
+        q.turns
+            .iter()
+            .find(|t| Question::turn_id(t) == turn)
+            .map(|t| t.role.clone())
+    };
+    let rows: Vec<serde_json::Value> = found
+        .results
+        .iter()
+        .map(|r| {
+            let turns = sources.get(&r.chunk_id).cloned().unwrap_or_default();
+            let t = r.trace_info.as_ref();
+            serde_json::json!({
+                "turns": turns,
+                "role": turns.first().and_then(|x| role(x)),
+                "created_at": t.map(|t| t.created_at),
+                "legs": t.map(|t| &t.legs),
+                "factors": t.map(|t| t.factors),
+                "score": r.score_final,
+                "content": r.content,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "question_id": q.id,
+        "question_type": q.question_type,
+        "question": q.question,
+        "question_date": q.question_date / 1_000_000,
+        "abstention": q.abstention,
+        "answer_sessions": q.answer_sessions,
+        "answer_turns": q.answer_turns(),
+        "sessions": q.sessions(),
+        "corpus_turns": sources.values().map(Vec::len).sum::<usize>(),
+        "candidates": rows,
+    }))
+}
+
 /// Run every question in every mode.
 pub async fn run(
     engine: &Engine,
@@ -247,6 +319,11 @@ pub async fn run(
             .iter()
             .map(|t| (Question::turn_id(t), t.session_id.as_str()))
             .collect();
+        if opts.candidates {
+            report
+                .candidates
+                .push(candidates(engine, &caller, q, &stream, &sources).await?);
+        }
         for mode in &opts.modes {
             let started = Instant::now();
             let found = crate::service::search::search(
