@@ -7,7 +7,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
-    /// Reciprocal-rank-fusion constant k.
+    /// How the legs' candidates become one score.
+    #[serde(default)]
+    pub fusion: Fusion,
+    /// Reciprocal-rank-fusion constant k (`fusion = "rrf"`).
     pub rrf_k: f32,
     pub bm25_weight: f32,
     pub vector_weight: f32,
@@ -48,6 +51,18 @@ pub struct SearchConfig {
     pub vector_index_min_rows: usize,
 }
 
+/// How the legs' candidates become one score.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fusion {
+    /// The weighted mean of each leg's relevance in [0, 1]: cosine similarity
+    /// for the vector leg, the score over the leg's best for BM25 and graph.
+    #[default]
+    Score,
+    /// Reciprocal-rank fusion: `Σ weight / (rrf_k + rank)`.
+    Rrf,
+}
+
 impl SearchConfig {
     /// The half-life of a memory type, in days.
     pub fn half_life(&self, memory_type: &str) -> f64 {
@@ -60,7 +75,7 @@ impl SearchConfig {
 }
 
 fn default_graph_weight() -> f32 {
-    0.5
+    0.1
 }
 
 fn default_decay_weight() -> f32 {

@@ -23,6 +23,7 @@ use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 use crate::core::Caller;
 use crate::service::Services;
 use crate::store::{AsOf, AsOfError, Filter, Hit};
+use config::Fusion;
 use rank::Factors;
 
 /// Largest `top_k` accepted.
@@ -320,21 +321,54 @@ fn parse_as_of(v: &serde_json::Value) -> Result<AsOf> {
     }
 }
 
-/// Weighted reciprocal-rank fusion of the legs, best first; score_final in (0, 1].
-fn fuse(legs: Vec<(&'static str, f32, Vec<Hit>)>, k: f32) -> Vec<Fused> {
-    let max: f32 = legs.iter().map(|(_, w, _)| w / (k + 1.0)).sum();
+/// How a leg's raw score becomes a relevance in [0, 1].
+#[derive(Debug, Clone, Copy)]
+enum Scale {
+    /// The raw score is a cosine distance: relevance = similarity.
+    Distance,
+    /// Relevance = score / the leg's best score (BM25, graph weights).
+    OfBest,
+}
+
+/// One leg's hits, best first, and how much it counts.
+struct Leg {
+    name: &'static str,
+    weight: f32,
+    scale: Scale,
+    hits: Vec<Hit>,
+}
+
+/// The legs fused into one list, best first; every score in [0, 1].
+/// `Fusion::Score`: the weighted mean of each leg's relevance (a leg that
+/// missed a memory adds 0). `Fusion::Rrf`: `Σ weight / (k + rank)`, over what
+/// a memory ranked first by every leg would get.
+fn fuse(legs: Vec<Leg>, fusion: Fusion, k: f32) -> Vec<Fused> {
+    let total: f32 = legs.iter().map(|l| l.weight.max(0.0)).sum();
+    let rrf_max: f32 = legs.iter().map(|l| l.weight / (k + 1.0)).sum();
     let mut by_id: HashMap<String, Fused> = HashMap::new();
-    for (leg, weight, hits) in legs {
-        for (i, hit) in hits.into_iter().enumerate() {
+    for leg in legs {
+        let best = leg.hits.iter().map(|h| h.score).fold(0.0f32, f32::max);
+        for (i, hit) in leg.hits.into_iter().enumerate() {
             let rank = i + 1;
+            let part = match fusion {
+                Fusion::Rrf => leg.weight / (k + rank as f32),
+                Fusion::Score => {
+                    let relevance = match leg.scale {
+                        Scale::Distance => 1.0 - hit.score,
+                        Scale::OfBest if best > 0.0 => hit.score / best,
+                        Scale::OfBest => 0.0,
+                    };
+                    leg.weight * relevance.clamp(0.0, 1.0)
+                }
+            };
             let e = by_id.entry(hit.chunk.id.clone()).or_insert_with(|| Fused {
                 chunk: hit.chunk,
                 score: 0.0,
                 legs: HashMap::new(),
             });
-            e.score += weight / (k + rank as f32);
+            e.score += part;
             e.legs.insert(
-                leg,
+                leg.name,
                 LegTrace {
                     rank,
                     score: hit.score,
@@ -342,10 +376,14 @@ fn fuse(legs: Vec<(&'static str, f32, Vec<Hit>)>, k: f32) -> Vec<Fused> {
             );
         }
     }
+    let norm = match fusion {
+        Fusion::Rrf => rrf_max,
+        Fusion::Score => total,
+    };
     let mut out: Vec<Fused> = by_id.into_values().collect();
     for f in &mut out {
-        if max > 0.0 {
-            f.score /= max;
+        if norm > 0.0 {
+            f.score /= norm;
         }
     }
     out.sort_by(|a, b| {
@@ -538,10 +576,26 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     };
     let fused = fuse(
         vec![
-            ("bm25", bm25_weight, as_hits(bm25)),
-            ("vector", vector_weight, as_hits(vector)),
-            ("graph", graph_weight, graph),
+            Leg {
+                name: "bm25",
+                weight: bm25_weight,
+                scale: Scale::OfBest,
+                hits: as_hits(bm25),
+            },
+            Leg {
+                name: "vector",
+                weight: vector_weight,
+                scale: Scale::Distance,
+                hits: as_hits(vector),
+            },
+            Leg {
+                name: "graph",
+                weight: graph_weight,
+                scale: Scale::OfBest,
+                hits: graph,
+            },
         ],
+        s.fusion,
         s.rrf_k,
     );
     let total_before_top_k = fused.len();
@@ -638,9 +692,26 @@ mod tests {
     use super::*;
 
     fn hit(id: &str) -> Hit {
+        scored(id, 0.5)
+    }
+
+    fn scored(id: &str, score: f32) -> Hit {
         Hit {
             chunk: Chunk::new(id.into(), "s".into(), id.into(), 0),
-            score: 0.5,
+            score,
+        }
+    }
+
+    fn leg(name: &'static str, weight: f32, hits: Vec<Hit>) -> Leg {
+        Leg {
+            name,
+            weight,
+            scale: if name == "vector" {
+                Scale::Distance
+            } else {
+                Scale::OfBest
+            },
+            hits,
         }
     }
 
@@ -648,9 +719,10 @@ mod tests {
     fn rrf_rewards_agreement_between_legs() {
         let fused = fuse(
             vec![
-                ("bm25", 1.0, vec![hit("a"), hit("b"), hit("c")]),
-                ("vector", 1.0, vec![hit("b"), hit("d"), hit("a")]),
+                leg("bm25", 1.0, vec![hit("a"), hit("b"), hit("c")]),
+                leg("vector", 1.0, vec![hit("b"), hit("d"), hit("a")]),
             ],
+            Fusion::Rrf,
             60.0,
         );
         let ids: Vec<&str> = fused.iter().map(|f| f.chunk.id.as_str()).collect();
@@ -663,15 +735,53 @@ mod tests {
 
     #[test]
     fn weights_tilt_the_fusion() {
+        for fusion in [Fusion::Rrf, Fusion::Score] {
+            let fused = fuse(
+                vec![
+                    leg("bm25", 0.0, vec![hit("a")]),
+                    leg("vector", 1.0, vec![hit("b")]),
+                ],
+                fusion,
+                60.0,
+            );
+            assert_eq!(fused[0].chunk.id, "b", "{fusion:?}");
+            assert_eq!(fused[1].score, 0.0, "{fusion:?}");
+        }
+    }
+
+    #[test]
+    fn score_fusion_weighs_how_relevant_each_leg_found_a_memory() {
+        // BM25 scores 12 / 6 / 3 → 1, 0.5, 0.25 of the best; cosine distances
+        // 0.2 / 0.5 → similarities 0.8 and 0.5.
         let fused = fuse(
             vec![
-                ("bm25", 0.0, vec![hit("a")]),
-                ("vector", 1.0, vec![hit("b")]),
+                leg(
+                    "bm25",
+                    0.4,
+                    vec![scored("a", 12.0), scored("b", 6.0), scored("c", 3.0)],
+                ),
+                leg("vector", 0.6, vec![scored("c", 0.2), scored("b", 0.5)]),
             ],
+            Fusion::Score,
             60.0,
         );
-        assert_eq!(fused[0].chunk.id, "b");
-        assert_eq!(fused[1].score, 0.0);
+        let got: Vec<(&str, f32)> = fused
+            .iter()
+            .map(|f| (f.chunk.id.as_str(), f.score))
+            .collect();
+        let want = [
+            ("c", 0.4 * 0.25 + 0.6 * 0.8),
+            ("b", 0.4 * 0.5 + 0.6 * 0.5),
+            ("a", 0.4),
+        ];
+        assert_eq!(got.len(), 3);
+        for ((id, score), (want_id, want_score)) in got.iter().zip(want) {
+            assert_eq!(*id, want_id, "{got:?}");
+            assert!((score - want_score).abs() < 1e-6, "{got:?}");
+        }
+        // Ranks stay each leg's own; scores the raw ones.
+        assert_eq!(fused[0].legs["bm25"].rank, 3);
+        assert_eq!(fused[0].legs["vector"].score, 0.2);
     }
 
     #[test]
