@@ -257,6 +257,12 @@ impl Config {
                 return Err(invalid(key, "must be >= 0"));
             }
         }
+        if !(0.0..=1.0).contains(&self.search.assistant_weight) {
+            return Err(invalid(
+                "search.assistant_weight",
+                "must be between 0 and 1",
+            ));
+        }
         if !(-1.0..=1.0).contains(&self.search.min_similarity) {
             return Err(invalid("search.min_similarity", "must be between -1 and 1"));
         }

@@ -39,6 +39,12 @@ pub struct SearchConfig {
     /// Implicit boost of recalled memories: `1 + access_boost * ln(1 + access_count)`.
     #[serde(default = "default_access_boost")]
     pub access_boost: f32,
+    /// A conversation turn (a memory whose metadata names its `role`) by the
+    /// speaker the query is not about is multiplied by this: the assistant's
+    /// turns, unless the query asks what the assistant said ("you
+    /// recommended", "our previous chat"); then the user's. 1 turns it off.
+    #[serde(default = "default_assistant_weight")]
+    pub assistant_weight: f32,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -92,6 +98,10 @@ fn default_feedback_weight() -> f32 {
 
 fn default_access_boost() -> f32 {
     0.02
+}
+
+fn default_assistant_weight() -> f32 {
+    0.5
 }
 
 fn default_near_duplicate() -> f32 {

@@ -600,10 +600,13 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     );
     let total_before_top_k = fused.len();
 
+    let about_assistant = rank::asks_about_assistant(&query);
     let mut ranked: Vec<Ranked> = fused
         .into_iter()
         .map(|f| {
-            let factors = Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
+            let mut factors =
+                Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
+            factors.speaker = rank::speaker_factor(s, &f.chunk, about_assistant);
             Ranked {
                 score: f.score * factors.product(),
                 rrf: f.score,

@@ -3,11 +3,14 @@
 //! collapse of near-identical results.
 
 use std::collections::HashSet;
+use std::sync::OnceLock;
 
+use regex::Regex;
 use serde::Serialize;
 
 use crate::core::model::{Chunk, Micros};
 use crate::core::time::DAY_MICROS;
+use crate::service::facts::Role;
 use crate::service::feedback::Tally;
 use crate::service::search::config::SearchConfig;
 
@@ -18,6 +21,9 @@ pub struct Factors {
     pub importance: f32,
     pub feedback: f32,
     pub access: f32,
+    /// `assistant_weight` for a conversation turn by the speaker the query is
+    /// not about (see [`speaker_factor`]); 1 otherwise.
+    pub speaker: f32,
 }
 
 impl Factors {
@@ -30,11 +36,49 @@ impl Factors {
                 .powf(cfg.importance_weight),
             feedback: feedback.factor(cfg.feedback_weight),
             access: 1.0 + cfg.access_boost * (1.0 + chunk.access_count.max(0) as f32).ln(),
+            speaker: 1.0,
         }
     }
 
     pub fn product(&self) -> f32 {
-        self.decay * self.importance * self.feedback * self.access
+        self.decay * self.importance * self.feedback * self.access * self.speaker
+    }
+}
+
+/// Who said a memory: the `role` its metadata names (imported conversation
+/// turns carry one); `None` for everything else.
+pub fn speaker(chunk: &Chunk) -> Option<Role> {
+    let meta = chunk.metadata.as_deref()?;
+    if !meta.contains("\"role\"") {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(meta).ok()?;
+    match Role::parse(v.get("role")?.as_str()?) {
+        Role::Other => None,
+        r => Some(r),
+    }
+}
+
+/// Whether a query asks about what the assistant said ("you recommended",
+/// "our previous conversation", "did you mention").
+pub fn asks_about_assistant(query: &str) -> bool {
+    static CUES: OnceLock<Regex> = OnceLock::new();
+    CUES.get_or_init(|| {
+        Regex::new(
+            r"(?i)\b(?:our (?:previous|last|earlier|past|prior) (?:conversation|chat|discussion|session)s?|you (?:mentioned|recommended|suggested|provided|told|said|gave|listed|shared|explained|wrote|created|made|came up with|described|showed)|did you (?:say|mention|recommend|suggest)|we (?:talked|chatted|spoke) about|we discussed|your (?:suggestions?|recommendations?|advice|answers?|responses?|list))\b",
+        )
+        .expect("the cue pattern compiles")
+    })
+    .is_match(query)
+}
+
+/// A conversation turn by the speaker the query is not about weighs
+/// `assistant_weight`: the assistant's turns, unless the query asks what the
+/// assistant said; then the user's. Memories without a speaker weigh 1.
+pub fn speaker_factor(cfg: &SearchConfig, chunk: &Chunk, about_assistant: bool) -> f32 {
+    match (speaker(chunk), about_assistant) {
+        (Some(Role::Assistant), false) | (Some(Role::User), true) => cfg.assistant_weight,
+        _ => 1.0,
     }
 }
 
@@ -123,6 +167,44 @@ mod tests {
         assert!((f.importance - 2f32.powf(w)).abs() < 1e-6, "{f:?}");
         assert!((f.access - (1.0 + cfg.access_boost * 11f32.ln())).abs() < 1e-6);
         assert!(f.product() > 1.0);
+    }
+
+    #[test]
+    fn the_speaker_the_query_is_not_about_weighs_less() {
+        let cfg = cfg();
+        let turn = |role: &str| {
+            let mut c = chunk("observation", 0);
+            c.metadata = Some(serde_json::json!({"role": role, "turn_index": 3}).to_string());
+            c
+        };
+        let (user, assistant, plain) = (turn("user"), turn("assistant"), chunk("general", 0));
+        assert_eq!(speaker(&user), Some(Role::User));
+        assert_eq!(speaker(&assistant), Some(Role::Assistant));
+        assert_eq!(speaker(&plain), None);
+        assert_eq!(speaker(&turn("tool")), None);
+        let w = cfg.assistant_weight;
+        assert!(w < 1.0);
+        assert_eq!(speaker_factor(&cfg, &assistant, false), w);
+        assert_eq!(speaker_factor(&cfg, &user, false), 1.0);
+        assert_eq!(speaker_factor(&cfg, &assistant, true), 1.0);
+        assert_eq!(speaker_factor(&cfg, &user, true), w);
+        assert_eq!(speaker_factor(&cfg, &plain, true), 1.0);
+        for q in [
+            "Can you remind me of the Mayo Clinic video you recommended?",
+            "I'm going back to our previous chat about the one-shot.",
+            "Which traditional game did you say was performed by skilled players?",
+            "What was the move you made after 27. Kg2 Bd5+?",
+        ] {
+            assert!(asks_about_assistant(q), "{q}");
+        }
+        for q in [
+            "What IDE do I use?",
+            "How many days ago did I attend the jazz concert?",
+            "Can you recommend a podcast for my commute?",
+            "Where did you go last summer, according to my notes?",
+        ] {
+            assert!(!asks_about_assistant(q), "{q}");
+        }
     }
 
     #[test]
