@@ -78,7 +78,7 @@ fn draw<DB: DrawingBackend>(
     register_font();
     root.fill(&WHITE).map_err(err)?;
     let mut layout = Layout::default();
-    let levels: Vec<&'static str> = report.levels.clone();
+    let levels = &report.levels;
     if levels.is_empty() || report.ks.is_empty() {
         return Ok(layout);
     }
@@ -95,8 +95,8 @@ fn draw<DB: DrawingBackend>(
             .y_label_area_size(50)
             .build_cartesian_2d((0..n as i32 - 1).into_segmented(), 0.0f64..1.0)
             .map_err(err)?;
-        let ks = report.ks.clone();
-        let label = move |v: &SegmentValue<i32>| match v {
+        let ks = &report.ks;
+        let label = |v: &SegmentValue<i32>| match v {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => ks
                 .get(*i as usize)
                 .map(|k| k.to_string())

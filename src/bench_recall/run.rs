@@ -224,12 +224,11 @@ async fn candidates(
         },
     )
     .await?;
-    let role = |turn: &str| {
-        q.turns
-            .iter()
-            .find(|t| Question::turn_id(t) == turn)
-            .map(|t| t.role.clone())
-    };
+    let role: HashMap<String, &str> = q
+        .turns
+        .iter()
+        .map(|t| (Question::turn_id(t), t.role.as_str()))
+        .collect();
     let rows: Vec<serde_json::Value> = found
         .results
         .iter()
@@ -238,7 +237,7 @@ async fn candidates(
             let t = r.trace_info.as_ref();
             serde_json::json!({
                 "turns": turns,
-                "role": turns.first().and_then(|x| role(x)),
+                "role": turns.first().and_then(|x| role.get(x)),
                 "created_at": t.map(|t| t.created_at),
                 "legs": t.map(|t| &t.legs),
                 "factors": t.map(|t| t.factors),

@@ -108,7 +108,8 @@ pub struct TraceInfo {
     /// 1-based rank and raw score in each leg that found it (BM25 score,
     /// cosine distance, graph weight).
     pub legs: HashMap<&'static str, LegTrace>,
-    /// The fused (RRF) score before the factors.
+    /// The fused score before the factors (`search.fusion`: score or RRF;
+    /// the name is kept from when RRF was the only fusion).
     pub rrf: f32,
     /// What the memory's standing multiplied the fused score by.
     pub factors: Factors,
@@ -343,7 +344,7 @@ struct Leg {
 /// missed a memory adds 0). `Fusion::Rrf`: `Σ weight / (k + rank)`, over what
 /// a memory ranked first by every leg would get.
 fn fuse(legs: Vec<Leg>, fusion: Fusion, k: f32) -> Vec<Fused> {
-    let total: f32 = legs.iter().map(|l| l.weight.max(0.0)).sum();
+    let total: f32 = legs.iter().map(|l| l.weight).sum();
     let rrf_max: f32 = legs.iter().map(|l| l.weight / (k + 1.0)).sum();
     let mut by_id: HashMap<String, Fused> = HashMap::new();
     for leg in legs {
