@@ -79,6 +79,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/namespaces", get(namespaces)),
         ("/v1/whoami", get(whoami)),
         ("/openapi.json", get(openapi_json)),
+        ("/metrics", get(metrics)),
     ]
 }
 
@@ -102,8 +103,51 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/health", get(health))
         .merge(protected)
         .fallback(not_found)
+        .layer(middleware::from_fn(count_request))
         .layer(DefaultBodyLimit::max(engine.cfg.server.max_body_bytes))
         .with_state(engine)
+}
+
+/// Count every request and its latency by method, matched route (the route's
+/// pattern, never the raw path, so ids do not become labels) and status.
+async fn count_request(
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().as_str().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    let m = crate::core::metrics::metrics();
+    m.http_requests
+        .with_label_values(&[&method, &route, response.status().as_str()])
+        .inc();
+    crate::core::metrics::observe(
+        &m.http_seconds.with_label_values(&[&method, &route]),
+        started.elapsed(),
+    );
+    response
+}
+
+/// `GET /metrics`: the Prometheus text exposition (admin).
+async fn metrics(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+) -> Result<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let body = status::metrics(&engine, &caller).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response())
 }
 
 /// `GET /openapi.json`: the OpenAPI 3.1 description of every route.

@@ -383,6 +383,14 @@ pub fn operations() -> Vec<Op> {
         .answers::<status::Namespaces>(),
         op("get", "/v1/whoami", "The key's name, role and streams").answers::<status::WhoAmI>(),
         op("get", "/openapi.json", "This description").answers_with(any_object),
+        Op {
+            answer: Answer::Files(&["text/plain"]),
+            ..op(
+                "get",
+                "/metrics",
+                "Prometheus metrics in the text exposition format (admin)",
+            )
+        },
     ]
 }
 

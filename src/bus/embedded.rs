@@ -65,6 +65,16 @@ impl EmbeddedBus {
         Ok(())
     }
 
+    /// Messages queued and not yet taken by the consumer.
+    pub fn pending(&self) -> usize {
+        self.tx
+            .read()
+            .expect("bus lock")
+            .as_ref()
+            .map(|tx| tx.max_capacity() - tx.capacity())
+            .unwrap_or(0)
+    }
+
     /// Refuse new messages; the consumer drains what is queued, then ends.
     pub fn close(&self) {
         self.tx.write().expect("bus lock").take();

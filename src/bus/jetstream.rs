@@ -23,6 +23,8 @@ pub struct JetStreamBus {
     js: jetstream::Context,
     url: String,
     publish_timeout: Duration,
+    stream_name: String,
+    consumer_name: String,
 }
 
 pub struct JetStreamConsumer {
@@ -107,6 +109,8 @@ impl JetStreamBus {
                 js,
                 url,
                 publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
+                stream_name: cfg.stream_name.clone(),
+                consumer_name: cfg.consumer_name.clone(),
             },
             JetStreamConsumer {
                 consumer,
@@ -119,6 +123,25 @@ impl JetStreamBus {
 
     pub fn client(&self) -> &async_nats::Client {
         &self.client
+    }
+
+    /// The durable consumer's backlog, as JetStream reports it.
+    pub async fn lag(&self) -> Result<super::Lag, BusError> {
+        let mut consumer: consumer::Consumer<consumer::pull::Config> = self
+            .js
+            .get_consumer_from_stream(&self.consumer_name, &self.stream_name)
+            .await
+            .map_err(|e| unavailable(&self.url, format!("consumer {}: {e}", self.consumer_name)))?;
+        let info = consumer
+            .info()
+            .await
+            .map_err(|e| unavailable(&self.url, format!("consumer {}: {e}", self.consumer_name)))?;
+        Ok(super::Lag {
+            stream: self.stream_name.clone(),
+            pending: info.num_pending,
+            ack_pending: info.num_ack_pending as u64,
+            redelivered: info.num_redelivered as u64,
+        })
     }
 
     /// Publish every envelope (pipelined), then wait for each acknowledgement.
@@ -252,6 +275,9 @@ impl JetStreamConsumer {
 
 fn delivery(m: Message) -> Delivery {
     let attempt = m.info().map(|i| i.delivered.max(1) as u32).unwrap_or(1);
+    if attempt > 1 {
+        crate::core::metrics::metrics().bus_redeliveries.inc();
+    }
     let envelope = serde_json::from_slice::<Envelope>(&m.payload).map_err(|e| super::Poison {
         raw: String::from_utf8_lossy(&m.payload[..m.payload.len().min(64 * 1024)]).into_owned(),
         error: format!("undecodable message on {}: {e}", m.subject),

@@ -150,6 +150,19 @@ pub fn subject_token(s: &str) -> String {
     out
 }
 
+/// What the pipeline has yet to take from the bus.
+#[derive(schemars::JsonSchema, Debug, Clone, serde::Serialize)]
+pub struct Lag {
+    /// The bus stream (JetStream's stream name; `embedded` in process).
+    pub stream: String,
+    /// Messages not yet delivered to the pipeline.
+    pub pending: u64,
+    /// Delivered, not yet acknowledged (being processed).
+    pub ack_pending: u64,
+    /// Delivered more than once and not yet acknowledged.
+    pub redelivered: u64,
+}
+
 /// The publishing side, shared by every request handler.
 #[derive(Clone)]
 pub enum Bus {
@@ -178,6 +191,19 @@ impl Bus {
         match self {
             Bus::Embedded(_) => true,
             Bus::JetStream(b) => b.connected(),
+        }
+    }
+
+    /// The pipeline's backlog on the bus.
+    pub async fn lag(&self) -> Result<Lag, BusError> {
+        match self {
+            Bus::Embedded(b) => Ok(Lag {
+                stream: "embedded".into(),
+                pending: b.pending() as u64,
+                ack_pending: 0,
+                redelivered: 0,
+            }),
+            Bus::JetStream(b) => b.lag().await,
         }
     }
 }

@@ -1,10 +1,11 @@
 //! The ground floor: the memory record and its Arrow schema, ids, time, token
-//! counting, the caller (who is asking and which streams it may see) and the
+//! counting, the process's Prometheus metrics, the caller (who is asking and which streams it may see) and the
 //! error every service returns. Depends on nothing else in the crate.
 
 pub mod caller;
 pub mod error;
 pub mod ids;
+pub mod metrics;
 pub mod model;
 pub mod time;
 pub mod tokens;

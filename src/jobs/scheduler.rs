@@ -229,6 +229,14 @@ pub async fn run_and_record(
         Ok(Err(e)) => ("failed", None, Some(e)),
         Err(e) => ("failed", None, Some(format!("the job panicked: {e}"))),
     };
+    let m = crate::core::metrics::metrics();
+    m.job_runs.with_label_values(&[name, status]).inc();
+    m.job_seconds.with_label_values(&[name, status]).observe(
+        (clock.now() - started)
+            .to_std()
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+    );
     let run = JobRun {
         id: uuid::Uuid::new_v4().to_string(),
         job: name.to_string(),

@@ -466,7 +466,10 @@ impl Pipeline {
         for def in file.stages {
             stages.push(stages::build(&def.stage, def.params, ctx)?);
         }
-        let stats = stages.iter().map(|s| StageStats::new(s.name())).collect();
+        let stats = stages
+            .iter()
+            .map(|s| StageStats::new(name, s.name()))
+            .collect();
         Ok(Pipeline {
             name: name.to_string(),
             description: file.description,

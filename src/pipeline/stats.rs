@@ -1,4 +1,5 @@
-//! Running totals of what each stage did, for `/v1/status`.
+//! Running totals of what each stage did, for `/v1/status`; each batch is
+//! also counted in the process's metrics.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -8,6 +9,7 @@ use serde::Serialize;
 use super::StageReport;
 
 pub struct StageStats {
+    pipeline: String,
     stage: &'static str,
     totals: Mutex<StageStatsSnapshot>,
 }
@@ -24,8 +26,9 @@ pub struct StageStatsSnapshot {
 }
 
 impl StageStats {
-    pub fn new(stage: &'static str) -> Self {
+    pub fn new(pipeline: &str, stage: &'static str) -> Self {
         StageStats {
+            pipeline: pipeline.to_string(),
             stage,
             totals: Mutex::new(StageStatsSnapshot {
                 stage,
@@ -35,6 +38,23 @@ impl StageStats {
     }
 
     pub fn record(&self, r: &StageReport) {
+        let m = crate::core::metrics::metrics();
+        let labels = [self.pipeline.as_str(), self.stage];
+        m.stage_in
+            .with_label_values(&labels)
+            .inc_by(r.records_in as u64);
+        m.stage_out
+            .with_label_values(&labels)
+            .inc_by(r.records_out as u64);
+        m.stage_failed
+            .with_label_values(&labels)
+            .inc_by(r.failed as u64);
+        crate::core::metrics::observe_micros(&m.stage_seconds.with_label_values(&labels), r.micros);
+        for (reason, n) in &r.dropped {
+            m.stage_dropped
+                .with_label_values(&[self.pipeline.as_str(), self.stage, reason])
+                .inc_by(*n as u64);
+        }
         let mut t = self.totals.lock().expect("stats lock");
         t.batches += 1;
         t.records_in += r.records_in as u64;

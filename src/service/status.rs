@@ -52,6 +52,10 @@ pub struct ConfigSummary {
 pub struct BusStatus {
     pub kind: &'static str,
     pub connected: bool,
+    /// The pipeline's backlog on the bus (daemon-wide: admins only; absent
+    /// when the bus cannot be asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<crate::bus::Lag>,
 }
 
 #[derive(schemars::JsonSchema, Debug, Serialize)]
@@ -113,6 +117,11 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
         bus: BusStatus {
             kind: engine.bus.kind(),
             connected: engine.bus.connected(),
+            lag: if admin {
+                engine.bus.lag().await.ok()
+            } else {
+                None
+            },
         },
         embedder: EmbedderStatus {
             provider: engine.cfg.embed.provider,
@@ -142,6 +151,28 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             BTreeMap::new()
         },
     })
+}
+
+/// The metrics in the Prometheus text format, with the levels that are read
+/// rather than counted (table rows and versions, the bus's backlog) brought
+/// up to date first. Daemon-wide: admins only.
+pub async fn metrics(engine: &Services, caller: &Caller) -> Result<String> {
+    caller.require_admin()?;
+    let m = crate::core::metrics::metrics();
+    for (table, rows, version) in engine.store.table_stats().await? {
+        m.table_rows.with_label_values(&[table]).set(rows as i64);
+        m.table_version
+            .with_label_values(&[table])
+            .set(version as i64);
+    }
+    match engine.bus.lag().await {
+        Ok(lag) => m
+            .bus_pending
+            .with_label_values(&[lag.stream.as_str()])
+            .set(lag.pending as i64),
+        Err(e) => tracing::warn!(error = %e, "the bus's backlog is unknown"),
+    }
+    Ok(m.render())
 }
 
 #[derive(schemars::JsonSchema, Debug, Serialize)]

@@ -343,6 +343,18 @@ impl Store {
         ])
     }
 
+    /// Every table's row count and Lance version, by name.
+    pub async fn table_stats(&self) -> Result<Vec<(&'static str, usize, u64)>> {
+        let mut out = Vec::new();
+        for (name, table) in self.tables() {
+            let rows = table.count_rows(None).await?;
+            let version = table.version().await?;
+            out.push((name, rows, version));
+        }
+        out.sort_by_key(|(name, _, _)| *name);
+        Ok(out)
+    }
+
     /// Insert or replace chunks by id; resolves once they are committed.
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
         let streams = streams_of(&chunks);

@@ -329,8 +329,14 @@ async fn run(
                 let _ = done.send(result);
             }
             WriteOp::Commit(batch, done) => {
+                let started = std::time::Instant::now();
                 let result = commit(&sink, batch).await;
                 let n = result.as_ref().copied().unwrap_or(0);
+                if result.is_ok() {
+                    let m = crate::core::metrics::metrics();
+                    crate::core::metrics::observe(&m.commit_seconds, started.elapsed());
+                    m.commit_rows.observe(n as f64);
+                }
                 since_refresh += n;
                 since_compact += weight(n);
                 let _ = done.send(result.map(|_| ()));

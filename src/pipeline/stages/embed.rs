@@ -68,14 +68,21 @@ impl Stage for EmbedStage {
             if texts.is_empty() {
                 return Ok(());
             }
-            let vectors = self
-                .embedder
-                .embed(&texts)
-                .await
-                .map_err(|e| PipelineError::Batch {
-                    stage: "embed",
-                    message: e.to_string(),
-                })?;
+            let started = std::time::Instant::now();
+            let vectors = self.embedder.embed(&texts).await;
+            let m = crate::core::metrics::metrics();
+            let labels = [self.embedder.model(), "pipeline"];
+            m.embed_batch
+                .with_label_values(&labels)
+                .observe(texts.len() as f64);
+            crate::core::metrics::observe(
+                &m.embed_seconds.with_label_values(&labels),
+                started.elapsed(),
+            );
+            let vectors = vectors.map_err(|e| PipelineError::Batch {
+                stage: "embed",
+                message: e.to_string(),
+            })?;
             if vectors.len() != texts.len() {
                 return Err(PipelineError::Batch {
                     stage: "embed",

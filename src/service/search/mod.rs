@@ -155,6 +155,24 @@ pub struct Timings {
     pub rank: u64,
 }
 
+impl Timings {
+    /// Count one search's phases (and its `total`) in the metrics.
+    fn record(&self, total: u64) {
+        let h = &crate::core::metrics::metrics().search_seconds;
+        for (phase, us) in [
+            ("total", total),
+            ("embed", self.embed),
+            ("bm25", self.bm25),
+            ("vector", self.vector),
+            ("graph", self.graph),
+            ("fetch", self.fetch),
+            ("rank", self.rank),
+        ] {
+            crate::core::metrics::observe_micros(&h.with_label_values(&[phase]), us);
+        }
+    }
+}
+
 fn micros_since(t: Instant) -> u64 {
     t.elapsed().as_micros() as u64
 }
@@ -472,7 +490,8 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         }
     };
     let mut timings = Timings::default();
-    let phase = Instant::now();
+    let begun = Instant::now();
+    let phase = begun;
     let snapshot = match &req.as_of {
         Some(v) => {
             let at = parse_as_of(v)?;
@@ -645,6 +664,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     }
     let results: Vec<Ranked> = kept.into_iter().map(|(r, _)| r).collect();
     timings.rank = micros_since(phase);
+    timings.record(micros_since(begun));
     if !req.dry_run && snapshot.is_none() {
         engine
             .access

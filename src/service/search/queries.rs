@@ -35,7 +35,15 @@ impl QueryVectors {
         {
             return Ok(v.clone());
         }
+        let started = std::time::Instant::now();
         let v: Arc<[f32]> = embedder.embed_query(query).await?.into();
+        let m = crate::core::metrics::metrics();
+        let labels = [embedder.model(), "query"];
+        m.embed_batch.with_label_values(&labels).observe(1.0);
+        crate::core::metrics::observe(
+            &m.embed_seconds.with_label_values(&labels),
+            started.elapsed(),
+        );
         let mut inner = self.inner.lock().expect("query cache lock");
         if inner.vectors.insert(key.clone(), v.clone()).is_none() {
             inner.order.push_back(key);
