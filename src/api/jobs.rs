@@ -46,6 +46,53 @@ pub async fn status(State(engine): State<Arc<Engine>>, caller: Caller) -> Result
     }))
 }
 
+/// One job of the schedule.
+#[derive(schemars::JsonSchema, Serialize)]
+pub struct JobEntry {
+    name: &'static str,
+    /// The cron expression, when the job is scheduled.
+    cron: Option<String>,
+    /// Scheduled and enabled (it runs only while the scheduler is on and
+    /// maintenance is not paused).
+    enabled: bool,
+    /// The next time the schedule fires (RFC 3339).
+    next_run: Option<String>,
+}
+
+#[derive(schemars::JsonSchema, Serialize)]
+pub struct Schedule {
+    scheduler_enabled: bool,
+    paused: bool,
+    jobs: Vec<JobEntry>,
+}
+
+/// `GET /admin/jobs`: every job, its schedule and next run (admin).
+pub async fn schedule(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Schedule>> {
+    caller.require_admin()?;
+    let jobs = crate::jobs::JOB_NAMES
+        .iter()
+        .map(|name| {
+            let cfg = engine.cfg.scheduler.jobs.get(*name);
+            let next_run = cfg
+                .filter(|c| c.enabled)
+                .and_then(|c| crate::jobs::scheduler::Scheduled::new(name, &c.cron).ok())
+                .and_then(|s| s.schedule.upcoming(chrono::Utc).next())
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            JobEntry {
+                name,
+                cron: cfg.map(|c| c.cron.clone()),
+                enabled: cfg.is_some_and(|c| c.enabled),
+                next_run,
+            }
+        })
+        .collect();
+    Ok(Json(Schedule {
+        scheduler_enabled: engine.cfg.scheduler.enabled,
+        paused: engine.workers.get(),
+        jobs,
+    }))
+}
+
 #[derive(schemars::JsonSchema, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunsQuery {

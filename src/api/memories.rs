@@ -122,3 +122,37 @@ pub async fn history(
 ) -> Result<Json<memory::History>> {
     Ok(Json(memory::history(&engine, &caller, &id, q.limit).await?))
 }
+
+/// `GET /v1/memories/{id}`: one memory the key can see.
+pub async fn get_one(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>> {
+    Ok(Json(
+        crate::service::edit::get(&engine, &caller, &id).await?,
+    ))
+}
+
+/// `PATCH /v1/memories/{id}`: edit a memory (new text makes a new version).
+pub async fn edit(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<crate::service::edit::EditRequest>,
+) -> Result<Json<crate::service::edit::Edited>> {
+    Ok(Json(
+        crate::service::edit::edit(&engine, &caller, &id, req).await?,
+    ))
+}
+
+/// `POST /v1/dead-letters/{id}/retry`.
+pub async fn retry_dead_letter(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<memory::Retried>> {
+    Ok(Json(
+        memory::retry_dead_letter(&engine, &caller, &id).await?,
+    ))
+}

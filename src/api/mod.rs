@@ -38,6 +38,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/purge-namespace", post(memories::purge)),
         ("/v1/import", post(memories::import)),
         ("/v1/memories/{id}/history", get(memories::history)),
+        (
+            "/v1/memories/{id}",
+            get(memories::get_one).patch(memories::edit),
+        ),
         ("/v1/search", post(search_handler)),
         ("/v1/feedback", post(tending::feedback)),
         ("/v1/context-pack", post(context::context_pack)),
@@ -56,6 +60,11 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/jobs/{id}", get(job_status).delete(job_cancel)),
         ("/v1/jobs", get(jobs::runs)),
         ("/admin/jobs/{name}/run", post(jobs::run)),
+        ("/admin/jobs", get(jobs::schedule)),
+        (
+            "/v1/dead-letters/{id}/retry",
+            post(memories::retry_dead_letter),
+        ),
         (
             "/v1/snapshots",
             post(jobs::snapshot_create).get(jobs::snapshot_list),

@@ -192,6 +192,14 @@ pub fn operations() -> Vec<Op> {
             .query::<memories::ImportQuery>()
             .answers::<import::ImportReport>()
         },
+        op("get", "/v1/memories/{id}", "One memory the key can see"),
+        op(
+            "patch",
+            "/v1/memories/{id}",
+            "Edit a memory (new text makes a new version that supersedes it)",
+        )
+        .json::<edit::EditRequest>()
+        .answers::<edit::Edited>(),
         op(
             "get",
             "/v1/memories/{id}/history",
@@ -289,6 +297,18 @@ pub fn operations() -> Vec<Op> {
         op("get", "/v1/jobs/{id}", "An embedding job's progress").answers::<tasks::TaskView>(),
         op("delete", "/v1/jobs/{id}", "Cancel an embedding job").answers::<tasks::TaskView>(),
         op("get", "/v1/jobs", "Scheduled job runs (admin)").query::<jobs::RunsQuery>(),
+        op(
+            "get",
+            "/admin/jobs",
+            "Every job with its schedule and next run (admin)",
+        )
+        .answers::<jobs::Schedule>(),
+        op(
+            "post",
+            "/v1/dead-letters/{id}/retry",
+            "Send a dead letter's message through its pipeline again",
+        )
+        .answers::<memory::Retried>(),
         op(
             "post",
             "/admin/jobs/{name}/run",

@@ -348,6 +348,56 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
     Ok(outcomes)
 }
 
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Retried {
+    /// The memory the message carried.
+    pub id: String,
+    /// `stored`, `duplicate`, `dropped` or `failed` (then it is a dead letter
+    /// again, with the new error).
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /v1/dead-letters/{id}/retry`: send a dead letter's message through
+/// its pipeline again and wait for the outcome; the dead letter is removed
+/// once the message is back on the bus.
+pub async fn retry_dead_letter(engine: &Services, caller: &Caller, id: &str) -> Result<Retried> {
+    let filter = Filter::new().id(id).visible_to(caller);
+    let missing = || Error::NotFound(format!("no dead letter with id `{id}`"));
+    let payload = engine
+        .store
+        .dead_letter_payload(&filter)
+        .await?
+        .ok_or_else(missing)?;
+    let mut envelope: Envelope = serde_json::from_str(&payload).map_err(|e| {
+        Error::Conflict(format!(
+            "dead letter `{id}` holds no readable write ({e}): it cannot be retried"
+        ))
+    })?;
+    if !caller.can_see(&envelope.chunk.stream) {
+        return Err(missing());
+    }
+    envelope.notify = true;
+    let memory = envelope.chunk.id.clone();
+    let outcome = publish_and_wait(engine, vec![envelope]).await;
+    if outcome.is_ok() {
+        engine.store.delete_dead_letters(&filter).await?;
+    }
+    let (status, error) = match outcome?.pop() {
+        Some(Outcome::Stored { .. }) => ("stored", None),
+        Some(Outcome::Duplicate { .. }) => ("duplicate", None),
+        Some(Outcome::Dropped { reason, .. }) => ("dropped", Some(reason.to_string())),
+        Some(Outcome::Failed { error }) => ("failed", Some(error)),
+        None => ("failed", Some("no outcome".to_string())),
+    };
+    Ok(Retried {
+        id: memory,
+        status,
+        error,
+    })
+}
+
 fn not_found(id: &str) -> Error {
     Error::NotFound(format!("no memory with id `{id}`"))
 }

@@ -9,6 +9,7 @@ pub mod context;
 pub mod conversation;
 pub mod decay;
 pub mod dream;
+pub mod edit;
 pub mod export;
 pub mod facts;
 pub mod feedback;

@@ -19,4 +19,29 @@ impl super::Store {
     pub async fn count_dead_letters(&self, filter: &Filter) -> Result<usize> {
         Ok(self.dead_letters.count_rows(filter.sql()).await?)
     }
+
+    /// The payload of the first dead letter `filter` matches.
+    pub async fn dead_letter_payload(&self, filter: &Filter) -> Result<Option<String>> {
+        use arrow_array::{Array, StringArray};
+        for batch in super::scan(&self.dead_letters, filter).await? {
+            let Some(payloads) = batch
+                .column_by_name("payload")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            else {
+                continue;
+            };
+            if !payloads.is_empty() && payloads.is_valid(0) {
+                return Ok(Some(payloads.value(0).to_string()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Remove the dead letters `filter` matches (after a retry).
+    pub async fn delete_dead_letters(&self, filter: &Filter) -> Result<()> {
+        if let Some(predicate) = filter.sql() {
+            self.dead_letters.delete(&predicate).await?;
+        }
+        Ok(())
+    }
 }

@@ -1,0 +1,280 @@
+//! Reading one memory and editing it: `GET` and `PATCH /v1/memories/{id}`.
+//!
+//! A change of text makes a new version: the new memory goes through the
+//! `store` pipeline's sanitize, redaction, entity and embedding stages (as
+//! configured there) and supersedes the old one in the same commit, so the
+//! version chain and the history tell what changed and why. Other fields
+//! (title, tags, type, importance, pinned) change in place, with a history
+//! row naming them. An immutable memory, or one already superseded, is not
+//! edited.
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::error::{Error, Result};
+use crate::core::model::{now_micros, Chunk};
+use crate::core::time::to_rfc3339;
+use crate::core::Caller;
+use crate::pipeline::Record;
+use crate::service::memory::{visible, MAX_CONTENT_CHARS};
+use crate::service::Services;
+use crate::store::HistoryRow;
+
+/// The stages of the `store` pipeline a new version's text goes through;
+/// dedupe, surprise and contradiction detection judge new writes, not edits.
+const EDIT_STAGES: &[&str] = &["sanitize", "redact_pii", "extract_entities", "embed"];
+
+#[derive(schemars::JsonSchema, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EditRequest {
+    /// New text: a new version that supersedes this one.
+    #[schemars(length(min = 1), regex(pattern = r"\S"))]
+    pub content: Option<String>,
+    pub title: Option<String>,
+    pub tags: Option<Vec<String>>,
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"\S"))]
+    pub memory_type: Option<String>,
+    #[schemars(range(min = 0.0, max = 10.0))]
+    pub importance: Option<f32>,
+    pub pinned: Option<bool>,
+    /// Why: kept in the history (default "edited through the API").
+    pub reason: Option<String>,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Edited {
+    /// The current version: the new one when the text changed.
+    pub id: String,
+    /// `updated` (in place), `new_version` or `unchanged`.
+    pub status: &'static str,
+    /// The version the new one supersedes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<String>,
+    /// The fields that changed.
+    pub changed: Vec<&'static str>,
+}
+
+/// One memory as the API shows it: every column but the vector, times as
+/// RFC 3339, `metadata` and `extraction_meta` as JSON.
+pub fn view(chunk: &Chunk) -> serde_json::Value {
+    let mut v = serde_json::to_value(chunk).expect("a chunk serializes");
+    let obj = v.as_object_mut().expect("a chunk is an object");
+    obj.remove("embedding");
+    obj.insert("has_embedding".into(), chunk.embedding.is_some().into());
+    for key in [
+        "created_at",
+        "updated_at",
+        "valid_from",
+        "valid_until",
+        "expires_at",
+        "last_accessed_at",
+    ] {
+        if let Some(t) = obj.get(key).and_then(serde_json::Value::as_i64) {
+            obj.insert(key.into(), to_rfc3339(t).into());
+        }
+    }
+    for key in ["metadata", "extraction_meta"] {
+        if let Some(s) = obj.get(key).and_then(serde_json::Value::as_str) {
+            if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(s) {
+                obj.insert(key.into(), parsed);
+            }
+        }
+    }
+    v
+}
+
+/// `GET /v1/memories/{id}`.
+pub async fn get(engine: &Services, caller: &Caller, id: &str) -> Result<serde_json::Value> {
+    Ok(view(&visible(engine, caller, id).await?))
+}
+
+/// The request's field changes applied to `c`; the names of those that changed.
+fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
+    let mut changed = Vec::new();
+    if let Some(t) = &req.title {
+        let t = Some(t.clone()).filter(|t| !t.trim().is_empty());
+        if c.title != t {
+            c.title = t;
+            changed.push("title");
+        }
+    }
+    if let Some(tags) = &req.tags {
+        if &c.tags != tags {
+            c.tags = tags.clone();
+            changed.push("tags");
+        }
+    }
+    if let Some(t) = &req.memory_type {
+        let t = t.trim().to_lowercase();
+        if t.is_empty() || t.len() > 64 {
+            return Err(Error::invalid("memory_type", "must be 1-64 characters"));
+        }
+        if c.memory_type != t {
+            c.memory_type = t;
+            changed.push("memory_type");
+        }
+    }
+    if let Some(i) = req.importance {
+        if !i.is_finite() || !(0.0..=10.0).contains(&i) {
+            return Err(Error::invalid("importance", "must be between 0 and 10"));
+        }
+        if c.importance != i {
+            c.importance = i;
+            changed.push("importance");
+        }
+    }
+    if let Some(p) = req.pinned {
+        if c.pinned != p {
+            c.pinned = p;
+            changed.push("pinned");
+        }
+    }
+    Ok(changed)
+}
+
+fn history(chunk: &Chunk, event: &str, reason: String, related: Vec<String>) -> HistoryRow {
+    HistoryRow {
+        id: uuid::Uuid::new_v4().to_string(),
+        stream: chunk.stream.clone(),
+        chunk_id: chunk.id.clone(),
+        event: event.into(),
+        reason,
+        related_ids: related,
+        created_at: now_micros(),
+    }
+}
+
+/// `PATCH /v1/memories/{id}`.
+pub async fn edit(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    req: EditRequest,
+) -> Result<Edited> {
+    if let Some(content) = &req.content {
+        if content.trim().is_empty() {
+            return Err(Error::invalid("content", "must not be empty"));
+        }
+        if content.chars().count() > MAX_CONTENT_CHARS {
+            return Err(Error::TooLarge(format!(
+                "content: at most {MAX_CONTENT_CHARS} characters are accepted"
+            )));
+        }
+    }
+    let old = visible(engine, caller, id).await?;
+    if old.immutable {
+        return Err(Error::Conflict(format!(
+            "memory `{id}` is immutable: it cannot be edited"
+        )));
+    }
+    if let Some(next) = &old.superseded_by {
+        return Err(Error::Conflict(format!(
+            "memory `{id}` was superseded by `{next}`: edit the current version"
+        )));
+    }
+    let reason = req
+        .reason
+        .clone()
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "edited through the API".into());
+    let new_text = req.content.as_ref().filter(|c| **c != old.content);
+    let Some(text) = new_text else {
+        let mut probe = old.clone();
+        let changed = apply(&req, &mut probe)?;
+        if changed.is_empty() {
+            return Ok(Edited {
+                id: old.id,
+                status: "unchanged",
+                supersedes: None,
+                changed,
+            });
+        }
+        let edit = req.clone();
+        engine
+            .store
+            .modify(
+                vec![old.id.clone()],
+                Box::new(move |c: &mut Chunk| {
+                    let changed = apply(&edit, c).map(|f| !f.is_empty()).unwrap_or(false);
+                    if changed {
+                        c.updated_at = now_micros();
+                    }
+                    changed
+                }),
+            )
+            .await?;
+        engine
+            .store
+            .add_history(vec![history(
+                &old,
+                "updated",
+                format!("{reason} ({})", changed.join(", ")),
+                Vec::new(),
+            )])
+            .await?;
+        return Ok(Edited {
+            id: old.id,
+            status: "updated",
+            supersedes: None,
+            changed,
+        });
+    };
+
+    // A new version.
+    let now = now_micros();
+    let mut new = old.clone();
+    new.id = uuid::Uuid::new_v4().to_string();
+    new.set_content(text.clone());
+    new.embedding = None;
+    new.embed_model = None;
+    new.entities = Vec::new();
+    new.created_at = now;
+    new.updated_at = now;
+    new.valid_from = Some(now);
+    new.valid_until = old.valid_until.filter(|u| *u > now);
+    new.version = old.version + 1;
+    new.supersedes = Some(old.id.clone());
+    new.superseded_by = None;
+    new.access_count = 0;
+    new.last_accessed_at = None;
+    let mut changed = apply(&req, &mut new)?;
+    changed.insert(0, "content");
+    let pipeline = engine
+        .pipelines
+        .get("store")
+        .ok_or_else(|| Error::Conflict("no `store` pipeline is loaded".into()))?;
+    let mut batch = vec![Record::new(new)];
+    for stage in EDIT_STAGES {
+        pipeline
+            .rerun(stage, &mut batch)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        if !batch[0].is_kept() {
+            return Err(Error::invalid(
+                "content",
+                format!("the `{stage}` stage refused the new text"),
+            ));
+        }
+    }
+    let new = batch.pop().expect("one record").chunk;
+    let mut superseded = old.clone();
+    superseded.superseded_by = Some(new.id.clone());
+    superseded.valid_until = Some(superseded.valid_until.map_or(now, |u| u.min(now)));
+    superseded.updated_at = now;
+    engine
+        .store
+        .commit_with_side_effects(vec![new.clone()], vec![superseded])
+        .await?;
+    engine
+        .store
+        .add_history(vec![
+            history(&old, "superseded", reason.clone(), vec![new.id.clone()]),
+            history(&new, "edited", reason, vec![old.id.clone()]),
+        ])
+        .await?;
+    Ok(Edited {
+        id: new.id,
+        status: "new_version",
+        supersedes: Some(old.id),
+        changed,
+    })
+}
