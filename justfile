@@ -19,8 +19,10 @@ run: setup
     bash scripts/nats.sh 127.0.0.1 4222 data/nats
     cargo run --profile daemon --locked --bin loomem -- serve --config config.toml
 
-# Run every test: unit, router and integration (real daemon, real nats-server, real Lance tables).
+# Run every test: unit, router, integration (real daemon, real nats-server, real Lance tables)
+# and the console's in headless Chromium (installs chromium and playwright-core when missing).
 test:
+    bash scripts/setup-tests.sh
     cargo test --locked
 
 # Run the criterion benchmarks (release build; needs nats-server and the model).

@@ -10,6 +10,7 @@ pub mod openapi;
 mod request;
 pub mod server;
 mod tending;
+mod ui;
 
 use std::sync::Arc;
 
@@ -110,6 +111,9 @@ pub fn router(engine: Arc<Engine>) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/ui", get(ui::index))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .merge(protected)
         .fallback(not_found)
         .layer(middleware::from_fn(count_request))

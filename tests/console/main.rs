@@ -12,6 +12,7 @@ mod fixture;
 mod metrics;
 #[path = "../integration/nats.rs"]
 mod nats;
+mod ui;
 
 /// Held by each test for its whole run.
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# What the test suite needs beyond scripts/setup.sh: Debian's Chromium and
+# playwright-core (from the npm registry, pinned in ui-tests/package-lock.json)
+# for the console's browser tests. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v node >/dev/null 2>&1 || need_apt+=(nodejs)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup-tests: installing ${need_apt[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -d ui-tests/node_modules/playwright-core ] || [ ui-tests/package-lock.json -nt ui-tests/node_modules/.package-lock.json ]; then
+  echo "setup-tests: installing playwright-core into ui-tests/"
+  (cd ui-tests && npm ci --no-audit --no-fund --loglevel=error)
+fi
