@@ -8,8 +8,12 @@ use serde_json::json;
 
 use crate::fixture::{Daemon, Options, TOKEN_A};
 
-/// One scrape, parsed: (metric name, sorted labels) → value.
-struct Metrics(HashMap<(String, Vec<(String, String)>), f64>);
+/// One scrape, parsed: (metric name, sorted labels) → value, and the names
+/// of the families it declares.
+struct Metrics(
+    HashMap<(String, Vec<(String, String)>), f64>,
+    std::collections::HashSet<String>,
+);
 
 impl Metrics {
     async fn scrape(d: &Daemon) -> Metrics {
@@ -30,6 +34,12 @@ impl Metrics {
         let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .unwrap_or_else(|e| panic!("not the Prometheus text format: {e}\n{text}"));
         assert!(!scrape.samples.is_empty());
+        let families = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
         let mut out = HashMap::new();
         for Sample {
             metric,
@@ -60,7 +70,7 @@ impl Metrics {
                 PromValue::Summary(_) => {}
             }
         }
-        Metrics(out)
+        Metrics(out, families)
     }
 
     fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -171,6 +181,26 @@ async fn metrics_count_a_known_workload_and_parse() {
     assert!(after.get("loomem_table_version", &[("table", "chunks")]) >= 1.0);
     assert!(after.has("loomem_bus_pending_messages"));
     assert!(after.has("loomem_bus_redeliveries_total"));
+
+    // The shipped Grafana dashboard asks only for families the daemon exports.
+    let dashboard =
+        std::fs::read_to_string(crate::fixture::repo_root().join("deploy/grafana-dashboard.json"))
+            .expect("deploy/grafana-dashboard.json");
+    let names = regex::Regex::new(r"loomem_[a-z_]+").unwrap();
+    let mut asked = 0;
+    for m in names.find_iter(&dashboard) {
+        let name = m.as_str();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| after.1.contains(*f)))
+            .unwrap_or(name);
+        assert!(
+            after.1.contains(family),
+            "the dashboard asks for {name}, which is not exported"
+        );
+        asked += 1;
+    }
+    assert!(asked >= 15, "{asked}");
 
     // Daemon-wide numbers: an admin's only.
     let (status, body) = d.call_as(Some(TOKEN_A), "GET", "/metrics", None).await;

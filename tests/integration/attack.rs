@@ -290,6 +290,30 @@ fn attempts() -> Vec<Attempt> {
             Status(404),
         ),
         attempt("/v1/jobs", "GET", "/v1/jobs", None, Status(403)),
+        attempt(
+            "/v1/memories/{id}",
+            "GET",
+            "/v1/memories/b-secret",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/v1/memories/{id}",
+            "PATCH",
+            "/v1/memories/b-secret",
+            Some(json!({"content": "rewritten by A", "pinned": true})),
+            Status(404),
+        ),
+        // Stream b's real dead letters are tried in `editing`; here an id.
+        attempt(
+            "/v1/dead-letters/{id}/retry",
+            "POST",
+            "/v1/dead-letters/no-such-letter/retry",
+            None,
+            Status(404),
+        ),
+        attempt("/admin/jobs", "GET", "/admin/jobs", None, Status(403)),
+        attempt("/metrics", "GET", "/metrics", None, Status(403)),
         attempt("/openapi.json", "GET", "/openapi.json", None, Scoped),
         attempt(
             "/admin/jobs/{name}/run",

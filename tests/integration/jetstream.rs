@@ -11,7 +11,12 @@ use loomem::core::model::Chunk;
 use crate::fixture::{Daemon, Options};
 
 /// Poll `GET /v1/status` until `pred` holds (or fail after `secs`).
-async fn wait_status(d: &Daemon, secs: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_status(
+    d: &Daemon,
+    secs: u64,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let started = Instant::now();
     loop {
         let (_, st) = d.call("GET", "/v1/status", None).await;
@@ -26,7 +31,7 @@ async fn wait_status(d: &Daemon, secs: u64, what: &str, pred: impl Fn(&Value) ->
     }
 }
 
-async fn publish_raw(d: &Daemon, subject: &str, msg_id: &str, payload: Vec<u8>) {
+pub(crate) async fn publish_raw(d: &Daemon, subject: &str, msg_id: &str, payload: Vec<u8>) {
     let client = async_nats::connect(d.nats.as_ref().unwrap().url())
         .await
         .unwrap();

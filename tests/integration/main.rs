@@ -6,6 +6,7 @@ mod attack;
 mod auth;
 mod context;
 mod dream;
+mod editing;
 mod embed;
 mod enrich;
 mod errors;

@@ -1,0 +1,291 @@
+//! Reading and editing one memory (`GET`/`PATCH /v1/memories/{id}`), the job
+//! schedule, and retrying a dead letter: the API the console is built on.
+
+use serde_json::json;
+
+use loomem::bus::{jetstream::message_id, Envelope};
+use loomem::core::model::Chunk;
+
+use crate::fixture::{Daemon, Options, TOKEN_A, TOKEN_B};
+use crate::jetstream::{publish_raw, wait_status};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_text_is_a_new_version_and_other_fields_change_in_place() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let id = d.store("Alice lives in Lisbon", "a").await;
+
+    let (s, m) = d
+        .call_as(Some(TOKEN_A), "GET", &format!("/v1/memories/{id}"), None)
+        .await;
+    assert_eq!(s, 200, "{m}");
+    assert_eq!(m["content"], "Alice lives in Lisbon");
+    assert_eq!(m["stream"], "a");
+    assert!(m.get("embedding").is_none(), "no vector in the view");
+    assert_eq!(m["has_embedding"], true);
+    assert!(m["created_at"].as_str().unwrap().ends_with('Z'));
+
+    // Fields in place: one version, a history row naming them.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "PATCH",
+            &format!("/v1/memories/{id}"),
+            Some(json!({"pinned": true, "tags": ["travel"], "importance": 3.0})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "updated");
+    assert_eq!(r["id"], id);
+    assert_eq!(r["changed"], json!(["tags", "importance", "pinned"]));
+    let (_, m) = d.call("GET", &format!("/v1/memories/{id}"), None).await;
+    assert_eq!(
+        (
+            m["pinned"].clone(),
+            m["tags"].clone(),
+            m["importance"].clone()
+        ),
+        (json!(true), json!(["travel"]), json!(3.0))
+    );
+    let (_, r) = d
+        .call(
+            "PATCH",
+            &format!("/v1/memories/{id}"),
+            Some(json!({"pinned": true})),
+        )
+        .await;
+    assert_eq!(r["status"], "unchanged");
+
+    // New text: a new version, embedded and searchable; the old one superseded.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "PATCH",
+            &format!("/v1/memories/{id}"),
+            Some(json!({"content": "Alice lives in Porto", "reason": "she moved"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "new_version");
+    assert_eq!(r["supersedes"], id);
+    let new = r["id"].as_str().unwrap().to_string();
+    assert_ne!(new, id);
+    let (_, m) = d.call("GET", &format!("/v1/memories/{new}"), None).await;
+    assert_eq!(m["content"], "Alice lives in Porto");
+    assert_eq!(m["version"], 2);
+    assert_eq!(m["supersedes"], id);
+    assert_eq!(m["pinned"], true, "the other fields carry over");
+    assert_eq!(m["has_embedding"], true);
+    assert!(
+        m["entities"].as_array().unwrap().contains(&json!("porto")),
+        "{m}"
+    );
+    let (_, old) = d.call("GET", &format!("/v1/memories/{id}"), None).await;
+    assert_eq!(old["superseded_by"], new.as_str());
+    assert!(old["valid_until"].is_string());
+    assert_eq!(
+        d.search_ids(json!({"query": "Alice lives", "stream": "a", "mode": "bm25"}))
+            .await,
+        vec![new.clone()],
+        "search finds the current version only"
+    );
+    let (_, h) = d
+        .call("GET", &format!("/v1/memories/{new}/history"), None)
+        .await;
+    let events: Vec<(String, String)> = h["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap().into(),
+                e["reason"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert!(
+        events.contains(&("edited".into(), "she moved".into())),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&("superseded".into(), "she moved".into())),
+        "{events:?}"
+    );
+    assert_eq!(h["versions"].as_array().unwrap().len(), 2);
+
+    // An old version is not edited; nor is an immutable memory.
+    let (s, r) = d
+        .call(
+            "PATCH",
+            &format!("/v1/memories/{id}"),
+            Some(json!({"content": "x"})),
+        )
+        .await;
+    assert_eq!(s, 409, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains(&new), "{r}");
+    let (s, _) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"id": "rule-1", "content": "Never deploy on Fridays", "stream": "a", "immutable": true})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, r) = d
+        .call(
+            "PATCH",
+            "/v1/memories/rule-1",
+            Some(json!({"pinned": true})),
+        )
+        .await;
+    assert_eq!(s, 409, "{r}");
+    assert!(r["detail"].as_str().unwrap().contains("immutable"));
+
+    // Bad input is a 422 naming the field; nothing changes.
+    for (body, field) in [
+        (json!({"importance": 11}), "importance"),
+        (json!({"content": "  "}), "content"),
+        (json!({"colour": "red"}), "colour"),
+    ] {
+        let (s, r) = d
+            .call("PATCH", &format!("/v1/memories/{new}"), Some(body))
+            .await;
+        assert_eq!(s, 422, "{r}");
+        assert!(r["detail"].as_str().unwrap().contains(field), "{r}");
+    }
+    let (_, m) = d.call("GET", &format!("/v1/memories/{new}"), None).await;
+    assert_eq!(
+        (m["content"].clone(), m["importance"].clone()),
+        (json!("Alice lives in Porto"), json!(3.0))
+    );
+
+    // Another stream's key sees nothing, changes nothing.
+    for method in ["GET", "PATCH"] {
+        let body = (method == "PATCH").then(|| json!({"content": "hijacked"}));
+        let (s, _) = d
+            .call_as(Some(TOKEN_B), method, &format!("/v1/memories/{new}"), body)
+            .await;
+        assert_eq!(s, 404, "{method}");
+    }
+    let (_, m) = d.call("GET", &format!("/v1/memories/{new}"), None).await;
+    assert_eq!(m["content"], "Alice lives in Porto");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_lists_every_job_for_the_admin_only() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let (s, body) = d.call("GET", "/admin/jobs", None).await;
+    assert_eq!(s, 200, "{body}");
+    let names: Vec<&str> = body["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, loomem::jobs::JOB_NAMES);
+    let decay = &body["jobs"][1];
+    assert_eq!(decay["cron"], "0 30 3 * * *");
+    assert!(
+        decay["next_run"].as_str().unwrap().contains("T03:30:00"),
+        "{decay}"
+    );
+    let (s, _) = d.call_as(Some(TOKEN_A), "GET", "/admin/jobs", None).await;
+    assert_eq!(s, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
+    let d = Daemon::start(Options::with_auth().env("LOOMEM_BUS__MAX_DELIVER", "1")).await;
+    // The id is in use in stream q, so a write of it to stream a fails.
+    let (s, _) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"id": "taken", "content": "q's memory", "stream": "q"})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let env = Envelope {
+        pipeline: "store".into(),
+        chunk: Chunk::new(
+            "taken".into(),
+            "a".into(),
+            "a's memory about kites".into(),
+            1,
+        ),
+        notify: false,
+        minted: false,
+        resend: 0,
+    };
+    let payload = serde_json::to_vec(&env).unwrap();
+    publish_raw(&d, "loomem.in.a", &message_id("taken", &payload), payload).await;
+    publish_raw(&d, "loomem.in.a", "junk", b"{not an envelope".to_vec()).await;
+    wait_status(&d, 30, "two dead letters", |st| st["dead_letters"] == 2).await;
+    let dead = d
+        .sql("SELECT id, stream FROM dead_letters ORDER BY stream NULLS LAST")
+        .await;
+    let (letter, junk) = (
+        dead[0]["id"].as_str().unwrap(),
+        dead[1]["id"].as_str().unwrap(),
+    );
+    assert_eq!(dead[0]["stream"], "a");
+
+    // Another stream's key cannot see it; the undecodable one cannot be retried.
+    let (s, _) = d
+        .call_as(
+            Some(TOKEN_B),
+            "POST",
+            &format!("/v1/dead-letters/{letter}/retry"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, r) = d
+        .call("POST", &format!("/v1/dead-letters/{junk}/retry"), None)
+        .await;
+    assert_eq!(s, 409, "{r}");
+
+    // Still failing: one dead letter for it, with the new error.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            &format!("/v1/dead-letters/{letter}/retry"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "failed", "{r}");
+    let again = wait_status(&d, 30, "the failure dead-lettered again", |st| {
+        st["dead_letters"] == 2
+    })
+    .await;
+    assert_eq!(again["dead_letters"], 2);
+    let rows = d
+        .sql("SELECT id FROM dead_letters WHERE stream = 'a'")
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let letter = rows[0]["id"].as_str().unwrap().to_string();
+
+    // The cause removed, the retry stores it and the dead letter is gone.
+    let (s, _) = d.call("DELETE", "/api/memories/taken", None).await;
+    assert_eq!(s, 200);
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            &format!("/v1/dead-letters/{letter}/retry"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "stored", "{r}");
+    assert_eq!(r["id"], "taken");
+    let (_, m) = d
+        .call_as(Some(TOKEN_A), "GET", "/v1/memories/taken", None)
+        .await;
+    assert_eq!(m["content"], "a's memory about kites");
+    assert!(d
+        .sql("SELECT id FROM dead_letters WHERE stream = 'a'")
+        .await
+        .is_empty());
+}
