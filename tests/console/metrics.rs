@@ -97,6 +97,18 @@ async fn metrics_count_a_known_workload_and_parse() {
         d.store(&format!("metrics fact number {i} about apricot trees"), "m")
             .await;
     }
+    let (status, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "metrics fact number 0 about apricot trees", "stream": "m"})),
+        )
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("duplicate")),
+        "{body}"
+    );
     for q in ["apricot", "trees", "fact"] {
         let (status, _) = d
             .call(
@@ -123,29 +135,38 @@ async fn metrics_count_a_known_workload_and_parse() {
         ("route", "/v1/store"),
         ("status", "200"),
     ];
-    assert_eq!(moved("loomem_http_requests_total", &store), 5.0);
+    assert_eq!(moved("loomem_http_requests_total", &store), 6.0);
     assert_eq!(
         moved(
             "loomem_http_request_duration_seconds_count",
             &[("method", "POST"), ("route", "/v1/store")]
         ),
-        5.0
+        6.0
     );
     let unmatched = [("method", "GET"), ("route", "unmatched"), ("status", "404")];
     assert_eq!(moved("loomem_http_requests_total", &unmatched), 1.0);
-    for stage in ["sanitize", "embed", "write"] {
+    // Six stores, the last a repeat of the first: dedupe drops it.
+    let flow = |stage: &str| {
         let labels = [("pipeline", "store"), ("stage", stage)];
-        assert_eq!(
+        (
             moved("loomem_pipeline_records_in_total", &labels),
-            5.0,
-            "{stage}"
-        );
-        assert_eq!(
             moved("loomem_pipeline_records_out_total", &labels),
-            5.0,
-            "{stage}"
-        );
-    }
+        )
+    };
+    assert_eq!(flow("sanitize"), (6.0, 6.0));
+    assert_eq!(flow("dedupe"), (6.0, 5.0));
+    assert_eq!(flow("write"), (5.0, 5.0));
+    assert_eq!(
+        moved(
+            "loomem_pipeline_records_dropped_total",
+            &[
+                ("pipeline", "store"),
+                ("stage", "dedupe"),
+                ("reason", "duplicate")
+            ]
+        ),
+        1.0
+    );
     assert!(
         moved(
             "loomem_pipeline_stage_seconds_count",
