@@ -136,11 +136,11 @@ async fn count_request(
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     let m = crate::core::metrics::metrics();
-    m.http_requests
-        .with_label_values(&[&method, &route, response.status().as_str()])
-        .inc();
+    let status = response.status();
+    let labels = [method.as_str(), route.as_str(), status.as_str()];
+    m.http_requests.with_label_values(&labels).inc();
     crate::core::metrics::observe(
-        &m.http_seconds.with_label_values(&[&method, &route]),
+        &m.http_seconds.with_label_values(&labels),
         started.elapsed(),
     );
     response

@@ -132,8 +132,8 @@ impl Metrics {
             http_seconds: histogram(
                 &r,
                 "loomem_http_request_duration_seconds",
-                "HTTP request latency by method and route",
-                &["method", "route"],
+                "HTTP request latency by method, route and status",
+                &["method", "route", "status"],
                 seconds_buckets(),
             ),
             stage_in: counter(

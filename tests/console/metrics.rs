@@ -139,7 +139,11 @@ async fn metrics_count_a_known_workload_and_parse() {
     assert_eq!(
         moved(
             "loomem_http_request_duration_seconds_count",
-            &[("method", "POST"), ("route", "/v1/store")]
+            &[
+                ("method", "POST"),
+                ("route", "/v1/store"),
+                ("status", "200")
+            ]
         ),
         6.0
     );
