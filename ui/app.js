@@ -449,9 +449,12 @@ async function searchPage(params) {
           const data = Object.fromEntries(new FormData(form));
           const body = { query: data.query, trace: true, top_k: Number(data.top_k || 10), mode: data.mode };
           if (data.streams) body.streams = data.streams.split(",").map((s) => s.trim()).filter(Boolean);
-          if (data.memory_type) body.memory_type = data.memory_type;
-          if (data.as_of) body.as_of = data.as_of;
-          if (data.dry_run) body.dry_run = true;
+          for (const key of ["fact_type", "subject", "entity", "date_from", "date_to", "valid_at", "time_filter", "now", "as_of"])
+            if (data[key]) body[key] = data[key];
+          if (data.as_of && /^\d+$/.test(data.as_of)) body.as_of = Number(data.as_of);
+          if (data.min_confidence) body.min_confidence = Number(data.min_confidence);
+          body.include_superseded = Boolean(data.include_superseded);
+          body.dry_run = Boolean(data.dry_run);
           out.replaceChildren(el("p", { class: "muted" }, "Searching…"));
           try {
             out.replaceChildren(results(await api("POST", "/v1/search", body)));
@@ -464,8 +467,17 @@ async function searchPage(params) {
       el("label", {}, "streams (comma-separated; default: the key's)", el("input", { name: "streams", value: f.streams ?? "", "data-testid": "search-streams" })),
       el("label", {}, "mode", el("select", { name: "mode" }, ["hybrid", "bm25", "vector", "graph"].map((m) => el("option", { value: m }, m)))),
       el("label", {}, "top k", el("input", { name: "top_k", type: "number", min: 1, max: 100, value: 10, size: 4 })),
-      el("label", {}, "type", el("input", { name: "memory_type", size: 10 })),
-      el("label", {}, "as of", el("input", { name: "as_of", placeholder: "RFC 3339 or version", size: 16 })),
+      el("label", {}, "type", el("input", { name: "fact_type", size: 10 })),
+      el("label", {}, "subject", el("input", { name: "subject", size: 10 })),
+      el("label", {}, "entity", el("input", { name: "entity", size: 10 })),
+      el("label", {}, "created from", el("input", { name: "date_from", type: "date" })),
+      el("label", {}, "created to", el("input", { name: "date_to", type: "date" })),
+      el("label", {}, "relative", el("select", { name: "time_filter" }, ["", "today", "this_week", "this_month"].map((t) => el("option", { value: t }, t || "any time")))),
+      el("label", {}, "valid at", el("input", { name: "valid_at", placeholder: "date or RFC 3339", size: 14 })),
+      el("label", {}, "now", el("input", { name: "now", placeholder: "date or RFC 3339", size: 14 })),
+      el("label", {}, "as of", el("input", { name: "as_of", placeholder: "version or RFC 3339", size: 14 })),
+      el("label", {}, "min confidence", el("input", { name: "min_confidence", type: "number", min: 0, max: 1, step: 0.05, size: 4 })),
+      el("label", { class: "inline" }, el("input", { type: "checkbox", name: "include_superseded", value: "1" }), "include superseded"),
       el("label", { class: "inline" }, el("input", { type: "checkbox", name: "dry_run", value: "1", checked: true }), "dry run (no access counts)"),
       el("button", { type: "submit", "data-testid": "run-search" }, "Search"),
     );

@@ -192,6 +192,16 @@ async fn the_schedule_lists_every_job_for_the_admin_only() {
     assert_eq!(s, 403);
 }
 
+async fn retry(d: &Daemon, token: &str, letter: &str) -> (u16, serde_json::Value) {
+    d.call_as(
+        Some(token),
+        "POST",
+        &format!("/v1/dead-letters/{letter}/retry"),
+        None,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
     let d = Daemon::start(Options::with_auth().env("LOOMEM_BUS__MAX_DELIVER", "1")).await;
@@ -245,14 +255,7 @@ async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
     assert_eq!(s, 409, "{r}");
 
     // Still failing: one dead letter for it, with the new error.
-    let (s, r) = d
-        .call_as(
-            Some(TOKEN_A),
-            "POST",
-            &format!("/v1/dead-letters/{letter}/retry"),
-            None,
-        )
-        .await;
+    let (s, r) = retry(&d, TOKEN_A, &letter).await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["status"], "failed", "{r}");
     let again = wait_status(&d, 30, "the failure dead-lettered again", |st| {
@@ -269,14 +272,7 @@ async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
     // The cause removed, the retry stores it and the dead letter is gone.
     let (s, _) = d.call("DELETE", "/api/memories/taken", None).await;
     assert_eq!(s, 200);
-    let (s, r) = d
-        .call_as(
-            Some(TOKEN_A),
-            "POST",
-            &format!("/v1/dead-letters/{letter}/retry"),
-            None,
-        )
-        .await;
+    let (s, r) = retry(&d, TOKEN_A, &letter).await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["status"], "stored", "{r}");
     assert_eq!(r["id"], "taken");
