@@ -5,6 +5,7 @@ mod context;
 mod error;
 mod graph;
 mod jobs;
+mod keys;
 mod memories;
 pub mod openapi;
 mod request;
@@ -20,7 +21,7 @@ use axum::{middleware, Json, Router};
 
 use crate::app::Engine;
 use crate::core::error::{Error, Result};
-use crate::core::Caller;
+use crate::core::{Caller, Role};
 use crate::service::reembed;
 use crate::service::search::{self, SearchRequest, SearchResponse};
 use crate::service::status;
@@ -85,12 +86,96 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/admin/workers/pause", post(jobs::pause)),
         ("/admin/workers/resume", post(jobs::resume)),
         ("/admin/workers/status", get(jobs::status)),
+        ("/admin/keys", post(keys::create).get(keys::list)),
+        ("/admin/keys/{id}/rotate", post(keys::rotate)),
+        ("/admin/keys/{id}", delete(keys::revoke)),
         ("/v1/status", get(status)),
         ("/v1/namespaces", get(namespaces)),
         ("/v1/whoami", get(whoami)),
         ("/openapi.json", get(openapi_json)),
         ("/metrics", get(metrics)),
     ]
+}
+
+/// The role each operation needs, by method and route: one table for the
+/// whole router. An operation missing here needs an admin key (fail closed);
+/// a test checks every operation the router answers has an entry.
+pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
+    use Role::{Admin, Reader, Writer};
+    vec![
+        ("POST", "/v1/store", Writer),
+        ("POST", "/v1/ingest", Writer),
+        ("POST", "/v1/delete", Writer),
+        ("DELETE", "/api/memories/{id}", Writer),
+        ("POST", "/v1/purge-namespace", Writer),
+        ("POST", "/v1/import", Writer),
+        ("GET", "/v1/memories/{id}/history", Reader),
+        ("GET", "/v1/memories/{id}", Reader),
+        ("PATCH", "/v1/memories/{id}", Writer),
+        ("POST", "/v1/search", Reader),
+        ("POST", "/v1/feedback", Writer),
+        ("POST", "/v1/context-pack", Reader),
+        ("POST", "/v1/ambient", Reader),
+        ("GET", "/v1/profile", Reader),
+        ("GET", "/v1/generate-memory-md", Reader),
+        ("GET", "/v1/graph/entity/{name}", Reader),
+        ("GET", "/v1/graph/stats", Reader),
+        ("POST", "/v1/associate", Reader),
+        ("POST", "/v1/reflect", Writer),
+        ("POST", "/v1/dream", Writer),
+        ("POST", "/v1/sql", Reader),
+        ("POST", "/v1/export", Reader),
+        ("POST", "/v1/embed-missing", Writer),
+        ("POST", "/v1/re-embed-all", Writer),
+        ("GET", "/v1/jobs/{id}", Reader),
+        ("DELETE", "/v1/jobs/{id}", Writer),
+        ("GET", "/v1/jobs", Admin),
+        ("POST", "/admin/jobs/{name}/run", Admin),
+        ("GET", "/admin/jobs", Admin),
+        ("POST", "/v1/dead-letters/{id}/retry", Writer),
+        ("POST", "/v1/snapshots", Admin),
+        ("GET", "/v1/snapshots", Admin),
+        ("DELETE", "/v1/snapshots/{name}", Admin),
+        ("POST", "/v1/snapshots/{name}/rollback", Admin),
+        ("POST", "/v1/boost", Writer),
+        ("POST", "/v1/retag-all", Writer),
+        ("POST", "/v1/score-all", Writer),
+        ("POST", "/v1/reset-importance", Writer),
+        ("POST", "/v1/reset-backfill", Writer),
+        ("POST", "/v1/build-graph", Writer),
+        ("POST", "/v1/extract-entities", Writer),
+        ("POST", "/admin/workers/pause", Admin),
+        ("POST", "/admin/workers/resume", Admin),
+        ("GET", "/admin/workers/status", Admin),
+        ("POST", "/admin/keys", Admin),
+        ("GET", "/admin/keys", Admin),
+        ("POST", "/admin/keys/{id}/rotate", Admin),
+        ("DELETE", "/admin/keys/{id}", Admin),
+        ("GET", "/v1/status", Reader),
+        ("GET", "/v1/namespaces", Reader),
+        ("GET", "/v1/whoami", Reader),
+        ("GET", "/openapi.json", Reader),
+        ("GET", "/metrics", Admin),
+    ]
+}
+
+/// The role `method` on `route` needs (see [`needs`]); MCP's tools store as
+/// well as search, so `/mcp` needs a writer. A method the route does not
+/// have needs no more than a reader: the router answers it 405 (every
+/// method a route has is in the table, a unit test checks).
+pub(crate) fn need(method: &str, route: &str) -> Role {
+    if route == "/mcp" || route.starts_with("/mcp/") {
+        return Role::Writer;
+    }
+    let table = needs();
+    if let Some((_, _, role)) = table.iter().find(|(m, r, _)| *m == method && *r == route) {
+        return *role;
+    }
+    if table.iter().any(|(_, r, _)| *r == route) {
+        Role::Reader
+    } else {
+        Role::Admin
+    }
 }
 
 /// The path of every protected route, `/mcp` included (for the attack suite).
@@ -266,8 +351,8 @@ async fn namespaces(caller: Caller) -> Json<status::Namespaces> {
     Json(status::namespaces(&caller))
 }
 
-async fn whoami(State(engine): State<Arc<Engine>>, caller: Caller) -> Json<status::WhoAmI> {
-    Json(status::whoami(&engine, &caller))
+async fn whoami(caller: Caller) -> Json<status::WhoAmI> {
+    Json(status::whoami(&caller))
 }
 
 async fn embed_missing(
@@ -318,4 +403,35 @@ async fn job_cancel(
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Result<Json<crate::service::tasks::TaskView>> {
     Ok(Json(engine.jobs.cancel(&caller, &id).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_declares_the_role_it_needs() {
+        let declared: std::collections::BTreeSet<(String, &str)> = needs()
+            .into_iter()
+            .map(|(m, r, _)| (m.to_string(), r))
+            .collect();
+        for op in openapi::operations() {
+            if op.path == "/health" {
+                continue;
+            }
+            assert!(
+                declared.contains(&(op.method.to_uppercase(), op.path)),
+                "{} {} has no entry in needs()",
+                op.method,
+                op.path
+            );
+        }
+        assert_eq!(
+            need("GET", "/v1/not-in-the-table"),
+            Role::Admin,
+            "fail closed"
+        );
+        assert_eq!(need("POST", "/mcp"), Role::Writer);
+        assert_eq!(need("PUT", "/admin/keys"), Role::Reader, "the router's 405");
+    }
 }

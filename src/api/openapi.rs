@@ -373,6 +373,29 @@ pub fn operations() -> Vec<Op> {
         .status(202),
         op(
             "post",
+            "/admin/keys",
+            "Make an API key; its secret is shown once (admin)",
+        )
+        .json::<service::keys::CreateKey>()
+        .answers::<service::keys::KeyWithSecret>()
+        .status(201),
+        op(
+            "get",
+            "/admin/keys",
+            "Every runtime key, never a secret (admin)",
+        )
+        .answers::<super::keys::KeyList>(),
+        op(
+            "post",
+            "/admin/keys/{id}/rotate",
+            "A new secret; the old one works for a grace period (admin)",
+        )
+        .optional_json::<service::keys::RotateKey>()
+        .answers::<service::keys::KeyWithSecret>(),
+        op("delete", "/admin/keys/{id}", "Revoke a key (admin)")
+            .answers::<service::keys::KeyView>(),
+        op(
+            "post",
             "/admin/workers/pause",
             "Pause background maintenance (admin)",
         )

@@ -69,8 +69,9 @@ fn is_json(content_type: &str) -> bool {
 
 pub use crate::core::error::parse_json;
 
-/// Authenticate every request that reaches the protected routes, and hand the
-/// caller to the handler through the request's extensions.
+/// Authenticate every request that reaches the protected routes, check that
+/// its key's role may use the route (`super::need`), and hand the caller to
+/// the handler through the request's extensions.
 pub async fn require_auth(
     State(engine): State<Arc<Engine>>,
     mut req: Request,
@@ -80,7 +81,8 @@ pub async fn require_auth(
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    if engine.auth.passthrough() {
+    let caller = engine.auth.authenticate(header).await?;
+    if caller.name == crate::service::auth::PASSTHROUGH {
         // With no key, every request is admin: only pages of this machine may
         // reach the API (against DNS rebinding, as `/mcp` always does).
         let host = req
@@ -99,7 +101,12 @@ pub async fn require_auth(
             )));
         }
     }
-    let caller = engine.auth.authenticate(header)?;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    caller.require(super::need(req.method().as_str(), &route))?;
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
 }

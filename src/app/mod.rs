@@ -85,6 +85,8 @@ impl Engine {
                 "no API key configured: local passthrough mode, every request is accepted as admin"
             );
         }
+        let keys = crate::store::api_keys::KeyTable::open(&cfg.data_dir()).await?;
+        let auth = auth.with_runtime_keys(keys.clone());
         let ids = crate::core::IdKey::load_or_create(&cfg.data_dir()).map_err(StartError::IdKey)?;
         let store = Arc::new(
             Store::open_with(
@@ -174,6 +176,7 @@ impl Engine {
             notifier,
             pipelines,
             auth,
+            keys,
             llm,
             facts,
             ner,

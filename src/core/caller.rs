@@ -10,11 +10,57 @@ use serde::Serialize;
 use crate::core::error::{Error, Result};
 use crate::core::model::DEFAULT_STREAM;
 
-#[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// What a key may do, weakest first: a `reader` searches and reads its
+/// streams (search, context, profile, graph, history, SQL, export); a
+/// `writer` also stores, imports, edits and deletes in them; an `admin` does
+/// everything, in every stream.
+#[derive(
+    schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    Reader,
+    Writer,
     Admin,
-    User,
+}
+
+impl Role {
+    /// Whether this role includes `need`.
+    pub fn allows(self, need: Role) -> bool {
+        self >= need
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Writer => "writer",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Role> {
+        match s {
+            "reader" => Ok(Role::Reader),
+            "writer" => Ok(Role::Writer),
+            "admin" => Ok(Role::Admin),
+            other => Err(Error::invalid(
+                "role",
+                format!("`{other}`: must be admin, writer or reader"),
+            )),
+        }
+    }
 }
 
 /// Human-readable labels mapped to stream ids (`personal = "100"`).
@@ -43,11 +89,11 @@ impl Caller {
         }
     }
 
-    /// A caller limited to `streams` (the first is its default).
+    /// A writer limited to `streams` (the first is its default).
     pub fn scoped(name: &str, streams: Vec<String>) -> Caller {
         Caller {
             name: name.to_string(),
-            role: Role::User,
+            role: Role::Writer,
             streams: Some(streams),
             namespaces: Namespaces::default(),
         }
@@ -98,6 +144,28 @@ impl Caller {
             )));
         }
         Ok(stream)
+    }
+
+    /// The same caller with another role (an admin always sees every stream).
+    pub fn with_role(mut self, role: Role) -> Caller {
+        self.role = role;
+        if role == Role::Admin {
+            self.streams = None;
+        }
+        self
+    }
+
+    /// Refused (403) unless the caller's role includes `need`.
+    pub fn require(&self, need: Role) -> Result<()> {
+        if self.role.allows(need) {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(format!(
+                "this needs a {} key; this key is a {}",
+                need.as_str(),
+                self.role.as_str()
+            )))
+        }
     }
 
     pub fn require_admin(&self) -> Result<()> {

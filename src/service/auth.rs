@@ -1,6 +1,8 @@
 //! API keys and what each may see. The admin key (from `server.auth_token_env`)
-//! sees every stream; scoped keys (`[[server.tokens]]`) see only their streams.
-//! With no key configured the server runs in local passthrough mode.
+//! sees every stream; scoped keys (`[[server.tokens]]`) are writers of their
+//! streams; keys made at runtime (`service::keys`, the `api_keys` table) have
+//! the role and streams they were made with. With no key configured and no
+//! live runtime key, the server runs in local passthrough mode.
 
 use std::collections::HashMap;
 
@@ -9,12 +11,38 @@ use sha2::{Digest, Sha256};
 
 use crate::core::caller::{Caller, Namespaces};
 use crate::core::error::{Error, Result};
+use crate::core::model::{now_micros, Micros};
+use crate::core::Role;
+use crate::store::api_keys::{KeyRow, KeyTable};
 
-/// The configured keys, compared in constant time via their SHA-256 digests.
+/// The configured keys, compared in constant time via their SHA-256 digests,
+/// and the runtime keys of the data directory.
 pub struct Auth {
     keys: Vec<([u8; 32], Caller)>,
     namespaces: Namespaces,
+    runtime: Option<Runtime>,
 }
+
+/// The `api_keys` table and the rows last read from it.
+struct Runtime {
+    table: KeyTable,
+    cache: tokio::sync::Mutex<Cached>,
+}
+
+#[derive(Default)]
+struct Cached {
+    /// The table version `rows` were read at (None: not read yet).
+    version: Option<u64>,
+    rows: std::sync::Arc<Vec<KeyRow>>,
+    /// When this process last recorded each key's use.
+    touched: HashMap<String, Micros>,
+}
+
+/// The name of the caller of passthrough mode.
+pub const PASSTHROUGH: &str = "local";
+
+/// Record a key's use at most this often (µs).
+const TOUCH_EVERY: Micros = 60_000_000;
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
@@ -99,17 +127,69 @@ impl Auth {
                 var: cfg.auth_token_env.clone(),
             });
         }
-        Ok(Auth { keys, namespaces })
+        Ok(Auth {
+            keys,
+            namespaces,
+            runtime: None,
+        })
     }
 
+    /// Also accept the runtime keys of this table.
+    pub fn with_runtime_keys(mut self, table: KeyTable) -> Auth {
+        self.runtime = Some(Runtime {
+            table,
+            cache: Default::default(),
+        });
+        self
+    }
+
+    /// No key is configured (runtime keys aside: see [`Auth::authenticate`]).
     pub fn passthrough(&self) -> bool {
         self.keys.is_empty()
     }
 
-    /// The caller an `Authorization` header value stands for.
-    pub fn authenticate(&self, header: Option<&str>) -> Result<Caller> {
-        if self.passthrough() {
-            return Ok(Caller::admin("local").with_namespaces(self.namespaces.clone()));
+    /// The runtime keys as the table has them now (read again only when its
+    /// version moved).
+    async fn runtime_rows(&self) -> Result<std::sync::Arc<Vec<KeyRow>>> {
+        let Some(rt) = &self.runtime else {
+            return Ok(Default::default());
+        };
+        let version = rt.table.version().await?;
+        let mut cache = rt.cache.lock().await;
+        if cache.version != Some(version) {
+            cache.rows = std::sync::Arc::new(rt.table.all().await?);
+            cache.version = Some(version);
+        }
+        Ok(cache.rows.clone())
+    }
+
+    /// Record that `row` was used, at most once a minute a key per process,
+    /// without holding up the request.
+    async fn touch(&self, row: &KeyRow, now: Micros) {
+        let Some(rt) = &self.runtime else { return };
+        let mut cache = rt.cache.lock().await;
+        let last = cache.touched.get(&row.id).copied().or(row.last_used_at);
+        if last.is_some_and(|t| now - t < TOUCH_EVERY) {
+            return;
+        }
+        cache.touched.insert(row.id.clone(), now);
+        let (table, id) = (rt.table.clone(), row.id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = table.touch(&id, now).await {
+                tracing::debug!(error = %e, key = %id, "could not record a key's use");
+            }
+        });
+    }
+
+    /// The caller an `Authorization` header value stands for. Every key is
+    /// compared (in constant time) whatever matched before, so the time taken
+    /// does not tell which key, or how much of one, was right.
+    pub async fn authenticate(&self, header: Option<&str>) -> Result<Caller> {
+        let rows = self.runtime_rows().await?;
+        let now = now_micros();
+        let live = |r: &KeyRow| crate::service::keys::state(r, now) == "active";
+        if self.keys.is_empty() && !rows.iter().any(live) {
+            return Ok(Caller::admin(PASSTHROUGH).with_namespaces(self.namespaces.clone()));
         }
         let token = header
             .and_then(|h| {
@@ -125,8 +205,46 @@ impl Auth {
                 found = Some(caller.clone());
             }
         }
-        found.ok_or(Error::Unauthorized)
+        let mut found_row = None;
+        for row in rows.iter() {
+            let current = parse_hex(&row.digest).is_some_and(|k| same(&k, &d));
+            let previous = row.previous_until.is_some_and(|t| t > now)
+                && row
+                    .previous_digest
+                    .as_deref()
+                    .and_then(parse_hex)
+                    .is_some_and(|k| same(&k, &d));
+            if (current || previous) && live(row) && found.is_none() && found_row.is_none() {
+                found_row = Some(row);
+            }
+        }
+        if let Some(caller) = found {
+            return Ok(caller);
+        }
+        let row = found_row.ok_or(Error::Unauthorized)?;
+        self.touch(row, now).await;
+        let role: Role = row
+            .role
+            .parse()
+            .map_err(|_| Error::Internal(format!("key `{}` has an unknown role", row.id)))?;
+        let caller = match (role, &row.streams) {
+            (Role::Admin, _) | (_, None) => Caller::admin(&row.name).with_role(role),
+            (_, Some(streams)) => Caller::scoped(&row.name, streams.clone()).with_role(role),
+        };
+        Ok(caller.with_namespaces(self.namespaces.clone()))
     }
+}
+
+/// A hex SHA-256 digest as bytes.
+fn parse_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -151,36 +269,43 @@ mod tests {
         }
     }
 
-    #[test]
-    fn keys_map_to_callers() {
+    #[tokio::test]
+    async fn keys_map_to_callers() {
         let env = HashMap::from([
             ("ADMIN".to_string(), "s3cret".to_string()),
             ("TOKEN_A".to_string(), "aaa".to_string()),
         ]);
         let auth = Auth::from_config(&server_cfg(), Namespaces::default(), &env).unwrap();
         assert!(!auth.passthrough());
-        assert!(auth.authenticate(Some("Bearer s3cret")).unwrap().is_admin());
-        let a = auth.authenticate(Some("Bearer aaa")).unwrap();
-        assert_eq!(a.role, Role::User);
+        assert!(auth
+            .authenticate(Some("Bearer s3cret"))
+            .await
+            .unwrap()
+            .is_admin());
+        let a = auth.authenticate(Some("Bearer aaa")).await.unwrap();
+        assert_eq!(a.role, Role::Writer);
         assert_eq!(a.default_stream(), "100");
         assert!(matches!(
-            auth.authenticate(Some("Bearer nope")),
+            auth.authenticate(Some("Bearer nope")).await,
             Err(Error::Unauthorized)
         ));
         assert!(matches!(
-            auth.authenticate(Some("s3cret")),
+            auth.authenticate(Some("s3cret")).await,
             Err(Error::Unauthorized)
         ));
-        assert!(matches!(auth.authenticate(None), Err(Error::Unauthorized)));
+        assert!(matches!(
+            auth.authenticate(None).await,
+            Err(Error::Unauthorized)
+        ));
     }
 
-    #[test]
-    fn no_keys_on_loopback_means_passthrough() {
+    #[tokio::test]
+    async fn no_keys_on_loopback_means_passthrough() {
         let mut cfg = server_cfg();
         cfg.tokens.clear();
         let auth = Auth::from_config(&cfg, Namespaces::default(), &HashMap::new()).unwrap();
         assert!(auth.passthrough());
-        assert!(auth.authenticate(None).unwrap().is_admin());
+        assert!(auth.authenticate(None).await.unwrap().is_admin());
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod feedback;
 pub mod forget;
 pub mod graph;
 pub mod import;
+pub mod keys;
 pub mod maintenance;
 pub mod memory;
 pub mod reembed;
@@ -59,6 +60,8 @@ pub struct Services {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: auth::Auth,
+    /// The keys made at runtime (`keys`), which `auth` also reads.
+    pub keys: crate::store::api_keys::KeyTable,
     /// The deployment's key for derived ids (see [`crate::core::ids`]).
     pub ids: crate::core::IdKey,
     /// The configured LLM, if any.

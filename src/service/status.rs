@@ -185,13 +185,13 @@ pub struct WhoAmI {
     pub auth_mode: &'static str,
 }
 
-pub fn whoami(engine: &Services, caller: &Caller) -> WhoAmI {
+pub fn whoami(caller: &Caller) -> WhoAmI {
     WhoAmI {
         name: caller.name.clone(),
         role: caller.role,
         active_stream: caller.default_stream().to_string(),
         accessible_streams: caller.streams.clone().unwrap_or_else(|| vec!["*".into()]),
-        auth_mode: if engine.auth.passthrough() {
+        auth_mode: if caller.name == crate::service::auth::PASSTHROUGH {
             "passthrough"
         } else {
             "token"

@@ -1,6 +1,7 @@
 //! LanceDB storage: opens or creates the tables, funnels every write to a table
 //! through one batching writer task, and serves the reads the engine needs.
 
+pub mod api_keys;
 mod bm25;
 pub mod config;
 pub mod dead_letters;

@@ -314,6 +314,28 @@ fn attempts() -> Vec<Attempt> {
         ),
         attempt("/admin/jobs", "GET", "/admin/jobs", None, Status(403)),
         attempt("/metrics", "GET", "/metrics", None, Status(403)),
+        attempt(
+            "/admin/keys",
+            "POST",
+            "/admin/keys",
+            Some(json!({"name": "mine", "role": "admin"})),
+            Status(403),
+        ),
+        attempt("/admin/keys", "GET", "/admin/keys", None, Status(403)),
+        attempt(
+            "/admin/keys/{id}/rotate",
+            "POST",
+            "/admin/keys/any/rotate",
+            Some(json!({})),
+            Status(403),
+        ),
+        attempt(
+            "/admin/keys/{id}",
+            "DELETE",
+            "/admin/keys/any",
+            None,
+            Status(403),
+        ),
         attempt("/openapi.json", "GET", "/openapi.json", None, Scoped),
         attempt(
             "/admin/jobs/{name}/run",

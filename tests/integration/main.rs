@@ -17,6 +17,7 @@ mod ingest;
 mod isolation;
 mod jetstream;
 mod jobs;
+mod keys;
 mod llm_stub;
 mod maintenance;
 mod mcp;
