@@ -489,3 +489,25 @@ pub async fn job_via_daemon(
     let bytes = post_to_daemon(url, &format!("/admin/jobs/{name}/run"), token, &body).await?;
     Ok(serde_json::from_slice(&bytes)?)
 }
+
+/// What `loomem keys …` asks.
+pub enum KeysRequest {
+    Create(loomem::service::keys::CreateKey),
+    List,
+    Rotate(String, loomem::service::keys::RotateKey),
+    Revoke(String),
+}
+
+/// `loomem keys …` on the data directory's `api_keys` table.
+pub async fn keys(cfg: &Config, req: KeysRequest) -> anyhow::Result<serde_json::Value> {
+    use loomem::service::keys;
+    let table = loomem::store::api_keys::KeyTable::open(&cfg.data_dir())
+        .await
+        .with_context(|| format!("opening the keys of {}", cfg.data_dir().display()))?;
+    Ok(match req {
+        KeysRequest::Create(r) => serde_json::to_value(keys::create(&table, r).await?)?,
+        KeysRequest::List => serde_json::json!({ "keys": keys::list(&table).await? }),
+        KeysRequest::Rotate(id, r) => serde_json::to_value(keys::rotate(&table, &id, r).await?)?,
+        KeysRequest::Revoke(id) => serde_json::to_value(keys::revoke(&table, &id).await?)?,
+    })
+}

@@ -113,12 +113,47 @@ enum Command {
         #[command(subcommand)]
         action: JobAction,
     },
+    /// API keys made at runtime, in the data directory's `api_keys` table
+    /// (the same ones as `/admin/keys`): create, list, rotate, revoke.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
     /// Retrieval quality on LongMemEval-format data: `run` it, or `gen`erate
     /// a dataset from ingredients.
     BenchRecall {
         #[command(subcommand)]
         action: RecallAction,
     },
+}
+
+#[derive(Subcommand)]
+enum KeysAction {
+    /// Make a key and print it with its secret (shown this once).
+    Create {
+        #[arg(long)]
+        name: String,
+        /// admin, writer or reader.
+        #[arg(long)]
+        role: String,
+        /// The streams it may use, comma-separated, the first its default
+        /// (required unless admin).
+        #[arg(long, value_delimiter = ',')]
+        streams: Vec<String>,
+        /// Seconds until it stops working.
+        #[arg(long)]
+        expires_in_secs: Option<u64>,
+    },
+    /// Every key, never a secret.
+    List,
+    /// A new secret; the old one works for --grace-secs more (default 3600).
+    Rotate {
+        id: String,
+        #[arg(long)]
+        grace_secs: Option<u64>,
+    },
+    /// Revoke a key now.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -272,6 +307,10 @@ fn run() -> anyhow::Result<()> {
                     std::process::exit(2);
                 }
             }
+            Command::Keys { action } => {
+                let out = cli::keys(&cfg, action_to_request(action)?).await?;
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            }
             Command::CheckConfig => {
                 println!(
                     "config ok: data_dir={} bus={:?}",
@@ -407,5 +446,29 @@ fn run() -> anyhow::Result<()> {
             }
         }
         Ok(())
+    })
+}
+
+/// The CLI's key command as the service call it stands for.
+fn action_to_request(action: KeysAction) -> anyhow::Result<cli::KeysRequest> {
+    Ok(match action {
+        KeysAction::Create {
+            name,
+            role,
+            streams,
+            expires_in_secs,
+        } => cli::KeysRequest::Create(loomem::service::keys::CreateKey {
+            name,
+            role: role
+                .parse()
+                .map_err(|e: loomem::core::Error| anyhow::anyhow!("--role: {e}"))?,
+            streams,
+            expires_in_secs,
+        }),
+        KeysAction::List => cli::KeysRequest::List,
+        KeysAction::Rotate { id, grace_secs } => {
+            cli::KeysRequest::Rotate(id, loomem::service::keys::RotateKey { grace_secs })
+        }
+        KeysAction::Revoke { id } => cli::KeysRequest::Revoke(id),
     })
 }

@@ -328,3 +328,69 @@ async fn every_route_refuses_a_role_below_its_need() {
         200
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_manages_the_keys_a_running_daemon_honours() {
+    let d = Daemon::start(Options {
+        auth: true,
+        embedded: true,
+        ..Default::default()
+    })
+    .await;
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+            .arg("--config")
+            .arg(crate::fixture::repo_root().join("config.toml"))
+            .args(args)
+            .env("LOOMEM_STORAGE__DATA_DIR", &d.data_dir)
+            .env("LOOMEM_LOG", "error")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = cli(&[
+        "keys",
+        "create",
+        "--name",
+        "from-cli",
+        "--role",
+        "reader",
+        "--streams",
+        "s,t",
+    ]);
+    assert!(ok, "{err}");
+    let key: Value = serde_json::from_str(&out).unwrap();
+    let token = secret(&key);
+    let (s, who) = d.call_as(Some(&token), "GET", "/v1/whoami", None).await;
+    assert_eq!(s, 200, "{who}");
+    assert_eq!(who["accessible_streams"], json!(["s", "t"]));
+    assert_eq!(who["role"], "reader");
+
+    let (ok, out, _) = cli(&["keys", "list"]);
+    assert!(ok);
+    assert!(out.contains("from-cli") && !out.contains(&token), "{out}");
+    let id = key["id"].as_str().unwrap();
+    let (ok, _, err) = cli(&["keys", "revoke", id]);
+    assert!(ok, "{err}");
+    assert_eq!(status_as(&d, &token, "GET", "/v1/whoami", None).await, 401);
+
+    let (ok, _, err) = cli(&[
+        "keys",
+        "create",
+        "--name",
+        "x",
+        "--role",
+        "owner",
+        "--streams",
+        "s",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--role") && err.contains("admin, writer or reader"),
+        "{err}"
+    );
+}
