@@ -19,6 +19,7 @@ impl Error {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -27,6 +28,12 @@ impl Error {
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.status();
+        let retry_after = match &self {
+            Error::RateLimited {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        };
         if status.is_server_error() {
             tracing::error!(%status, error = %self, "request failed");
         }
@@ -35,6 +42,12 @@ impl IntoResponse for Error {
             Json(serde_json::json!({ "detail": self.to_string() })),
         )
             .into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs.max(1)),
+            );
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -178,6 +178,23 @@ pub(crate) fn need(method: &str, route: &str) -> Role {
     }
 }
 
+/// Whether `method` on `route` spends the expensive budget of the rate
+/// limits: SQL, exports, dreams, re-embedding, running a job, and ingesting
+/// a conversation when an LLM extracts its facts.
+pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
+    matches!(
+        (method, route),
+        ("POST", "/v1/sql")
+            | ("POST", "/v1/export")
+            | ("POST", "/v1/dream")
+            | ("POST", "/v1/reflect")
+            | ("POST", "/v1/re-embed-all")
+            | ("POST", "/v1/embed-missing")
+            | ("POST", "/v1/extract-entities")
+            | ("POST", "/admin/jobs/{name}/run")
+    ) || (llm && method == "POST" && route == "/v1/ingest")
+}
+
 /// The path of every protected route, `/mcp` included (for the attack suite).
 pub fn route_paths() -> Vec<&'static str> {
     let mut paths: Vec<&'static str> = routes().into_iter().map(|(p, _)| p).collect();

@@ -107,6 +107,8 @@ pub async fn require_auth(
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
     caller.require(super::need(req.method().as_str(), &route))?;
+    let expensive = super::expensive(req.method().as_str(), &route, engine.llm.is_some());
+    engine.limits.check(&caller, expensive)?;
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
 }

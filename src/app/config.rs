@@ -149,6 +149,10 @@ impl Config {
         if self.server.max_body_bytes < 1024 {
             return Err(invalid("server.max_body_bytes", "must be at least 1024"));
         }
+        self.server
+            .rate_limit
+            .validate()
+            .map_err(|e| invalid("server.rate_limit", &e))?;
         for (i, t) in self.server.tokens.iter().enumerate() {
             if t.streams.is_empty() {
                 return Err(invalid(

@@ -176,6 +176,7 @@ impl Engine {
             notifier,
             pipelines,
             auth,
+            limits: crate::service::limits::RateLimiter::new(cfg.server.rate_limit.clone()),
             keys,
             llm,
             facts,

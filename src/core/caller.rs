@@ -70,6 +70,9 @@ pub type Namespaces = Arc<BTreeMap<String, String>>;
 #[derive(Debug, Clone, Serialize)]
 pub struct Caller {
     pub name: String,
+    /// The key this caller signed in with: a runtime key's id, a configured
+    /// key's name (what rate limits count by).
+    pub key: String,
     pub role: Role,
     /// None = every stream.
     pub streams: Option<Vec<String>>,
@@ -83,6 +86,7 @@ impl Caller {
     pub fn admin(name: &str) -> Caller {
         Caller {
             name: name.to_string(),
+            key: name.to_string(),
             role: Role::Admin,
             streams: None,
             namespaces: Namespaces::default(),
@@ -93,6 +97,7 @@ impl Caller {
     pub fn scoped(name: &str, streams: Vec<String>) -> Caller {
         Caller {
             name: name.to_string(),
+            key: name.to_string(),
             role: Role::Writer,
             streams: Some(streams),
             namespaces: Namespaces::default(),
@@ -144,6 +149,12 @@ impl Caller {
             )));
         }
         Ok(stream)
+    }
+
+    /// The same caller, counted as key `key`.
+    pub fn with_key(mut self, key: &str) -> Caller {
+        self.key = key.to_string();
+        self
     }
 
     /// The same caller with another role (an admin always sees every stream).

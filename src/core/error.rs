@@ -26,6 +26,12 @@ pub enum Error {
     Unavailable(String),
     #[error("{0}")]
     Timeout(String),
+    /// Over a rate limit (HTTP 429 with `Retry-After`).
+    #[error("{detail}")]
+    RateLimited {
+        detail: String,
+        retry_after_secs: u64,
+    },
     #[error("{0}")]
     Internal(String),
     /// A storage failure, with the store's own error kept as the source.

@@ -45,6 +45,9 @@ pub struct Metrics {
     /// Job runs by job and outcome (`succeeded`, `failed`).
     pub job_runs: IntCounterVec,
     pub job_seconds: HistogramVec,
+    /// Requests refused by a rate limit, by role and budget (`normal`,
+    /// `expensive`).
+    pub rate_limited: IntCounterVec,
     /// Rows and Lance version of each table.
     pub table_rows: IntGaugeVec,
     pub table_version: IntGaugeVec,
@@ -210,6 +213,12 @@ impl Metrics {
                 &["job", "outcome"],
                 seconds_buckets(),
             ),
+            rate_limited: counter(
+                &r,
+                "loomem_rate_limited_total",
+                "Requests refused by a rate limit, by role and budget",
+                &["role", "class"],
+            ),
             table_rows: gauge(&r, "loomem_table_rows", "Rows in each table", &["table"]),
             table_version: gauge(
                 &r,
@@ -219,6 +228,16 @@ impl Metrics {
             ),
             registry: r,
         }
+    }
+
+    /// Series that exist before their first event (so a dashboard shows 0).
+    fn with_zero_series(self) -> Metrics {
+        for role in ["reader", "writer", "admin"] {
+            for class in ["normal", "expensive"] {
+                self.rate_limited.with_label_values(&[role, class]);
+            }
+        }
+        self
     }
 
     /// Every family in the Prometheus text exposition format.
@@ -233,7 +252,7 @@ impl Metrics {
 
 /// The process's metrics.
 pub fn metrics() -> &'static Metrics {
-    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics::new().with_zero_series());
     &METRICS
 }
 

@@ -104,14 +104,18 @@ impl Auth {
         if let Some(token) = set(&cfg.auth_token_env) {
             keys.push((
                 digest(&token),
-                Caller::admin("admin").with_namespaces(namespaces.clone()),
+                Caller::admin("admin")
+                    .with_key("config:admin")
+                    .with_namespaces(namespaces.clone()),
             ));
         }
         for t in &cfg.tokens {
             match set(&t.token_env) {
                 Some(token) => keys.push((
                     digest(&token),
-                    Caller::scoped(&t.name, t.streams.clone()).with_namespaces(namespaces.clone()),
+                    Caller::scoped(&t.name, t.streams.clone())
+                        .with_key(&format!("config:{}", t.name))
+                        .with_namespaces(namespaces.clone()),
                 )),
                 None => {
                     return Err(AuthError::MissingToken {
@@ -231,7 +235,9 @@ impl Auth {
             (Role::Admin, _) | (_, None) => Caller::admin(&row.name).with_role(role),
             (_, Some(streams)) => Caller::scoped(&row.name, streams.clone()).with_role(role),
         };
-        Ok(caller.with_namespaces(self.namespaces.clone()))
+        Ok(caller
+            .with_key(&row.id)
+            .with_namespaces(self.namespaces.clone()))
     }
 }
 
@@ -266,6 +272,7 @@ mod tests {
                 streams: vec!["100".into()],
             }],
             mcp_allowed_hosts: Vec::new(),
+            rate_limit: Default::default(),
         }
     }
 
@@ -372,6 +379,9 @@ pub struct ServerConfig {
     /// `Host` headers `/mcp` accepts (DNS-rebinding protection); `"*"` = any.
     #[serde(default = "default_mcp_hosts")]
     pub mcp_allowed_hosts: Vec<String>,
+    /// Requests a second per key (see [`crate::service::limits`]).
+    #[serde(default)]
+    pub rate_limit: crate::service::limits::RateLimitConfig,
 }
 
 fn default_mcp_hosts() -> Vec<String> {

@@ -17,6 +17,7 @@ pub mod forget;
 pub mod graph;
 pub mod import;
 pub mod keys;
+pub mod limits;
 pub mod maintenance;
 pub mod memory;
 pub mod reembed;
@@ -60,6 +61,8 @@ pub struct Services {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: auth::Auth,
+    /// Per-key request budgets.
+    pub limits: limits::RateLimiter,
     /// The keys made at runtime (`keys`), which `auth` also reads.
     pub keys: crate::store::api_keys::KeyTable,
     /// The deployment's key for derived ids (see [`crate::core::ids`]).

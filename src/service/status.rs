@@ -20,6 +20,9 @@ pub struct Status {
     pub bus: BusStatus,
     pub embedder: EmbedderStatus,
     pub llm: LlmStatus,
+    /// Requests this process refused for a rate limit (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<crate::service::limits::LimitStats>,
     /// Cumulative per-stage counts and timings, by pipeline (daemon-wide, so
     /// empty for a caller that is not an admin).
     pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
@@ -141,6 +144,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             model: engine.llm.as_ref().map(|l| l.model().to_string()),
             ner: engine.ner.as_ref().filter(|_| admin).map(|q| q.stats()),
         },
+        rate_limits: admin.then(|| engine.limits.stats()),
         pipelines: if admin {
             engine
                 .pipelines

@@ -394,3 +394,111 @@ async fn the_cli_manages_the_keys_a_running_daemon_honours() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_the_limit_is_a_429_with_retry_after() {
+    let d = Daemon::start(
+        Options {
+            auth: true,
+            embedded: true,
+            ..Default::default()
+        }
+        .env("LOOMEM_SERVER__RATE_LIMIT__WRITER_PER_SEC", "0.05")
+        .env("LOOMEM_SERVER__RATE_LIMIT__WRITER_BURST", "5")
+        .env("LOOMEM_SERVER__RATE_LIMIT__EXPENSIVE_PER_SEC", "0.05")
+        .env("LOOMEM_SERVER__RATE_LIMIT__EXPENSIVE_BURST", "2"),
+    )
+    .await;
+    let writer =
+        secret(&create(&d, json!({"name": "w", "role": "writer", "streams": ["s"]})).await);
+    let other = secret(
+        &create(
+            &d,
+            json!({"name": "w2", "role": "writer", "streams": ["s"]}),
+        )
+        .await,
+    );
+
+    // The expensive budget (2) runs out first, on SQL.
+    let sql = Some(json!({"sql": "SELECT count(*) AS n FROM chunks"}));
+    assert_eq!(
+        status_as(&d, &writer, "POST", "/v1/sql", sql.clone()).await,
+        200
+    );
+    assert_eq!(
+        status_as(&d, &writer, "POST", "/v1/sql", sql.clone()).await,
+        200
+    );
+    let resp = d
+        .http
+        .post(format!("{}/v1/sql", d.url))
+        .bearer_auth(&writer)
+        .json(&sql)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 429);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=20).contains(&retry), "{retry}");
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains("expensive"),
+        "{body}"
+    );
+
+    // Then the key's own budget: 5 in all, the 2 SQL queries included.
+    let mut codes = Vec::new();
+    for i in 0..6 {
+        codes.push(
+            status_as(
+                &d,
+                &writer,
+                "POST",
+                "/v1/search",
+                Some(json!({"query": format!("q{i}")})),
+            )
+            .await,
+        );
+    }
+    assert_eq!(codes, vec![200, 200, 200, 429, 429, 429], "{codes:?}");
+    // Another key, the env admin key: their own budgets.
+    assert_eq!(
+        status_as(
+            &d,
+            &other,
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "q"}))
+        )
+        .await,
+        200
+    );
+    for _ in 0..20 {
+        assert_eq!(
+            status_as(&d, ADMIN_TOKEN, "POST", "/v1/sql", sql.clone()).await,
+            200
+        );
+    }
+    // Counted in the status and the metrics.
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["rate_limits"]["refused_expensive"], 1, "{st}");
+    assert_eq!(st["rate_limits"]["refused_normal"], 3, "{st}");
+    let metrics = d
+        .http
+        .get(format!("{}/metrics", d.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("loomem_rate_limited_total{class=\"normal\",role=\"writer\"}"),
+        "{metrics}"
+    );
+}
