@@ -178,6 +178,13 @@ pub(crate) fn need(method: &str, route: &str) -> Role {
     }
 }
 
+/// Whether the router has `method` on `route` (MCP: every method).
+pub(crate) fn declared(method: &str, route: &str) -> bool {
+    route == "/mcp"
+        || route.starts_with("/mcp/")
+        || needs().iter().any(|(m, r, _)| *m == method && *r == route)
+}
+
 /// Whether `method` on `route` spends the expensive budget of the rate
 /// limits: SQL, exports, dreams, re-embedding, running a job, and ingesting
 /// a conversation when an LLM extracts its facts.

@@ -107,8 +107,12 @@ pub async fn require_auth(
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
     caller.require(super::need(req.method().as_str(), &route))?;
-    let expensive = super::expensive(req.method().as_str(), &route, engine.llm.is_some());
-    engine.limits.check(&caller, expensive)?;
+    // A method the route does not have is the router's 405, not a request
+    // that spends a budget.
+    if super::declared(req.method().as_str(), &route) {
+        let expensive = super::expensive(req.method().as_str(), &route, engine.llm.is_some());
+        engine.limits.check(&caller, expensive)?;
+    }
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
 }
