@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What the test suite needs beyond scripts/setup.sh: Debian's Chromium and
 # playwright-core (from the npm registry, pinned in ui-tests/package-lock.json)
-# for the console's browser tests. Idempotent.
+# for the console's browser tests, and the official MCP Python SDK (PyPI `mcp`)
+# for the OAuth client test. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +21,9 @@ fi
 if [ ! -d ui-tests/node_modules/playwright-core ] || [ ui-tests/package-lock.json -nt ui-tests/node_modules/.package-lock.json ]; then
   echo "setup-tests: installing playwright-core into ui-tests/"
   (cd ui-tests && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+if ! python3 -c 'import mcp.client.auth' >/dev/null 2>&1; then
+  echo "setup-tests: installing the MCP Python SDK (mcp) for the OAuth test"
+  python3 -m pip install -q "mcp==1.26.0" 2>/dev/null || python3 -m pip install -q --break-system-packages "mcp==1.26.0"
 fi

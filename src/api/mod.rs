@@ -7,6 +7,7 @@ mod graph;
 mod jobs;
 mod keys;
 mod memories;
+mod oauth;
 pub mod openapi;
 mod request;
 pub mod server;
@@ -223,6 +224,25 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/ui", get(ui::index))
         .route("/ui/", get(ui::index))
         .route("/ui/{file}", get(ui::asset))
+        .route(
+            "/.well-known/oauth-authorization-server",
+            get(oauth::server_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(oauth::resource_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(oauth::resource_metadata),
+        )
+        .route("/oauth/register", post(oauth::register))
+        .route(
+            "/oauth/authorize",
+            get(oauth::authorize_page).post(oauth::authorize),
+        )
+        .route("/oauth/token", post(oauth::token))
+        .route("/oauth/revoke", post(oauth::revoke))
         .merge(protected)
         .fallback(not_found)
         .layer(middleware::from_fn(count_request))

@@ -81,7 +81,30 @@ pub async fn require_auth(
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let caller = engine.auth.authenticate(header).await?;
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    let caller = match engine.auth.authenticate(header).await {
+        Ok(caller) => caller,
+        // MCP clients learn from the 401 where to get a token (RFC 9728).
+        Err(Error::Unauthorized) if route == "/mcp" || route.starts_with("/mcp/") => {
+            use axum::response::IntoResponse;
+            let issuer = super::oauth::issuer(&engine, req.headers());
+            let mut response = Error::Unauthorized.into_response();
+            let value = format!(
+                r#"Bearer resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp""#
+            );
+            if let Ok(v) = value.parse() {
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::WWW_AUTHENTICATE, v);
+            }
+            return Ok(response);
+        }
+        Err(e) => return Err(e),
+    };
     if caller.name == crate::service::auth::PASSTHROUGH {
         // With no key, every request is admin: only pages of this machine may
         // reach the API (against DNS rebinding, as `/mcp` always does).
@@ -101,11 +124,6 @@ pub async fn require_auth(
             )));
         }
     }
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
     caller.require(super::need(req.method().as_str(), &route))?;
     // A method the route does not have is the router's 405, not a request
     // that spends a budget.

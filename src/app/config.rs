@@ -99,6 +99,8 @@ pub struct Config {
     /// Human-readable labels mapped to stream ids (`personal = "100"`).
     #[serde(default)]
     pub namespaces: BTreeMap<String, String>,
+    #[serde(default)]
+    pub oauth: crate::service::oauth::OAuthConfig,
     /// The directory the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,

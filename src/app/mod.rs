@@ -177,6 +177,11 @@ impl Engine {
             pipelines,
             auth,
             limits: crate::service::limits::RateLimiter::new(cfg.server.rate_limit.clone()),
+            oauth: crate::service::oauth::OAuth::new(
+                cfg.oauth.clone(),
+                crate::store::oauth::OAuthTables::open(&cfg.data_dir()).await?,
+                keys.clone(),
+            ),
             keys,
             llm,
             facts,

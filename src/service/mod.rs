@@ -20,6 +20,7 @@ pub mod keys;
 pub mod limits;
 pub mod maintenance;
 pub mod memory;
+pub mod oauth;
 pub mod reembed;
 pub mod reflect;
 pub mod search;
@@ -61,6 +62,8 @@ pub struct Services {
     pub notifier: Notifier,
     pub pipelines: Arc<Pipelines>,
     pub auth: auth::Auth,
+    /// OAuth 2.1 for remote MCP clients.
+    pub oauth: oauth::OAuth,
     /// Per-key request budgets.
     pub limits: limits::RateLimiter,
     /// The keys made at runtime (`keys`), which `auth` also reads.

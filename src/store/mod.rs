@@ -13,6 +13,7 @@ pub mod hot;
 pub mod job_runs;
 pub mod llm_calls;
 pub mod maintain;
+pub mod oauth;
 mod writer;
 
 pub use writer::{Modifier, WriteBatch};

@@ -22,6 +22,7 @@ mod llm_stub;
 mod maintenance;
 mod mcp;
 mod nats;
+mod oauth;
 mod openapi;
 mod recall;
 mod restart;
