@@ -321,7 +321,7 @@ impl OAuth {
             .client(&p.client_id)
             .await?
             .ok_or_else(|| oauth_err(400, "invalid_client", "client_id: no such client"))?;
-        if !client.redirect_uris.iter().any(|u| *u == p.redirect_uri) {
+        if !client.redirect_uris.contains(&p.redirect_uri) {
             return Err(oauth_err(
                 400,
                 "invalid_request",

@@ -52,11 +52,13 @@ pub struct EdgeRow {
     pub updated_at: Micros,
 }
 
-fn ts() -> DataType {
+/// The timestamp column type of every table.
+pub(super) fn ts() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, None)
 }
 
-fn str_list() -> DataType {
+/// A list-of-strings column type.
+pub(super) fn str_list() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Utf8, true)))
 }
 

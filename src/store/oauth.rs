@@ -50,7 +50,7 @@ pub struct GrantRow {
 }
 
 fn client_schema() -> arrow_schema::SchemaRef {
-    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    use arrow_schema::{DataType, Field, Schema};
     let list = DataType::List(std::sync::Arc::new(Field::new(
         "item",
         DataType::Utf8,
@@ -60,11 +60,7 @@ fn client_schema() -> arrow_schema::SchemaRef {
         Field::new("client_id", DataType::Utf8, false),
         Field::new("client_name", DataType::Utf8, false),
         Field::new("redirect_uris", list, false),
-        Field::new(
-            "created_at",
-            DataType::Timestamp(TimeUnit::Microsecond, None),
-            false,
-        ),
+        Field::new("created_at", super::graph::ts(), false),
     ]))
 }
 

@@ -255,7 +255,7 @@ async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
     assert_eq!(s, 409, "{r}");
 
     // Still failing: one dead letter for it, with the new error.
-    let (s, r) = retry(&d, TOKEN_A, &letter).await;
+    let (s, r) = retry(&d, TOKEN_A, letter).await;
     assert_eq!(s, 200, "{r}");
     assert_eq!(r["status"], "failed", "{r}");
     let again = wait_status(&d, 30, "the failure dead-lettered again", |st| {

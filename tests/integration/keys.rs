@@ -222,76 +222,59 @@ async fn every_route_refuses_a_role_below_its_need() {
 
     // What a reader and a writer may do in their stream.
     let id = d.store("herons stand still in the shallows", "s").await;
-    assert_eq!(
-        status_as(
-            &d,
+    let memory = format!("/v1/memories/{id}");
+    let cases: [(&str, &str, &str, Option<Value>, u16); 7] = [
+        (
             &reader,
             "POST",
             "/v1/search",
-            Some(json!({"query": "herons"}))
-        )
-        .await,
-        200
-    );
-    assert_eq!(
-        status_as(
-            &d,
+            Some(json!({"query": "herons"})),
+            200,
+        ),
+        (
             &reader,
             "POST",
             "/v1/sql",
-            Some(json!({"sql": "SELECT count(*) FROM chunks"}))
-        )
-        .await,
-        200
-    );
-    assert_eq!(
-        status_as(&d, &reader, "GET", &format!("/v1/memories/{id}"), None).await,
-        200
-    );
-    assert_eq!(
-        status_as(
-            &d,
+            Some(json!({"sql": "SELECT count(*) FROM chunks"})),
+            200,
+        ),
+        (&reader, "GET", &memory, None, 200),
+        (
             &reader,
             "POST",
             "/v1/store",
-            Some(json!({"content": "no"}))
-        )
-        .await,
-        403
-    );
-    assert_eq!(
-        status_as(
-            &d,
+            Some(json!({"content": "no"})),
+            403,
+        ),
+        (
             &reader,
             "PATCH",
-            &format!("/v1/memories/{id}"),
-            Some(json!({"pinned": true}))
-        )
-        .await,
-        403
-    );
-    assert_eq!(
-        status_as(
-            &d,
+            &memory,
+            Some(json!({"pinned": true})),
+            403,
+        ),
+        (
             &writer,
             "POST",
             "/v1/store",
-            Some(json!({"content": "egrets too"}))
-        )
-        .await,
-        200
-    );
-    assert_eq!(
-        status_as(
-            &d,
+            Some(json!({"content": "egrets too"})),
+            200,
+        ),
+        (
             &writer,
             "PATCH",
-            &format!("/v1/memories/{id}"),
-            Some(json!({"pinned": true}))
-        )
-        .await,
-        200
-    );
+            &memory,
+            Some(json!({"pinned": true})),
+            200,
+        ),
+    ];
+    for (token, method, path, body, want) in cases {
+        assert_eq!(
+            status_as(&d, token, method, path, body).await,
+            want,
+            "{method} {path}"
+        );
+    }
     assert_eq!(status_as(&d, &admin, "GET", "/admin/keys", None).await, 200);
     let (_, who) = d.call_as(Some(&admin), "GET", "/v1/whoami", None).await;
     assert_eq!(who["accessible_streams"], json!(["*"]));
