@@ -630,12 +630,16 @@ mod tests {
     fn pkce_s256_matches_the_rfc_example() {
         // RFC 7636, appendix B.
         let verifier = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
-        let challenge = "E9Melhoa2OwvFWbgHmiPYFByAgHMrbHYvZMOnhmXnTPM"; // one character off
-        assert!(!pkce_matches(verifier, challenge));
         assert!(pkce_matches(
             verifier,
-            "E9Melhoa2OwvFWbgHmiPYFByAgHMrbHYvZMOnhmXnTM"
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
         ));
+        // One character off, and the plain method's "challenge".
+        assert!(!pkce_matches(
+            verifier,
+            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cN"
+        ));
+        assert!(!pkce_matches(verifier, verifier));
     }
 
     #[test]
