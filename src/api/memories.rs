@@ -156,3 +156,25 @@ pub async fn retry_dead_letter(
         memory::retry_dead_letter(&engine, &caller, &id).await?,
     ))
 }
+
+/// `GET /v1/memories`: a page of the memories the filters match.
+pub async fn list(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<crate::service::listing::ListQuery>,
+) -> Result<Json<crate::service::listing::Page>> {
+    Ok(Json(
+        crate::service::listing::page(&engine, &caller, &q).await?,
+    ))
+}
+
+/// `GET /v1/memories/count`.
+pub async fn count(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<crate::service::listing::ListQuery>,
+) -> Result<Json<crate::service::listing::Count>> {
+    Ok(Json(
+        crate::service::listing::count(&engine, &caller, &q).await?,
+    ))
+}

@@ -194,6 +194,20 @@ pub fn operations() -> Vec<Op> {
         },
         op("get", "/v1/memories/{id}", "One memory the key can see"),
         op(
+            "get",
+            "/v1/memories",
+            "A page of memories: filters, an order, a cursor",
+        )
+        .query::<service::listing::ListQuery>()
+        .answers::<service::listing::Page>(),
+        op(
+            "get",
+            "/v1/memories/count",
+            "How many memories the filters match",
+        )
+        .query::<service::listing::ListQuery>()
+        .answers::<service::listing::Count>(),
+        op(
             "patch",
             "/v1/memories/{id}",
             "Edit a memory (new text makes a new version that supersedes it)",

@@ -18,6 +18,7 @@ pub mod graph;
 pub mod import;
 pub mod keys;
 pub mod limits;
+pub mod listing;
 pub mod maintenance;
 pub mod memory;
 pub mod oauth;

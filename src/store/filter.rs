@@ -299,6 +299,43 @@ impl Filter {
         self.typed(format!("confidence >= {min}"), Cond::MinConfidence(min))
     }
 
+    /// Memories of any of these types.
+    pub fn memory_types<S: AsRef<str>>(self, types: &[S]) -> Filter {
+        self.and(column_in("memory_type", types.iter().map(AsRef::as_ref)))
+    }
+
+    /// Memories carrying the tag `tag`.
+    pub fn tagged(self, tag: &str) -> Filter {
+        self.and(format!("array_has(tags, {})", sql_str(tag)))
+    }
+
+    /// Memories carrying any of `tags`.
+    pub fn tagged_any<S: AsRef<str>>(self, tags: &[S]) -> Filter {
+        let any: Vec<String> = tags
+            .iter()
+            .map(|t| format!("array_has(tags, {})", sql_str(t.as_ref())))
+            .collect();
+        if any.is_empty() {
+            return self;
+        }
+        self.and(format!("({})", any.join(" OR ")))
+    }
+
+    /// Pinned memories, or (false) the others.
+    pub fn pinned(self, pinned: bool) -> Filter {
+        self.and(format!("pinned = {pinned}"))
+    }
+
+    /// Memories written for one agent.
+    pub fn agent(self, agent_id: &str) -> Filter {
+        self.and(format!("agent_id = {}", sql_str(agent_id)))
+    }
+
+    /// Memories of one end user.
+    pub fn user(self, user_id: &str) -> Filter {
+        self.and(format!("user_id = {}", sql_str(user_id)))
+    }
+
     /// Memories of one conversation session.
     pub fn session(self, session_id: &str) -> Filter {
         self.and(format!("session_id = {}", sql_str(session_id)))

@@ -540,6 +540,37 @@ impl Store {
         read_chunks(&self.chunks, filter.predicate(), limit).await
     }
 
+    /// The id, creation time and importance of every memory a filter
+    /// matches (what a listing sorts and pages by; two narrow columns).
+    pub async fn listing_keys(
+        &self,
+        filter: &Filter,
+    ) -> Result<Vec<(String, crate::core::model::Micros, f32)>> {
+        let batches: Vec<RecordBatch> = self
+            .chunks
+            .query()
+            .only_if(filter.predicate())
+            .select(Select::columns(&["id", "created_at", "importance"]))
+            .execute()
+            .await?
+            .try_collect()
+            .await?;
+        let mut out = Vec::new();
+        for b in &batches {
+            let c = crate::core::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                if let Some(id) = c.str("id", r) {
+                    out.push((
+                        id,
+                        c.time("created_at", r).unwrap_or(0),
+                        c.f32("importance", r).unwrap_or(0.0),
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Memories matching a filter, without their embeddings, at most `limit`.
     /// From the hot index when it holds every stream the filter names
     /// (loading them; past `limit`, the earliest recorded are kept), from

@@ -304,6 +304,21 @@ fn attempts() -> Vec<Attempt> {
             Some(json!({"content": "rewritten by A", "pinned": true})),
             Status(404),
         ),
+        attempt("/v1/memories", "GET", "/v1/memories", None, Scoped),
+        attempt(
+            "/v1/memories",
+            "GET",
+            "/v1/memories?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/memories/count",
+            "GET",
+            "/v1/memories/count?stream=b",
+            None,
+            Status(403),
+        ),
         // Stream b's real dead letters are tried in `editing`; here an id.
         attempt(
             "/v1/dead-letters/{id}/retry",

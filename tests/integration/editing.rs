@@ -285,3 +285,134 @@ async fn a_dead_letter_is_retried_once_its_cause_is_gone() {
         .await
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memories_are_listed_counted_and_paged_within_the_keys_streams() {
+    let d = Daemon::start(Options::with_auth()).await;
+    for i in 0..7 {
+        let (s, body) = d
+            .call(
+                "POST",
+                "/v1/store",
+                Some(json!({
+                    "content": format!("note {i} about the garden plan number {i}"),
+                    "stream": "a",
+                    "memory_type": if i % 2 == 0 { "decision" } else { "observation" },
+                    "tags": if i < 3 { json!(["garden", "spring"]) } else { json!(["garden"]) },
+                    "session_id": if i < 4 { "s1" } else { "s2" },
+                    "agent_id": "planner",
+                    "importance": i as f64,
+                    "created_at": 1_700_000_000 + i * 3600,
+                })),
+            )
+            .await;
+        assert_eq!(s, 200, "{body}");
+    }
+    d.store("a memory of stream b about the garden", "b").await;
+
+    let get = |q: String| {
+        let d = &d;
+        async move {
+            let (s, body) = d
+                .call_as(Some(TOKEN_A), "GET", &format!("/v1/memories{q}"), None)
+                .await;
+            assert_eq!(s, 200, "{q}: {body}");
+            body
+        }
+    };
+    let contents = |page: &serde_json::Value| -> Vec<String> {
+        page["memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // Newest first by default; only the key's streams.
+    let all = get(String::new()).await;
+    assert_eq!(all["total"], 7, "{all}");
+    assert!(contents(&all)[0].starts_with("note 6"), "{all}");
+    assert!(all["memories"][0].get("embedding").is_none());
+    // Filters.
+    assert_eq!(get("?types=decision".into()).await["total"], 4);
+    assert_eq!(get("?tags=spring".into()).await["total"], 3);
+    assert_eq!(
+        get("?tags=garden,spring&tags_mode=all".into()).await["total"],
+        3
+    );
+    assert_eq!(
+        get("?session_id=s2&agent_id=planner".into()).await["total"],
+        3
+    );
+    assert_eq!(
+        get("?created_after=1700007200&created_before=1700014400".into()).await["total"],
+        2
+    );
+    let by_importance = get("?order=importance&limit=2".into()).await;
+    assert_eq!(
+        contents(&by_importance),
+        vec![
+            "note 6 about the garden plan number 6",
+            "note 5 about the garden plan number 5"
+        ]
+    );
+    // Cursor pages cover every memory once, in order.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10 {
+        let q = match &cursor {
+            Some(c) => format!("?order=oldest&limit=3&cursor={c}"),
+            None => "?order=oldest&limit=3".into(),
+        };
+        let page = get(q).await;
+        seen.extend(contents(&page));
+        cursor = page["next_cursor"].as_str().map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let expected: Vec<String> = (0..7)
+        .map(|i| format!("note {i} about the garden plan number {i}"))
+        .collect();
+    assert_eq!(seen, expected);
+    // Counts; another stream's memories are neither listed nor counted.
+    let (_, c) = d
+        .call_as(Some(TOKEN_A), "GET", "/v1/memories/count?tags=garden", None)
+        .await;
+    assert_eq!(c["count"], 7);
+    let (_, c) = d.call("GET", "/v1/memories/count?tags=garden", None).await;
+    assert_eq!(c["count"], 7, "untagged b memory not counted: {c}");
+    let (s, _) = d
+        .call_as(Some(TOKEN_A), "GET", "/v1/memories?stream=b", None)
+        .await;
+    assert_eq!(s, 403);
+    // Bad input names the field.
+    for (q, field) in [
+        ("?order=random", "order"),
+        ("?limit=0", "limit"),
+        ("?cursor=xyz", "cursor"),
+        ("?tags_mode=some", "tags_mode"),
+    ] {
+        let (s, body) = d
+            .call_as(Some(TOKEN_A), "GET", &format!("/v1/memories{q}"), None)
+            .await;
+        assert_eq!(s, 422, "{q}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().starts_with(field),
+            "{q}: {body}"
+        );
+    }
+    let newest_cursor = get("?limit=1".into()).await["next_cursor"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, _) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/memories?order=oldest&cursor={newest_cursor}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 422, "a cursor of another order");
+}
