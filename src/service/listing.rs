@@ -189,13 +189,9 @@ fn decode(s: &str, order: &str) -> Result<Cursor> {
     Ok(c)
 }
 
-pub async fn count(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<Count> {
-    Ok(Count {
-        count: engine.store.count(&filter(caller, q)?).await?,
-    })
-}
-
-pub async fn page(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<Page> {
+/// The query's order and page size, checked (the count checks them too, so
+/// one query string is valid for both routes or for neither).
+fn paging(q: &ListQuery) -> Result<(&str, usize)> {
     let order = q.order.as_deref().unwrap_or("newest");
     if !["newest", "oldest", "importance"].contains(&order) {
         return Err(Error::invalid(
@@ -207,6 +203,21 @@ pub async fn page(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<P
     if !(1..=500).contains(&limit) {
         return Err(Error::invalid("limit", "must be between 1 and 500"));
     }
+    if let Some(c) = q.cursor.as_deref() {
+        decode(c, order)?;
+    }
+    Ok((order, limit))
+}
+
+pub async fn count(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<Count> {
+    paging(q)?;
+    Ok(Count {
+        count: engine.store.count(&filter(caller, q)?).await?,
+    })
+}
+
+pub async fn page(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<Page> {
+    let (order, limit) = paging(q)?;
     let f = filter(caller, q)?;
     let after = q.cursor.as_deref().map(|c| decode(c, order)).transpose()?;
     // Sort by the order's key, largest first (oldest: the time negated),
