@@ -178,3 +178,80 @@ pub async fn count(
         crate::service::listing::count(&engine, &caller, &q).await?,
     ))
 }
+
+/// `POST /v1/memories/batch`.
+pub async fn batch_store(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::service::bulk::BatchStoreRequest>,
+) -> Result<Json<crate::service::bulk::BatchAnswer>> {
+    Ok(Json(
+        crate::service::bulk::store(&engine, &caller, req).await?,
+    ))
+}
+
+/// `PATCH /v1/memories/batch`.
+pub async fn batch_edit(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::service::bulk::BatchEditRequest>,
+) -> Result<Json<crate::service::bulk::BatchAnswer>> {
+    Ok(Json(
+        crate::service::bulk::edit(&engine, &caller, req).await?,
+    ))
+}
+
+/// `POST /v1/memories/bulk-delete`.
+pub async fn bulk_delete(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::service::bulk::BulkDeleteRequest>,
+) -> Result<Json<crate::service::bulk::BulkDeleted>> {
+    Ok(Json(
+        crate::service::bulk::delete(&engine, &caller, req).await?,
+    ))
+}
+
+/// `PUT /v1/memories/{id}/correct`.
+pub async fn correct(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<crate::service::edit::CorrectRequest>,
+) -> Result<Json<crate::service::edit::Corrected>> {
+    Ok(Json(
+        crate::service::edit::correct(&engine, &caller, &id, req).await?,
+    ))
+}
+
+/// `POST /v1/memories/correct`.
+pub async fn correct_by_query(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<crate::service::edit::CorrectByQueryRequest>,
+) -> Result<Json<crate::service::edit::Corrected>> {
+    Ok(Json(
+        crate::service::edit::correct_by_query(&engine, &caller, req).await?,
+    ))
+}
+
+/// `GET /v1/streams`.
+pub async fn streams(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+) -> Result<Json<crate::service::listing::Streams>> {
+    Ok(Json(
+        crate::service::listing::streams(&engine, &caller).await?,
+    ))
+}
+
+/// `GET /v1/tags`.
+pub async fn tags(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<crate::service::listing::ListQuery>,
+) -> Result<Json<crate::service::listing::Tags>> {
+    Ok(Json(
+        crate::service::listing::tags(&engine, &caller, &q).await?,
+    ))
+}

@@ -17,7 +17,7 @@ mod ui;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::{delete, get, post, MethodRouter};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{middleware, Json, Router};
 
 use crate::app::Engine;
@@ -47,8 +47,18 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ),
         ("/v1/memories", get(memories::list)),
         ("/v1/memories/count", get(memories::count)),
+        (
+            "/v1/memories/batch",
+            post(memories::batch_store).patch(memories::batch_edit),
+        ),
+        ("/v1/memories/bulk-delete", post(memories::bulk_delete)),
+        ("/v1/memories/{id}/correct", put(memories::correct)),
+        ("/v1/memories/correct", post(memories::correct_by_query)),
+        ("/v1/streams", get(memories::streams)),
+        ("/v1/tags", get(memories::tags)),
         ("/v1/search", post(search_handler)),
         ("/v1/feedback", post(tending::feedback)),
+        ("/v1/feedback/stats", get(tending::feedback_stats)),
         ("/v1/context-pack", post(context::context_pack)),
         ("/v1/ambient", post(context::ambient)),
         ("/v1/profile", get(context::profile)),
@@ -117,8 +127,16 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
         ("PATCH", "/v1/memories/{id}", Writer),
         ("GET", "/v1/memories", Reader),
         ("GET", "/v1/memories/count", Reader),
+        ("POST", "/v1/memories/batch", Writer),
+        ("PATCH", "/v1/memories/batch", Writer),
+        ("POST", "/v1/memories/bulk-delete", Writer),
+        ("PUT", "/v1/memories/{id}/correct", Writer),
+        ("POST", "/v1/memories/correct", Writer),
+        ("GET", "/v1/streams", Reader),
+        ("GET", "/v1/tags", Reader),
         ("POST", "/v1/search", Reader),
         ("POST", "/v1/feedback", Writer),
+        ("GET", "/v1/feedback/stats", Reader),
         ("POST", "/v1/context-pack", Reader),
         ("POST", "/v1/ambient", Reader),
         ("GET", "/v1/profile", Reader),
@@ -191,7 +209,8 @@ pub(crate) fn declared(method: &str, route: &str) -> bool {
 }
 
 /// Whether `method` on `route` spends the expensive budget of the rate
-/// limits: SQL, exports, dreams, re-embedding, running a job, and ingesting
+/// limits: SQL, exports, dreams, re-embedding, running a job, a bulk delete
+/// (it snapshots every table), and ingesting
 /// a conversation when an LLM extracts its facts.
 pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
     matches!(
@@ -204,6 +223,7 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/v1/embed-missing")
             | ("POST", "/v1/extract-entities")
             | ("POST", "/admin/jobs/{name}/run")
+            | ("POST", "/v1/memories/bulk-delete")
     ) || (llm && method == "POST" && route == "/v1/ingest")
 }
 

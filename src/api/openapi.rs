@@ -208,6 +208,50 @@ pub fn operations() -> Vec<Op> {
         .query::<service::listing::ListQuery>()
         .answers::<service::listing::Count>(),
         op(
+            "post",
+            "/v1/memories/batch",
+            "Store many memories; answered per item",
+        )
+        .json::<service::bulk::BatchStoreRequest>()
+        .answers::<service::bulk::BatchAnswer>(),
+        op(
+            "patch",
+            "/v1/memories/batch",
+            "Edit many memories; answered per item",
+        )
+        .json::<service::bulk::BatchEditRequest>()
+        .answers::<service::bulk::BatchAnswer>(),
+        op(
+            "post",
+            "/v1/memories/bulk-delete",
+            "Delete by ids or filters, after a snapshot (dry_run shows what would go)",
+        )
+        .json::<service::bulk::BulkDeleteRequest>()
+        .answers::<service::bulk::BulkDeleted>(),
+        op(
+            "put",
+            "/v1/memories/{id}/correct",
+            "Correct a memory: its new text as a new version, with the reason",
+        )
+        .json::<service::edit::CorrectRequest>()
+        .answers::<service::edit::Corrected>(),
+        op(
+            "post",
+            "/v1/memories/correct",
+            "Correct the memory that best matches a query in one stream",
+        )
+        .json::<service::edit::CorrectByQueryRequest>()
+        .answers::<service::edit::Corrected>(),
+        op("get", "/v1/streams", "The key's streams with counts")
+            .answers::<service::listing::Streams>(),
+        op(
+            "get",
+            "/v1/tags",
+            "Tags with counts, for the listing's filters",
+        )
+        .query::<service::listing::ListQuery>()
+        .answers::<service::listing::Tags>(),
+        op(
             "patch",
             "/v1/memories/{id}",
             "Edit a memory (new text makes a new version that supersedes it)",
@@ -228,6 +272,13 @@ pub fn operations() -> Vec<Op> {
         )
         .json::<search::SearchRequest>()
         .answers::<search::SearchResponse>(),
+        op(
+            "get",
+            "/v1/feedback/stats",
+            "What the feedback on the key's streams adds up to",
+        )
+        .query::<service::feedback::StatsQuery>()
+        .answers::<service::feedback::FeedbackStats>(),
         op("post", "/v1/feedback", "Rate how useful a memory was")
             .json::<feedback::FeedbackRequest>()
             .answers::<feedback::FeedbackResponse>()

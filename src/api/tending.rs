@@ -40,3 +40,12 @@ pub async fn dream(
         crate::service::dream::dream(&engine, &caller, req).await?,
     ))
 }
+
+/// `GET /v1/feedback/stats`.
+pub async fn feedback_stats(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    super::ApiQuery(q): super::ApiQuery<feedback::StatsQuery>,
+) -> Result<Json<feedback::FeedbackStats>> {
+    Ok(Json(feedback::stats(&engine, &caller, &q).await?))
+}

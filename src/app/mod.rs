@@ -169,6 +169,7 @@ impl Engine {
                 sql: cfg.sql.clone(),
                 ingest: cfg.ingest.clone(),
                 scheduler_enabled: cfg.scheduler.enabled,
+                pre_delete_snapshots: cfg.storage.pre_delete_snapshots,
             },
             store,
             embedder,

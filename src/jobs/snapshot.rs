@@ -50,21 +50,9 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             "must be at least 1",
         ));
     }
-    let prefix = p.prefix.as_str();
     let store = &ctx.services.store;
-    let name = snapshot::timestamped(prefix, crate::core::model::now_micros());
-    snapshot::check_name(&name)?;
-    let mine = |s: &snapshot::Snapshot| s.name.starts_with(&format!("{prefix}-"));
-    let existing: Vec<_> = snapshot::list(store)
-        .await?
-        .into_iter()
-        .filter(|s| mine(s))
-        .map(|s| s.name)
-        .collect();
-    // Oldest first; the new one counts towards `keep`.
-    let excess = (existing.len() + 1).saturating_sub(keep as usize);
-    let dropped: Vec<String> = existing.into_iter().take(excess).collect();
     if ctx.dry_run {
+        let (name, dropped) = snapshot::plan_rotating(store, &p.prefix, keep as usize).await?;
         return super::report(&Report {
             created: name,
             versions: None,
@@ -72,10 +60,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             dry_run: true,
         });
     }
-    let created = snapshot::create(store, &name).await?;
-    for old in &dropped {
-        snapshot::delete(store, old).await?;
-    }
+    let (created, dropped) = snapshot::create_rotating(store, &p.prefix, keep as usize).await?;
     super::report(&Report {
         created: created.name,
         versions: Some(created.versions),

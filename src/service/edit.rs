@@ -143,13 +143,8 @@ fn history(chunk: &Chunk, event: &str, reason: String, related: Vec<String>) -> 
     }
 }
 
-/// `PATCH /v1/memories/{id}`.
-pub async fn edit(
-    engine: &Services,
-    caller: &Caller,
-    id: &str,
-    req: EditRequest,
-) -> Result<Edited> {
+/// What can be told wrong about an edit without reading the memory.
+pub fn check(req: &EditRequest) -> Result<()> {
     if let Some(content) = &req.content {
         if content.trim().is_empty() {
             return Err(Error::invalid("content", "must not be empty"));
@@ -160,6 +155,18 @@ pub async fn edit(
             )));
         }
     }
+    let mut probe = Chunk::new(String::new(), String::new(), String::new(), 0);
+    apply(req, &mut probe).map(|_| ())
+}
+
+/// `PATCH /v1/memories/{id}`.
+pub async fn edit(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    req: EditRequest,
+) -> Result<Edited> {
+    check(&req)?;
     let old = visible(engine, caller, id).await?;
     if old.immutable {
         return Err(Error::Conflict(format!(
@@ -277,4 +284,145 @@ pub async fn edit(
         supersedes: Some(old.id),
         changed,
     })
+}
+
+/// `PUT /v1/memories/{id}/correct`: replace a memory's text with the right
+/// one (a new version that supersedes it, the reason in the history).
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorrectRequest {
+    #[schemars(length(min = 1), regex(pattern = r"\S"))]
+    pub new_content: String,
+    /// Why (default "corrected through the API").
+    pub reason: Option<String>,
+    /// Show which memory would be corrected; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/memories/correct`: correct the memory that best matches `query`
+/// in one stream.
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorrectByQueryRequest {
+    #[schemars(length(min = 1, max = 4000), regex(pattern = r"\S"))]
+    pub query: String,
+    #[schemars(length(min = 1), regex(pattern = r"\S"))]
+    pub new_content: String,
+    /// The stream to look in (default: the key's default stream).
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"\S"))]
+    pub stream: Option<String>,
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Corrected {
+    /// The memory corrected (on a dry run: that would be).
+    pub matched_memory_id: String,
+    pub matched_content: String,
+    /// For a query: the match's search score.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub score: Option<f32>,
+    pub dry_run: bool,
+    /// The new version (absent on a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `new_version`, `unchanged` (the text was already right) or `dry_run`.
+    pub status: &'static str,
+}
+
+fn correction(new_content: &str, reason: Option<String>) -> EditRequest {
+    EditRequest {
+        content: Some(new_content.to_string()),
+        reason: Some(
+            reason
+                .filter(|r| !r.trim().is_empty())
+                .unwrap_or_else(|| "corrected through the API".into()),
+        ),
+        ..EditRequest::default()
+    }
+}
+
+async fn correct_found(
+    engine: &Services,
+    caller: &Caller,
+    found: Chunk,
+    score: Option<f32>,
+    new_content: &str,
+    reason: Option<String>,
+    dry_run: bool,
+) -> Result<Corrected> {
+    if new_content.trim().is_empty() {
+        return Err(Error::invalid("new_content", "must not be empty"));
+    }
+    let mut answer = Corrected {
+        matched_memory_id: found.id.clone(),
+        matched_content: found.content.clone(),
+        score,
+        dry_run,
+        id: None,
+        status: "dry_run",
+    };
+    if dry_run {
+        return Ok(answer);
+    }
+    let done = edit(engine, caller, &found.id, correction(new_content, reason)).await?;
+    answer.id = Some(done.id);
+    answer.status = done.status;
+    Ok(answer)
+}
+
+pub async fn correct(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+    req: CorrectRequest,
+) -> Result<Corrected> {
+    let found = visible(engine, caller, id).await?;
+    correct_found(
+        engine,
+        caller,
+        found,
+        None,
+        &req.new_content,
+        req.reason,
+        req.dry_run,
+    )
+    .await
+}
+
+pub async fn correct_by_query(
+    engine: &Services,
+    caller: &Caller,
+    req: CorrectByQueryRequest,
+) -> Result<Corrected> {
+    let stream = caller.resolve_stream(req.stream.as_deref())?;
+    let hits = crate::service::search::search(
+        engine,
+        caller,
+        crate::service::search::SearchRequest {
+            query: req.query.clone(),
+            top_k: Some(1),
+            stream: Some(stream.clone()),
+            dry_run: true,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let best = hits.results.into_iter().next().ok_or_else(|| {
+        Error::NotFound(format!("no memory in stream `{stream}` matches the query"))
+    })?;
+    let found = visible(engine, caller, &best.chunk_id).await?;
+    correct_found(
+        engine,
+        caller,
+        found,
+        Some(best.score_final),
+        &req.new_content,
+        req.reason,
+        req.dry_run,
+    )
+    .await
 }

@@ -65,3 +65,99 @@ pub async fn record(
         ranking_factor: tally.factor(engine.cfg.search.feedback_weight),
     })
 }
+
+#[derive(schemars::JsonSchema, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsQuery {
+    /// One stream (default: every stream the key sees).
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"\S"))]
+    pub stream: Option<String>,
+    /// How many memories to name as most useful and most harmful (5; at most 100).
+    #[schemars(range(min = 0, max = 100))]
+    pub top: Option<usize>,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Rated {
+    pub chunk_id: String,
+    pub tally: Tally,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct FeedbackStats {
+    /// Signals recorded.
+    pub signals: usize,
+    /// Signals marked harmful.
+    pub harmful: usize,
+    /// Signals by usefulness, 0 (not useful) to 4 (crucial).
+    pub by_usefulness: [usize; 5],
+    /// Memories with at least one signal.
+    pub memories_rated: usize,
+    /// Highest summed signal first.
+    pub most_useful: Vec<Rated>,
+    /// Most harmful signals first (then the lowest summed signal).
+    pub most_harmful: Vec<Rated>,
+}
+
+/// `GET /v1/feedback/stats`: what the feedback on the key's streams adds up to.
+pub async fn stats(engine: &Services, caller: &Caller, q: &StatsQuery) -> Result<FeedbackStats> {
+    let top = q.top.unwrap_or(5);
+    if top > 100 {
+        return Err(Error::invalid("top", "must be at most 100"));
+    }
+    let filter = match &q.stream {
+        Some(s) => crate::store::Filter::new().stream(&caller.resolve_stream(Some(s))?),
+        None => crate::store::Filter::new().visible_to(caller),
+    };
+    let batches = crate::store::scan(engine.store.feedback.table(), &filter).await?;
+    let mut stats = FeedbackStats {
+        signals: 0,
+        harmful: 0,
+        by_usefulness: [0; 5],
+        memories_rated: 0,
+        most_useful: Vec::new(),
+        most_harmful: Vec::new(),
+    };
+    let mut ids = std::collections::BTreeSet::new();
+    for b in &batches {
+        let c = crate::core::model::Columns::new(b);
+        for r in 0..b.num_rows() {
+            let (Some(id), Some(u)) = (c.str("chunk_id", r), c.i32("usefulness", r)) else {
+                continue;
+            };
+            stats.signals += 1;
+            stats.harmful += usize::from(c.bool("harmful", r).unwrap_or(false));
+            stats.by_usefulness[u.clamp(0, 4) as usize] += 1;
+            ids.insert(id);
+        }
+    }
+    stats.memories_rated = ids.len();
+    let rated: Vec<Rated> = ids
+        .into_iter()
+        .map(|id| Rated {
+            tally: engine.store.feedback.tally(&id),
+            chunk_id: id,
+        })
+        .collect();
+    let mut useful: Vec<&Rated> = rated.iter().filter(|r| r.tally.signal > 0.0).collect();
+    useful.sort_by(|a, b| b.tally.signal.total_cmp(&a.tally.signal));
+    let mut harmful: Vec<&Rated> = rated.iter().filter(|r| r.tally.harmful > 0).collect();
+    harmful.sort_by(|a, b| {
+        b.tally
+            .harmful
+            .cmp(&a.tally.harmful)
+            .then(a.tally.signal.total_cmp(&b.tally.signal))
+    });
+    let pick = |v: Vec<&Rated>| {
+        v.into_iter()
+            .take(top)
+            .map(|r| Rated {
+                chunk_id: r.chunk_id.clone(),
+                tally: r.tally,
+            })
+            .collect()
+    };
+    stats.most_useful = pick(useful);
+    stats.most_harmful = pick(harmful);
+    Ok(stats)
+}

@@ -89,7 +89,7 @@ fn instant(field: &str, v: &Option<String>) -> Result<Option<i64>> {
 }
 
 /// The filter a query stands for, within the caller's streams.
-fn filter(caller: &Caller, q: &ListQuery) -> Result<Filter> {
+pub(crate) fn filter(caller: &Caller, q: &ListQuery) -> Result<Filter> {
     let mut f = Filter::new();
     let streams = list(&q.streams);
     f = match (&q.stream, streams.is_empty()) {
@@ -274,4 +274,73 @@ pub async fn page(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<P
         next_cursor,
         total,
     })
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct StreamInfo {
+    pub stream: String,
+    /// The namespace labels that name it.
+    pub labels: Vec<String>,
+    /// Current memories (superseded versions not counted).
+    pub memories: usize,
+    /// RFC 3339; absent for a stream with no memories.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_write: Option<String>,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Streams {
+    pub streams: Vec<StreamInfo>,
+}
+
+/// `GET /v1/streams`: every stream the key may see that holds memories (and
+/// each stream a scoped key is granted, even empty), with counts.
+pub async fn streams(engine: &Services, caller: &Caller) -> Result<Streams> {
+    let mut tallies = engine
+        .store
+        .stream_tallies(&Filter::new().visible_to(caller).current())
+        .await?;
+    for s in caller.streams.iter().flatten() {
+        tallies.entry(s.clone()).or_insert((0, 0));
+    }
+    let streams = tallies
+        .into_iter()
+        .map(|(stream, (memories, last))| StreamInfo {
+            labels: caller
+                .namespaces
+                .iter()
+                .filter(|(_, s)| **s == stream)
+                .map(|(label, _)| label.clone())
+                .collect(),
+            last_write: (memories > 0).then(|| crate::core::time::to_rfc3339(last)),
+            stream,
+            memories,
+        })
+        .collect();
+    Ok(Streams { streams })
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct TagCount {
+    pub tag: String,
+    pub count: usize,
+}
+
+#[derive(schemars::JsonSchema, Debug, Serialize)]
+pub struct Tags {
+    /// Most used first.
+    pub tags: Vec<TagCount>,
+}
+
+/// `GET /v1/tags`: the tags of the memories the listing's filters match,
+/// with how many carry each.
+pub async fn tags(engine: &Services, caller: &Caller, q: &ListQuery) -> Result<Tags> {
+    paging(q)?;
+    let counts = engine.store.tag_counts(&filter(caller, q)?).await?;
+    let mut tags: Vec<TagCount> = counts
+        .into_iter()
+        .map(|(tag, count)| TagCount { tag, count })
+        .collect();
+    tags.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.tag.cmp(&b.tag)));
+    Ok(Tags { tags })
 }

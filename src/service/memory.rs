@@ -304,6 +304,24 @@ pub async fn publish_fresh(
 /// outcome, or the store timeout passes (then the write is reported as not
 /// yet committed; it will still be stored).
 pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Result<Vec<Outcome>> {
+    let ids: Vec<String> = envelopes.iter().map(|e| e.chunk.id.clone()).collect();
+    let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
+    publish_and_collect(engine, envelopes)
+        .await?
+        .into_iter()
+        .zip(&ids)
+        .map(|(o, id)| o.ok_or_else(|| not_committed(id, timeout)))
+        .collect()
+}
+
+/// Publish `envelopes` (each with `notify`) and wait for each one's outcome
+/// until the store timeout: `None` for a write not committed by then (it
+/// will still be stored). An error when the bus refused the writes or the
+/// pipeline worker stopped.
+pub async fn publish_and_collect(
+    engine: &Services,
+    envelopes: Vec<Envelope>,
+) -> Result<Vec<Option<Outcome>>> {
     let timeout = Duration::from_millis(engine.cfg.server.store_timeout_ms);
     let ids: Vec<String> = envelopes.iter().map(|e| e.chunk.id.clone()).collect();
     let mut watches = Vec::with_capacity(ids.len());
@@ -322,17 +340,17 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
     let mut outcomes = Vec::with_capacity(ids.len());
     for (id, watch) in ids.iter().zip(watches) {
         if done.contains(id) {
-            outcomes.push(Outcome::Stored {
+            outcomes.push(Some(Outcome::Stored {
                 superseded: Vec::new(),
-            });
+            }));
             continue;
         }
         match wait_for(watch, deadline).await {
-            Waited::Told(o) => outcomes.push(o),
+            Waited::Told(o) => outcomes.push(Some(o)),
             // Stored by a process whose answer was missed.
-            _ if engine.store.get(id).await?.is_some() => outcomes.push(Outcome::Stored {
+            _ if engine.store.get(id).await?.is_some() => outcomes.push(Some(Outcome::Stored {
                 superseded: Vec::new(),
-            }),
+            })),
             Waited::Gone => {
                 forget();
                 return Err(Error::Internal(format!(
@@ -340,8 +358,8 @@ pub async fn publish_and_wait(engine: &Services, envelopes: Vec<Envelope>) -> Re
                 )));
             }
             Waited::TimedOut => {
-                forget();
-                return Err(not_committed(id, timeout));
+                engine.notifier.forget(id);
+                outcomes.push(None);
             }
         }
     }
@@ -440,7 +458,7 @@ pub async fn delete(
         .store
         .erase_traces(&chunk.stream, Some(&[chunk.id.clone()]))
         .await?;
-    reinstate_previous(engine, &chunk).await
+    reinstate_previous(engine, std::slice::from_ref(&chunk)).await
 }
 
 fn immutable(id: &str, what: &str) -> Error {
@@ -451,26 +469,44 @@ fn immutable(id: &str, what: &str) -> Error {
 /// is current again (its validity reopened where the supersession closed
 /// it), with a history row saying why. Without this, the older versions
 /// pointed at a memory that no longer exists and were hidden for ever.
-async fn reinstate_previous(engine: &Services, deleted: &Chunk) -> Result<()> {
-    let previous = engine
-        .store
-        .ids(
-            &Filter::new()
-                .stream(&deleted.stream)
-                .superseded_by(&deleted.id),
-        )
-        .await?;
+/// Versions deleted in the same call stay deleted.
+pub(crate) async fn reinstate_previous(engine: &Services, deleted: &[Chunk]) -> Result<()> {
+    let gone: std::collections::HashMap<&str, &Chunk> =
+        deleted.iter().map(|c| (c.id.as_str(), c)).collect();
+    let ids: Vec<&str> = gone.keys().copied().collect();
+    let mut previous: Vec<(String, String)> = Vec::new();
+    for part in ids.chunks(1000) {
+        for c in engine
+            .store
+            .find_rows(&Filter::new().superseded_by_any(part), None)
+            .await?
+        {
+            let by = c.superseded_by.clone().unwrap_or_default();
+            // Versions supersede each other within one stream.
+            if !gone.contains_key(c.id.as_str())
+                && gone.get(by.as_str()).is_some_and(|d| d.stream == c.stream)
+            {
+                previous.push((c.id, by));
+            }
+        }
+    }
     if previous.is_empty() {
         return Ok(());
     }
-    let (gone, closed_at) = (deleted.id.clone(), deleted.valid_from);
+    let closed: std::collections::HashMap<String, Option<crate::core::model::Micros>> = previous
+        .iter()
+        .map(|(id, by)| (id.clone(), gone[by.as_str()].valid_from))
+        .collect();
     let now = crate::core::model::now_micros();
-    let changed = engine
+    engine
         .store
         .modify(
-            previous.clone(),
+            previous.iter().map(|(id, _)| id.clone()).collect(),
             Box::new(move |c: &mut Chunk| {
-                if c.superseded_by.as_deref() != Some(gone.as_str()) {
+                let Some(closed_at) = closed.get(&c.id).copied() else {
+                    return false;
+                };
+                if c.superseded_by.is_none() {
                     return false;
                 }
                 c.superseded_by = None;
@@ -482,24 +518,19 @@ async fn reinstate_previous(engine: &Services, deleted: &Chunk) -> Result<()> {
             }),
         )
         .await?;
-    if changed > 0 {
-        let rows = previous
-            .into_iter()
-            .map(|id| crate::store::HistoryRow {
-                id: uuid::Uuid::new_v4().to_string(),
-                stream: deleted.stream.clone(),
-                chunk_id: id,
-                event: "reinstated".into(),
-                reason: format!(
-                    "the version that superseded it ({}) was deleted",
-                    deleted.id
-                ),
-                related_ids: vec![deleted.id.clone()],
-                created_at: now,
-            })
-            .collect();
-        engine.store.add_history(rows).await?;
-    }
+    let rows = previous
+        .into_iter()
+        .map(|(id, by)| crate::store::HistoryRow {
+            id: uuid::Uuid::new_v4().to_string(),
+            stream: gone[by.as_str()].stream.clone(),
+            chunk_id: id,
+            event: "reinstated".into(),
+            reason: format!("the version that superseded it ({by}) was deleted"),
+            related_ids: vec![by],
+            created_at: now,
+        })
+        .collect();
+    engine.store.add_history(rows).await?;
     Ok(())
 }
 

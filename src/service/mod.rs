@@ -5,6 +5,7 @@
 
 pub mod associate;
 pub mod auth;
+pub mod bulk;
 pub mod context;
 pub mod conversation;
 pub mod decay;
@@ -51,6 +52,8 @@ pub struct ServiceConfig {
     pub ingest: conversation::IngestConfig,
     /// Whether the cron scheduler runs (shown in `/v1/status`).
     pub scheduler_enabled: bool,
+    /// `[storage] pre_delete_snapshots`: how many bulk-delete snapshots stay.
+    pub pre_delete_snapshots: usize,
 }
 
 /// The shared handles and caches of a running loomem: what service functions

@@ -109,6 +109,64 @@ pub async fn create(store: &Store, name: &str) -> Result<Snapshot> {
     })
 }
 
+/// The snapshots named `<prefix>-…`, oldest first, and how many of them
+/// go when one more is made and only the newest `keep` stay.
+async fn excess(store: &Store, prefix: &str, keep: usize) -> Result<Vec<String>> {
+    let mine: Vec<String> = list(store)
+        .await?
+        .into_iter()
+        .filter(|s| s.name.starts_with(&format!("{prefix}-")))
+        .map(|s| s.name)
+        .collect();
+    let n = (mine.len() + 1).saturating_sub(keep.max(1));
+    Ok(mine.into_iter().take(n).collect())
+}
+
+/// What making a rotating snapshot would do (nothing is changed): its name
+/// and the older snapshots of its prefix it would drop.
+pub async fn plan_rotating(
+    store: &Store,
+    prefix: &str,
+    keep: usize,
+) -> Result<(String, Vec<String>)> {
+    let name = timestamped(prefix, crate::core::model::now_micros());
+    check_name(&name)?;
+    Ok((name, excess(store, prefix, keep).await?))
+}
+
+/// Snapshot every table as `<prefix>-YYYYMMDD-HHMMSS` (a suffix `-2`, `-3`…
+/// when that second is taken), then drop the oldest snapshots of the prefix
+/// beyond `keep`; snapshots of other names are never dropped. The new
+/// snapshot and the names dropped.
+pub async fn create_rotating(
+    store: &Store,
+    prefix: &str,
+    keep: usize,
+) -> Result<(Snapshot, Vec<String>)> {
+    let (base, dropped) = plan_rotating(store, prefix, keep).await?;
+    let mut created = None;
+    for n in 1..=20 {
+        let name = match n {
+            1 => base.clone(),
+            n => format!("{base}-{n}"),
+        };
+        match create(store, &name).await {
+            Ok(s) => {
+                created = Some(s);
+                break;
+            }
+            Err(Error::Conflict(_)) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let created = created
+        .ok_or_else(|| Error::Conflict(format!("snapshot names `{base}-*` are all taken")))?;
+    for old in &dropped {
+        delete(store, old).await?;
+    }
+    Ok((created, dropped))
+}
+
 /// Every snapshot, oldest first.
 pub async fn list(store: &Store) -> Result<Vec<Snapshot>> {
     let tables = store.tables();

@@ -31,6 +31,14 @@ pub struct StorageConfig {
     /// Memory for the hot vector index, in MiB (0 = vector reads go to Lance).
     #[serde(default = "default_hot_index_mb")]
     pub hot_index_mb: usize,
+    /// A bulk delete first snapshots every table as `pre-delete-…`; the
+    /// newest this many of those are kept.
+    #[serde(default = "default_pre_delete_snapshots")]
+    pub pre_delete_snapshots: usize,
+}
+
+fn default_pre_delete_snapshots() -> usize {
+    20
 }
 
 fn default_hot_index_mb() -> usize {

@@ -181,6 +181,11 @@ impl Filter {
         self.and(format!("superseded_by = {}", sql_str(id)))
     }
 
+    /// The versions that any of `ids` superseded.
+    pub fn superseded_by_any<S: AsRef<str>>(self, ids: &[S]) -> Filter {
+        self.and(column_in("superseded_by", ids.iter().map(AsRef::as_ref)))
+    }
+
     pub fn current(self) -> Filter {
         self.typed("superseded_by IS NULL".into(), Cond::Current)
     }

@@ -487,26 +487,63 @@ impl Store {
         &self,
         filter: &Filter,
     ) -> Result<std::collections::BTreeMap<String, crate::core::model::Micros>> {
-        let batches: Vec<RecordBatch> = self
-            .chunks
-            .query()
-            .only_if(filter.predicate())
-            .select(Select::columns(&["stream", "created_at"]))
-            .execute()
+        Ok(self
+            .stream_tallies(filter)
             .await?
-            .try_collect()
-            .await?;
+            .into_iter()
+            .map(|(s, (_, t))| (s, t))
+            .collect())
+    }
+
+    /// By stream: how many memories meet `filter`, and the newest one's
+    /// `created_at`.
+    pub async fn stream_tallies(
+        &self,
+        filter: &Filter,
+    ) -> Result<std::collections::BTreeMap<String, (usize, crate::core::model::Micros)>> {
+        let batches = self.scan_columns(filter, &["stream", "created_at"]).await?;
         let mut out = std::collections::BTreeMap::new();
         for b in &batches {
             let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
                 if let (Some(s), Some(t)) = (c.str("stream", r), c.time("created_at", r)) {
-                    let e = out.entry(s).or_insert(t);
-                    *e = (*e).max(t);
+                    let e = out.entry(s).or_insert((0, t));
+                    e.0 += 1;
+                    e.1 = e.1.max(t);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// How many memories meeting `filter` carry each tag.
+    pub async fn tag_counts(
+        &self,
+        filter: &Filter,
+    ) -> Result<std::collections::BTreeMap<String, usize>> {
+        let batches = self.scan_columns(filter, &["tags"]).await?;
+        let mut out = std::collections::BTreeMap::new();
+        for b in &batches {
+            let c = crate::core::model::Columns::new(b);
+            for r in 0..b.num_rows() {
+                for tag in c.str_list("tags", r) {
+                    *out.entry(tag).or_default() += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn scan_columns(&self, filter: &Filter, columns: &[&str]) -> Result<Vec<RecordBatch>> {
+        Ok(self
+            .chunks
+            .query()
+            .only_if(filter.predicate())
+            .select(Select::columns(columns))
+            .execute()
+            .await?
+            .try_collect()
+            .await?)
     }
 
     /// How many memories meet `filter`: counted in the hot index when it

@@ -319,6 +319,68 @@ fn attempts() -> Vec<Attempt> {
             None,
             Status(403),
         ),
+        attempt(
+            "/v1/memories/batch",
+            "POST",
+            "/v1/memories/batch",
+            Some(json!({"memories": [
+                {"content": "A writes into b", "stream": "b"},
+                {"id": "b-secret", "content": "overwrite"}
+            ]})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/memories/batch",
+            "PATCH",
+            "/v1/memories/batch",
+            Some(json!({"updates": [{"id": "b-secret", "content": "rewritten"}]})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/memories/bulk-delete",
+            "POST",
+            "/v1/memories/bulk-delete",
+            Some(json!({"ids": ["b-secret"]})),
+            Scoped,
+        ),
+        attempt(
+            "/v1/memories/bulk-delete",
+            "POST",
+            "/v1/memories/bulk-delete",
+            Some(json!({"filter": {"stream": "b"}, "confirmed": true})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/memories/{id}/correct",
+            "PUT",
+            "/v1/memories/b-secret/correct",
+            Some(json!({"new_content": "rewritten"})),
+            Status(404),
+        ),
+        attempt(
+            "/v1/memories/correct",
+            "POST",
+            "/v1/memories/correct",
+            b(json!({"query": "launch code word", "new_content": "rewritten"})),
+            Status(403),
+        ),
+        attempt("/v1/streams", "GET", "/v1/streams", None, Scoped),
+        attempt("/v1/tags", "GET", "/v1/tags?stream=b", None, Status(403)),
+        attempt("/v1/tags", "GET", "/v1/tags", None, Scoped),
+        attempt(
+            "/v1/feedback/stats",
+            "GET",
+            "/v1/feedback/stats?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/feedback/stats",
+            "GET",
+            "/v1/feedback/stats",
+            None,
+            Scoped,
+        ),
         // Stream b's real dead letters are tried in `editing`; here an id.
         attempt(
             "/v1/dead-letters/{id}/retry",

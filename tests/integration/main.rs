@@ -4,6 +4,7 @@
 mod api;
 mod attack;
 mod auth;
+mod bulk;
 mod context;
 mod dream;
 mod editing;
