@@ -175,6 +175,12 @@ impl Config {
         if self.storage.max_fragments == 0 {
             return Err(invalid("storage.max_fragments", "must be > 0"));
         }
+        if self.storage.pre_delete_snapshots == 0 {
+            return Err(invalid(
+                "storage.pre_delete_snapshots",
+                "must be > 0: a bulk delete keeps its snapshot",
+            ));
+        }
         if self.bus.batch_size == 0 {
             return Err(invalid("bus.batch_size", "must be > 0"));
         }
@@ -262,6 +268,9 @@ impl Config {
             if w < 0.0 || !w.is_finite() {
                 return Err(invalid(key, "must be >= 0"));
             }
+        }
+        if !(0.0..=1.0).contains(&self.search.session_weight) {
+            return Err(invalid("search.session_weight", "must be between 0 and 1"));
         }
         if !(0.0..=1.0).contains(&self.search.assistant_weight) {
             return Err(invalid(
