@@ -41,3 +41,60 @@ pub async fn associate(
         crate::service::associate::associate(&engine, &caller, req).await?,
     ))
 }
+
+use crate::service::relations;
+
+/// `POST /v1/relations`.
+pub async fn relate(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<relations::RelateRequest>,
+) -> Result<Json<relations::Relation>> {
+    Ok(Json(relations::create(&engine, &caller, req).await?))
+}
+
+/// `GET /v1/relations`.
+pub async fn relations_list(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<relations::RelationsQuery>,
+) -> Result<Json<relations::Relations>> {
+    Ok(Json(relations::list(&engine, &caller, &q).await?))
+}
+
+/// `DELETE /v1/relations/{id}`.
+pub async fn unrelate(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<relations::Unrelated>> {
+    Ok(Json(relations::delete(&engine, &caller, &id).await?))
+}
+
+/// `GET /v1/memories/{id}/related`.
+pub async fn related(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<relations::RelatedQuery>,
+) -> Result<Json<relations::Related>> {
+    Ok(Json(relations::related(&engine, &caller, &id, &q).await?))
+}
+
+/// `GET /v1/graph/explore`.
+pub async fn explore(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<relations::ExploreQuery>,
+) -> Result<Json<relations::Subgraph>> {
+    Ok(Json(relations::explore(&engine, &caller, &q).await?))
+}
+
+/// `GET /v1/graph/path`.
+pub async fn path(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<relations::PathQuery>,
+) -> Result<Json<relations::Path>> {
+    Ok(Json(relations::path(&engine, &caller, &q).await?))
+}

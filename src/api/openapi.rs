@@ -313,6 +313,39 @@ pub fn operations() -> Vec<Op> {
             .query::<graph::GraphQuery>()
             .answers::<graph::GraphStats>(),
         op(
+            "get",
+            "/v1/graph/explore",
+            "The memories and entities within N hops of a memory or an entity",
+        )
+        .query::<service::relations::ExploreQuery>()
+        .answers::<service::relations::Subgraph>(),
+        op(
+            "get",
+            "/v1/graph/path",
+            "The shortest chain of relations and mentions between two nodes",
+        )
+        .query::<service::relations::PathQuery>()
+        .answers::<service::relations::Path>(),
+        op("post", "/v1/relations", "Link two memories of one stream")
+            .json::<service::relations::RelateRequest>()
+            .answers::<service::relations::Relation>(),
+        op(
+            "get",
+            "/v1/relations",
+            "Links, by memory, relation or stream",
+        )
+        .query::<service::relations::RelationsQuery>()
+        .answers::<service::relations::Relations>(),
+        op("delete", "/v1/relations/{id}", "Remove a link")
+            .answers::<service::relations::Unrelated>(),
+        op(
+            "get",
+            "/v1/memories/{id}/related",
+            "Memories linked to one, and those sharing its entities",
+        )
+        .query::<service::relations::RelatedQuery>()
+        .answers::<service::relations::Related>(),
+        op(
             "post",
             "/v1/associate",
             "Memories linked to one through shared entities",

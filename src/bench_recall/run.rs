@@ -306,6 +306,14 @@ pub async fn run(
                 })
                 .collect::<String>()
         );
+        // The scratch store is thrown away: drop superseded table versions
+        // now and then so a long run does not fill the disk (merges and
+        // index refreshes leave a version behind each time).
+        if n > 0 && n % 25 == 0 {
+            for table in engine.store.tables().values() {
+                crate::store::maintain::prune_all_versions(table).await?;
+            }
+        }
         let started = Instant::now();
         let sources = ingest(engine, &caller, q, &stream, opts.roles).await?;
         ingest_time += started.elapsed().as_secs_f64();

@@ -25,6 +25,7 @@ pub mod memory;
 pub mod oauth;
 pub mod reembed;
 pub mod reflect;
+pub mod relations;
 pub mod search;
 pub mod snapshot;
 pub mod sql;

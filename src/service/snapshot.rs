@@ -13,10 +13,16 @@ use serde::Serialize;
 
 use crate::core::error::{Error, Result};
 use crate::service::Services;
-use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY};
+use crate::store::{Store, CHUNKS, EDGES, ENTITIES, FEEDBACK, HISTORY, RELATIONS};
 
-/// The tables a snapshot covers: the memories and everything derived from them.
-pub const TABLES: &[&str] = &[CHUNKS, ENTITIES, EDGES, HISTORY, FEEDBACK];
+/// The tables a snapshot covers: the memories, the links between them and
+/// everything derived from them.
+pub const TABLES: &[&str] = &[CHUNKS, ENTITIES, EDGES, HISTORY, FEEDBACK, RELATIONS];
+
+/// Tables added after snapshots existed: a snapshot older than the table has
+/// no tag on it, and rolling back to it empties the table (it held nothing
+/// then).
+const LATER_TABLES: &[&str] = &[RELATIONS];
 
 #[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
 pub struct Snapshot {
@@ -196,7 +202,11 @@ pub async fn list(store: &Store) -> Result<Vec<Snapshot>> {
     // A tag on some tables only is not a snapshot (a create cut short).
     let mut all: Vec<Snapshot> = by_name
         .into_values()
-        .filter(|s| s.versions.len() == TABLES.len())
+        .filter(|s| {
+            TABLES
+                .iter()
+                .all(|t| s.versions.contains_key(*t) || LATER_TABLES.contains(t))
+        })
         .collect();
     all.sort_by(|a, b| (&a.created_at, &a.name).cmp(&(&b.created_at, &b.name)));
     Ok(all)
@@ -236,10 +246,10 @@ pub async fn holding(store: &Store, ids: &[String]) -> Result<Vec<String>> {
 
 /// Remove a snapshot's tags (its versions become prunable).
 pub async fn delete(store: &Store, name: &str) -> Result<()> {
-    find(store, name).await?;
+    let snapshot = find(store, name).await?;
     let tables = store.tables();
-    for t in TABLES {
-        tables[t]
+    for t in snapshot.versions.keys() {
+        tables[t.as_str()]
             .tags()
             .await
             .map_err(lance)?
@@ -271,7 +281,15 @@ pub async fn rollback(engine: &Services, name: &str) -> Result<Rollback> {
             report
                 .versions_before
                 .insert(t.to_string(), table.version().await.map_err(lance)?);
-            table.checkout(snapshot.versions[*t]).await.map_err(lance)?;
+            let Some(version) = snapshot.versions.get(*t).copied() else {
+                // Made before this table existed.
+                table.delete("true").await.map_err(lance)?;
+                report
+                    .versions_after
+                    .insert(t.to_string(), table.version().await.map_err(lance)?);
+                continue;
+            };
+            table.checkout(version).await.map_err(lance)?;
             let restored = table.restore().await;
             if restored.is_err() {
                 // Never leave the shared handle checked out (read-only).

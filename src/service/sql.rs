@@ -27,7 +27,9 @@ use serde::Deserialize;
 use crate::core::error::{Error, Result};
 use crate::core::time::parse_instant_str;
 use crate::core::Caller;
-use crate::store::{Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS};
+use crate::store::{
+    Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS, RELATIONS,
+};
 
 /// Tables every caller can query (as stream-scoped views).
 pub const TABLES: &[&str] = &[
@@ -38,6 +40,7 @@ pub const TABLES: &[&str] = &[
     DEAD_LETTERS,
     LLM_CALLS,
     FEEDBACK,
+    RELATIONS,
 ];
 
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]

@@ -66,7 +66,12 @@ impl super::Store {
         let scope = super::Filter::new().stream(stream);
         match ids {
             None => {
-                for table in [&self.history, self.feedback.table(), &self.dead_letters] {
+                for table in [
+                    &self.history,
+                    self.feedback.table(),
+                    &self.dead_letters,
+                    &self.relations,
+                ] {
                     let _gate = self.table_gate.read().await;
                     table.delete(&scope.predicate()).await?;
                 }
@@ -89,6 +94,8 @@ impl super::Store {
                     super::filter::column_in("memory_id", ids.iter().map(String::as_str))
                 );
                 self.dead_letters.delete(&letters).await?;
+                self.delete_relations(&scope, &super::relations::touching(ids))
+                    .await?;
                 self.graph.forget_chunks(stream, ids).await?;
             }
         }

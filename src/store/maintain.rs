@@ -110,6 +110,20 @@ pub async fn refresh_indexes(table: &Table) -> Result<()> {
     Ok(())
 }
 
+/// Drop every version of `table` but the latest that no tag holds (a
+/// throwaway store's housekeeping: no `as_of` reaches back afterwards).
+pub async fn prune_all_versions(table: &Table) -> Result<()> {
+    retrying("prune", || {
+        table.optimize(OptimizeAction::Prune {
+            older_than: Some(chrono::Duration::zero()),
+            delete_unverified: None,
+            error_if_tagged_old_versions: Some(false),
+        })
+    })
+    .await?;
+    Ok(())
+}
+
 /// What a full pass did to one table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct PassReport {

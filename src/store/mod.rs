@@ -14,6 +14,7 @@ pub mod job_runs;
 pub mod llm_calls;
 pub mod maintain;
 pub mod oauth;
+pub mod relations;
 mod writer;
 
 pub use writer::{Modifier, WriteBatch};
@@ -46,6 +47,7 @@ pub const HISTORY: &str = "history";
 pub const LLM_CALLS: &str = "llm_calls";
 pub const FEEDBACK: &str = "feedback";
 pub const JOB_RUNS: &str = "job_runs";
+pub const RELATIONS: &str = "relations";
 
 async fn open_or_create(
     db: &Connection,
@@ -138,6 +140,7 @@ pub struct Store {
     pub graph: crate::store::graph::Graph,
     pub feedback: feedback::FeedbackBook,
     job_runs: Table,
+    relations: Table,
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Per stream, when a commit last changed its memories (this process).
@@ -238,6 +241,8 @@ impl Store {
         )
         .await?;
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
+        let relations =
+            open_or_create(&db, &names, RELATIONS, relations::relation_schema()).await?;
         let hot = std::sync::Arc::new(hot::HotIndex::new(dim, hot::DEFAULT_BUDGET));
         let writer = ChunkWriter::spawn(
             chunks.clone(),
@@ -255,6 +260,7 @@ impl Store {
             (EDGES, graph.edges.clone()),
             (FEEDBACK, feedback.table().clone()),
             (JOB_RUNS, job_runs.clone()),
+            (RELATIONS, relations.clone()),
         ];
         let maintainer =
             maintain::AbortOnDrop(tokio::spawn(maintain::watch(side_tables, maintenance)));
@@ -268,6 +274,7 @@ impl Store {
             graph,
             feedback,
             job_runs,
+            relations,
             generations: Default::default(),
             written_at: Default::default(),
             delete_generation: Default::default(),
@@ -342,6 +349,7 @@ impl Store {
             (JOB_RUNS, self.job_runs.clone()),
             (ENTITIES, self.graph.entities.clone()),
             (EDGES, self.graph.edges.clone()),
+            (RELATIONS, self.relations.clone()),
         ])
     }
 

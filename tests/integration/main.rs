@@ -26,6 +26,7 @@ mod nats;
 mod oauth;
 mod openapi;
 mod recall;
+mod relations;
 mod restart;
 mod retrieval;
 mod router;

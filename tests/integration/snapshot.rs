@@ -31,7 +31,7 @@ async fn a_rollback_restores_every_table_and_survives_pruning() {
         .call("POST", "/v1/snapshots", Some(json!({"name": "before"})))
         .await;
     assert_eq!(s, 201, "{snap}");
-    assert_eq!(snap["versions"].as_object().unwrap().len(), 5, "{snap}");
+    assert_eq!(snap["versions"].as_object().unwrap().len(), 6, "{snap}");
     let (s, again) = d
         .call("POST", "/v1/snapshots", Some(json!({"name": "before"})))
         .await;
@@ -147,4 +147,53 @@ async fn the_snapshot_job_keeps_the_newest_of_its_own() {
     let mut want = vec!["manual".to_string(), created[1].clone(), created[2].clone()];
     want.sort();
     assert_eq!(names, want);
+}
+
+/// A snapshot made before the `relations` table existed has no tag on it: it
+/// is still listed, and rolling back to it empties `relations` (it held
+/// nothing then) while the other tables go back as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_older_than_the_relations_table_still_rolls_back() {
+    let d = Daemon::start(Options::default()).await;
+    let a = d.store("Gamma writes haiku", "s").await;
+    let b = d.store("Gamma reads them aloud", "s").await;
+    let (s, _) = d
+        .call("POST", "/v1/snapshots", Some(json!({"name": "old"})))
+        .await;
+    assert_eq!(s, 201);
+    // What an older loomem left: no tag on the table it did not have.
+    let db = lancedb::connect(d.data_dir.to_str().unwrap())
+        .execute()
+        .await
+        .unwrap();
+    let relations = db.open_table("relations").execute().await.unwrap();
+    relations.tags().await.unwrap().delete("old").await.unwrap();
+
+    let (s, r) = d
+        .call(
+            "POST",
+            "/v1/relations",
+            Some(json!({"from_id": a, "to_id": b, "relation": "follows"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let c = d.store("Gamma sells a chapbook", "s").await;
+    let (_, list) = d.call("GET", "/v1/snapshots", None).await;
+    let old = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "old")
+        .cloned()
+        .unwrap_or_else(|| panic!("the old snapshot is listed: {list}"));
+    assert!(old["versions"].get("relations").is_none(), "{old}");
+
+    let (s, r) = d.call("POST", "/v1/snapshots/old/rollback", None).await;
+    assert_eq!(s, 200, "{r}");
+    let (_, rel) = d.call("GET", "/v1/relations", None).await;
+    assert_eq!(rel["relations"], json!([]));
+    let (s, _) = d.call("GET", &format!("/v1/memories/{c}"), None).await;
+    assert_eq!(s, 404, "the memory stored after the snapshot is gone");
+    let (s, _) = d.call("DELETE", "/v1/snapshots/old", None).await;
+    assert_eq!(s, 200, "and it can be deleted");
 }

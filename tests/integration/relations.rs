@@ -1,0 +1,316 @@
+//! Links between memories and the graph routes that walk them: relations
+//! CRUD, related memories, the N-hop neighbourhood and shortest paths, all
+//! within the key's streams; a snapshot rollback takes relations back too.
+
+use serde_json::{json, Value};
+
+use crate::fixture::{Daemon, Options, TOKEN_A, TOKEN_B};
+
+async fn relate(d: &Daemon, token: &str, body: Value) -> (u16, Value) {
+    d.call_as(Some(token), "POST", "/v1/relations", Some(body))
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relations_link_memories_and_the_graph_walks_them() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let cause = d
+        .store("The deploy failed because Postgres ran out of disk", "a")
+        .await;
+    let effect = d.store("The release slipped to Friday", "a").await;
+    let fix = d.store("Ops added a disk alert for Postgres", "a").await;
+    let lonely = d
+        .store("The office plants need water on Mondays", "a")
+        .await;
+    let elsewhere = d.store("Another note in a2", "a2").await;
+    let theirs = d.store("Bob's private plan", "b").await;
+
+    let (s, r) = relate(
+        &d,
+        TOKEN_A,
+        json!({"from_id": effect, "to_id": cause, "relation": "caused_by", "note": "postmortem"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "created");
+    assert_eq!(
+        (r["relation"].as_str(), r["weight"].as_f64()),
+        (Some("caused_by"), Some(1.0))
+    );
+    let rel = r["id"].as_str().unwrap().to_string();
+    let (_, again) = relate(
+        &d,
+        TOKEN_A,
+        json!({"from_id": effect, "to_id": cause, "relation": "Caused_By"}),
+    )
+    .await;
+    assert_eq!(
+        (again["status"].as_str(), again["id"].as_str()),
+        (Some("exists"), Some(rel.as_str()))
+    );
+    let (s, r) = relate(
+        &d,
+        TOKEN_A,
+        json!({"from_id": fix, "to_id": cause, "relation": "follows", "weight": 2.5}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+
+    // Refused: another stream's memory (as unknown), across streams, bad names.
+    for (body, status, names) in [
+        (
+            json!({"from_id": effect, "to_id": theirs, "relation": "supports"}),
+            404,
+            theirs.as_str(),
+        ),
+        (
+            json!({"from_id": effect, "to_id": elsewhere, "relation": "supports"}),
+            422,
+            "one stream",
+        ),
+        (
+            json!({"from_id": effect, "to_id": effect, "relation": "supports"}),
+            422,
+            "itself",
+        ),
+        (
+            json!({"from_id": effect, "to_id": cause, "relation": "no spaces"}),
+            422,
+            "relation",
+        ),
+        (
+            json!({"from_id": effect, "to_id": cause, "relation": "x", "weight": 11}),
+            422,
+            "weight",
+        ),
+    ] {
+        let (s, r) = relate(&d, TOKEN_A, body).await;
+        assert_eq!(s, status, "{r}");
+        assert!(r["detail"].as_str().unwrap().contains(names), "{r}");
+    }
+
+    // Listed by memory, both directions; the history of both ends says so.
+    let (_, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/relations?memory_id={cause}"),
+            None,
+        )
+        .await;
+    assert_eq!(r["relations"].as_array().unwrap().len(), 2, "{r}");
+    let (_, r) = d.call_as(Some(TOKEN_B), "GET", "/v1/relations", None).await;
+    assert_eq!(r["relations"], json!([]), "B sees none of A's links");
+    let (_, h) = d
+        .call("GET", &format!("/v1/memories/{effect}/history"), None)
+        .await;
+    assert!(
+        h.to_string().contains(&format!("caused_by → {cause}")),
+        "{h}"
+    );
+
+    // Related: by link and by shared entities (Postgres).
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/memories/{cause}/related"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let linked: Vec<(&str, &str, &str)> = r["linked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["relation"].as_str().unwrap(),
+                l["direction"].as_str().unwrap(),
+                l["memory"]["id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        linked,
+        [
+            ("follows", "incoming", fix.as_str()),
+            ("caused_by", "incoming", effect.as_str())
+        ]
+    );
+    let shared = &r["shared_entities"];
+    assert_eq!(shared[0]["memory"]["id"], fix.as_str(), "{r}");
+    assert!(
+        shared[0]["entities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("postgresql")),
+        "{r}"
+    );
+    let (_, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/memories/{cause}/related?relation=caused_by"),
+            None,
+        )
+        .await;
+    assert_eq!(r["linked"].as_array().unwrap().len(), 1);
+
+    // The shortest path: effect —caused_by— cause —follows— fix.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/path?from={effect}&to={fix}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["found"], true);
+    assert_eq!(r["hops"], 2, "{r}");
+    let kinds: Vec<&str> = r["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["caused_by", "follows"]);
+    let (_, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/path?from={lonely}&to={cause}"),
+            None,
+        )
+        .await;
+    assert_eq!(r["found"], false, "{r}");
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/path?from=entity:POSTGRES&to={effect}&stream=a"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        (r["found"].as_bool(), r["hops"].as_u64()),
+        (Some(true), Some(2)),
+        "{r}"
+    );
+    assert_eq!(
+        r["nodes"][0],
+        json!({"kind": "entity", "id": "postgresql", "label": "postgresql"})
+    );
+
+    // Explore: one hop from the cause reaches its links and its entities only.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/explore?from={cause}&hops=1"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let nodes: Vec<(&str, u64)> = r["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_str().unwrap(), n["hops"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(nodes[0], (cause.as_str(), 0));
+    assert!(
+        nodes.contains(&(effect.as_str(), 1)) && nodes.contains(&(fix.as_str(), 1)),
+        "{r}"
+    );
+    assert!(nodes.contains(&("postgresql", 1)), "{r}");
+    assert!(!nodes.iter().any(|(id, _)| *id == lonely), "{r}");
+    assert!(!r["edges"].as_array().unwrap().is_empty());
+    let (_, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/explore?from={cause}&hops=3&max_nodes=2"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            r["nodes"].as_array().unwrap().len(),
+            r["truncated"].as_bool()
+        ),
+        (2, Some(true))
+    );
+
+    // Another stream's memory as a start is unknown; its stream refused.
+    let (s, _) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!("/v1/graph/explore?from={theirs}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, _) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            "/v1/graph/path?from=entity:x&to=entity:y&stream=b",
+            None,
+        )
+        .await;
+    assert_eq!(s, 403);
+
+    // A snapshot holds the links; removing one is in the history; a
+    // rollback brings it back; deleting a memory takes its links with it.
+    let (s, _) = d
+        .call("POST", "/v1/snapshots", Some(json!({"name": "linked"})))
+        .await;
+    assert_eq!(s, 201);
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_B),
+            "DELETE",
+            &format!("/v1/relations/{rel}"),
+            None,
+        )
+        .await;
+    assert_eq!(s, 404, "B cannot remove A's link: {r}");
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "DELETE",
+            &format!("/v1/relations/{rel}"),
+            None,
+        )
+        .await;
+    assert_eq!((s, r["deleted"].as_str()), (200, Some(rel.as_str())));
+    let (_, h) = d
+        .call("GET", &format!("/v1/memories/{cause}/history"), None)
+        .await;
+    assert!(h.to_string().contains("unrelated"), "{h}");
+    let (s, _) = d.call("POST", "/v1/snapshots/linked/rollback", None).await;
+    assert_eq!(s, 200);
+    let (_, r) = d
+        .call("GET", &format!("/v1/relations?memory_id={cause}"), None)
+        .await;
+    assert_eq!(r["relations"].as_array().unwrap().len(), 2, "{r}");
+    let rows = d
+        .sql("SELECT relation FROM relations ORDER BY relation")
+        .await;
+    assert_eq!(rows.len(), 2, "relations are queryable in SQL: {rows:?}");
+    let (s, _) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": cause})),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (_, r) = d.call("GET", "/v1/relations", None).await;
+    assert_eq!(r["relations"], json!([]), "links go with their memory");
+}
