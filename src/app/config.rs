@@ -269,9 +269,6 @@ impl Config {
                 return Err(invalid(key, "must be >= 0"));
             }
         }
-        if !(0.0..=1.0).contains(&self.search.session_weight) {
-            return Err(invalid("search.session_weight", "must be between 0 and 1"));
-        }
         if !(0.0..=1.0).contains(&self.search.assistant_weight) {
             return Err(invalid(
                 "search.assistant_weight",

@@ -45,11 +45,6 @@ pub struct SearchConfig {
     /// recommended", "our previous chat"); then the user's. 1 turns it off.
     #[serde(default = "default_assistant_weight")]
     pub assistant_weight: f32,
-    /// Memories of one conversation session (the same `session_id`) lift
-    /// each other: a candidate's score gains this share of the best score of
-    /// another candidate from its session. 0 turns it off.
-    #[serde(default = "default_session_weight")]
-    pub session_weight: f32,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -107,10 +102,6 @@ fn default_access_boost() -> f32 {
 
 fn default_assistant_weight() -> f32 {
     0.5
-}
-
-fn default_session_weight() -> f32 {
-    0.2
 }
 
 fn default_near_duplicate() -> f32 {

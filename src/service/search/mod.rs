@@ -113,9 +113,6 @@ pub struct TraceInfo {
     pub rrf: f32,
     /// What the memory's standing multiplied the fused score by.
     pub factors: Factors,
-    /// Added for the memory's session: `session_weight` × the best score of
-    /// another candidate from the same session.
-    pub session_lift: f32,
 }
 
 #[derive(schemars::JsonSchema, Debug, Clone, Copy, Serialize)]
@@ -315,8 +312,6 @@ pub struct Ranked {
     pub score: f32,
     pub rrf: f32,
     pub factors: Factors,
-    /// What the memory's session added (see `search.session_weight`).
-    pub session_lift: f32,
     pub legs: HashMap<&'static str, LegTrace>,
 }
 
@@ -636,13 +631,11 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 score: f.score * factors.product(),
                 rrf: f.score,
                 factors,
-                session_lift: 0.0,
                 legs: f.legs,
                 chunk: f.chunk,
             }
         })
         .collect();
-    rank::lift_sessions(&mut ranked, s.session_weight);
     ranked.sort_by(|a, b| {
         b.score
             .total_cmp(&a.score)
@@ -714,7 +707,6 @@ fn result(r: Ranked, trace: bool) -> SearchResult {
             legs: r.legs,
             rrf: r.rrf,
             factors: r.factors,
-            session_lift: r.session_lift,
         }),
     }
 }

@@ -2,7 +2,6 @@
 //! type's half-life, importance, feedback, how often it was recalled), and the
 //! collapse of near-identical results.
 
-use std::collections::HashMap;
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -74,47 +73,6 @@ pub fn asks_about_assistant(query: &str) -> bool {
 }
 
 /// A conversation turn by the speaker the query is not about weighs
-/// Lift each candidate by `weight` × the best score of another candidate of
-/// its conversation session (the same `session_id`): evidence spread over
-/// the turns of one session counts for each of them.
-pub fn lift_sessions(ranked: &mut [super::Ranked], weight: f32) {
-    if weight <= 0.0 {
-        return;
-    }
-    // The two best scores of each session, so each member sees the best
-    // of the others.
-    let mut best: HashMap<&str, (f32, f32)> = HashMap::new();
-    for r in ranked.iter() {
-        if let Some(session) = r.chunk.session_id.as_deref() {
-            let e = best.entry(session).or_insert((f32::MIN, f32::MIN));
-            if r.score > e.0 {
-                *e = (r.score, e.0);
-            } else if r.score > e.1 {
-                e.1 = r.score;
-            }
-        }
-    }
-    let lifts: Vec<f32> = ranked
-        .iter()
-        .map(|r| {
-            let Some((first, second)) = r.chunk.session_id.as_deref().and_then(|s| best.get(s))
-            else {
-                return 0.0;
-            };
-            let other = if r.score >= *first { *second } else { *first };
-            if other > f32::MIN {
-                weight * other
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    for (r, lift) in ranked.iter_mut().zip(lifts) {
-        r.session_lift = lift;
-        r.score += lift;
-    }
-}
-
 /// `assistant_weight`: the assistant's turns, unless the query asks what the
 /// assistant said; then the user's. Memories without a speaker weigh 1.
 pub fn speaker_factor(cfg: &SearchConfig, chunk: &Chunk, about_assistant: bool) -> f32 {
@@ -162,58 +120,6 @@ mod tests {
     fn cfg() -> SearchConfig {
         let shipped: toml::Table = toml::from_str(include_str!("../../../config.toml")).unwrap();
         shipped["search"].clone().try_into().unwrap()
-    }
-
-    #[test]
-    fn turns_of_one_session_lift_each_other_by_the_best_other_score() {
-        let ranked = |id: &str, session: Option<&str>, score: f32| {
-            let mut c = Chunk::new(id.into(), "s".into(), id.into(), 0);
-            c.session_id = session.map(str::to_string);
-            super::super::Ranked {
-                chunk: c,
-                score,
-                rrf: score,
-                factors: Factors {
-                    decay: 1.0,
-                    importance: 1.0,
-                    feedback: 1.0,
-                    access: 1.0,
-                    speaker: 1.0,
-                },
-                session_lift: 0.0,
-                legs: Default::default(),
-            }
-        };
-        let mut r = vec![
-            ranked("a1", Some("A"), 0.50),
-            ranked("a2", Some("A"), 0.40),
-            ranked("a3", Some("A"), 0.10),
-            ranked("b1", Some("B"), 0.55),
-            ranked("lone", None, 0.52),
-        ];
-        lift_sessions(&mut r, 0.2);
-        let lift: Vec<f32> = r.iter().map(|x| x.session_lift).collect();
-        assert!(
-            (lift[0] - 0.08).abs() < 1e-6,
-            "the best gains the second: {lift:?}"
-        );
-        assert!(
-            (lift[1] - 0.10).abs() < 1e-6,
-            "the others gain the best: {lift:?}"
-        );
-        assert!((lift[2] - 0.10).abs() < 1e-6, "{lift:?}");
-        assert_eq!(
-            (lift[3], lift[4]),
-            (0.0, 0.0),
-            "alone in a session, or none"
-        );
-        assert!((r[0].score - 0.58).abs() < 1e-6);
-        // Session A's best now outranks B's single turn and the memory
-        // without a session.
-        assert!(r[0].score > r[3].score && r[0].score > r[4].score);
-        let mut off = vec![ranked("a1", Some("A"), 0.5), ranked("a2", Some("A"), 0.4)];
-        lift_sessions(&mut off, 0.0);
-        assert_eq!((off[0].score, off[1].score), (0.5, 0.4), "0 turns it off");
     }
 
     fn chunk(memory_type: &str, age_days: i64) -> Chunk {
