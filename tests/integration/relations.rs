@@ -56,6 +56,24 @@ async fn relations_link_memories_and_the_graph_walks_them() {
     .await;
     assert_eq!(s, 200, "{r}");
 
+    // A search can bring each result's links along.
+    let q = json!({"query": "release slipped to Friday", "stream": "a", "top_k": 1});
+    let (_, plain) = d
+        .call_as(Some(TOKEN_A), "POST", "/v1/search", Some(q.clone()))
+        .await;
+    assert_eq!(plain["results"][0]["chunk_id"], effect.as_str());
+    assert!(plain["results"][0].get("relations").is_none(), "{plain}");
+    let mut with_links = q.clone();
+    with_links["include_relations"] = json!(true);
+    let (s, r) = d
+        .call_as(Some(TOKEN_A), "POST", "/v1/search", Some(with_links))
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        r["results"][0]["relations"],
+        json!([{"relation_id": rel, "relation": "caused_by", "direction": "outgoing", "memory_id": cause}])
+    );
+
     // Refused: another stream's memory (as unknown), across streams, bad names.
     for (body, status, names) in [
         (

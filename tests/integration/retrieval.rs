@@ -77,6 +77,88 @@ async fn every_filter_is_applied_before_top_k() {
         ids(&search(&d, with(&base, json!({"entity": "BOB"}))).await),
         vec![proj.clone()]
     );
+    // Several types, tags (any or all), session, agent and user.
+    let tagged = put(&d, json!({"content": "Rust language services run on the edge cluster", "stream": "f", "memory_type": "decision", "tags": ["infra", "edge"], "session_id": "s-9", "agent_id": "planner", "user_id": "u-1"})).await;
+    let half = put(&d, json!({"content": "Rust language services moved to the infra team", "stream": "f", "tags": ["infra"]})).await;
+    let mut two = ids(&search(
+        &d,
+        with(
+            &base,
+            json!({"memory_types": ["project", "decision"], "top_k": 5}),
+        ),
+    )
+    .await);
+    two.sort();
+    let mut expected = vec![proj.clone(), tagged.clone()];
+    expected.sort();
+    assert_eq!(two, expected);
+    let mut any = ids(&search(
+        &d,
+        with(&base, json!({"tags": ["edge", "infra"], "top_k": 5})),
+    )
+    .await);
+    any.sort();
+    let mut expected = vec![tagged.clone(), half.clone()];
+    expected.sort();
+    assert_eq!(any, expected);
+    assert_eq!(
+        ids(&search(
+            &d,
+            with(
+                &base,
+                json!({"tags": ["edge", "infra"], "tags_mode": "all", "top_k": 5})
+            )
+        )
+        .await),
+        vec![tagged.clone()]
+    );
+    for field in [
+        json!({"session_id": "s-9"}),
+        json!({"agent_id": "planner"}),
+        json!({"user_id": "u-1"}),
+    ] {
+        assert_eq!(
+            ids(&search(&d, with(&base, field)).await),
+            vec![tagged.clone()]
+        );
+    }
+    // `min_similarity` per request: 1.0 leaves the vector leg nothing exact,
+    // so only BM25 can find; an impossible bar is refused.
+    let (s, r) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(with(&base, json!({"min_similarity": 1.5}))),
+        )
+        .await;
+    assert_eq!(s, 422, "{r}");
+    let vector_hits = |answer: &Value| {
+        answer["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| !r["trace_info"]["legs"]["vector"].is_null())
+            .count()
+    };
+    let loose = search(&d, with(&base, json!({"trace": true, "top_k": 3}))).await;
+    assert!(vector_hits(&loose) > 0, "{loose}");
+    let strict = search(
+        &d,
+        with(
+            &base,
+            json!({"min_similarity": 1.0, "trace": true, "top_k": 3}),
+        ),
+    )
+    .await;
+    assert!(
+        !strict["results"].as_array().unwrap().is_empty(),
+        "BM25 still finds: {strict}"
+    );
+    assert_eq!(
+        vector_hits(&strict),
+        0,
+        "no vector hit passes 1.0: {strict}"
+    );
     // `streams` spans several; `stream` alone never leaks another.
     let both = ids(&search(
         &d,

@@ -75,6 +75,22 @@ pub struct SearchRequest {
     /// Search the store as it was: a table version (a number) or an instant
     /// (a date or RFC 3339 string: the last version committed by then).
     pub as_of: Option<serde_json::Value>,
+    /// Memory types, any of them (`fact_type` is one).
+    pub memory_types: Option<Vec<String>>,
+    pub tags: Option<Vec<String>>,
+    /// `any` (default) or `all` of `tags`.
+    #[schemars(regex(pattern = r"^(any|all)$"))]
+    pub tags_mode: Option<String>,
+    pub session_id: Option<String>,
+    pub agent_id: Option<String>,
+    pub user_id: Option<String>,
+    /// The vector leg keeps hits at least this similar (default
+    /// `search.min_similarity`).
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_similarity: Option<f32>,
+    /// Each result lists its links to other memories (`POST /v1/relations`).
+    #[serde(default)]
+    pub include_relations: bool,
 }
 
 #[derive(schemars::JsonSchema, Debug, Serialize)]
@@ -89,8 +105,20 @@ pub struct SearchResult {
     pub chunk_id: String,
     pub content: String,
     pub score_final: f32,
+    /// With `include_relations`: its links, each with the other memory's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relations: Option<Vec<ResultLink>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_info: Option<TraceInfo>,
+}
+
+#[derive(schemars::JsonSchema, Debug, Clone, Serialize)]
+pub struct ResultLink {
+    pub relation_id: String,
+    pub relation: String,
+    /// `outgoing` (this memory → `memory_id`) or `incoming`.
+    pub direction: &'static str,
+    pub memory_id: String,
 }
 
 #[derive(schemars::JsonSchema, Debug, Serialize)]
@@ -247,6 +275,46 @@ pub fn build_filter(streams: &[String], req: &SearchRequest, now: Micros) -> Res
     }
     if let Some(tf) = &req.time_filter {
         f = f.created_since(time_filter_start(tf, now)?);
+    }
+    let types: Vec<String> = req
+        .memory_types
+        .iter()
+        .flatten()
+        .map(|t| t.trim().to_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if !types.is_empty() {
+        f = f.memory_types(&types);
+    }
+    let tags: Vec<&str> = req
+        .tags
+        .iter()
+        .flatten()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .collect();
+    match req.tags_mode.as_deref().unwrap_or("any") {
+        "any" => f = f.tagged_any(&tags),
+        "all" => {
+            for t in &tags {
+                f = f.tagged(t);
+            }
+        }
+        other => {
+            return Err(Error::invalid(
+                "tags_mode",
+                format!("`{other}`: must be any or all"),
+            ))
+        }
+    }
+    if let Some(v) = &req.session_id {
+        f = f.session(v);
+    }
+    if let Some(v) = &req.agent_id {
+        f = f.agent(v);
+    }
+    if let Some(v) = &req.user_id {
+        f = f.user(v);
     }
     Ok(f)
 }
@@ -422,6 +490,23 @@ pub async fn search(
     let started = Instant::now();
     let recall = recall(engine, caller, &req).await?;
     let query = req.query.trim();
+    let links = match req.include_relations && !recall.results.is_empty() {
+        true => {
+            let ids: Vec<&str> = recall.results.iter().map(|r| r.chunk.id.as_str()).collect();
+            links_of(engine, &recall.streams, &ids).await?
+        }
+        false => std::collections::HashMap::new(),
+    };
+    let mut results: Vec<SearchResult> = recall
+        .results
+        .into_iter()
+        .map(|r| result(r, req.trace))
+        .collect();
+    if req.include_relations {
+        for r in &mut results {
+            r.relations = Some(links.get(&r.chunk_id).cloned().unwrap_or_default());
+        }
+    }
     Ok(SearchResponse {
         trace_metadata: req.trace.then(|| TraceMetadata {
             total_results_before_topk: recall.total_before_top_k,
@@ -434,12 +519,40 @@ pub async fn search(
             as_of_version: recall.as_of_version,
             timings_us: recall.timings,
         }),
-        results: recall
-            .results
-            .into_iter()
-            .map(|r| result(r, req.trace))
-            .collect(),
+        results,
     })
+}
+
+/// The links of these memories, by memory id.
+async fn links_of(
+    engine: &Services,
+    streams: &[String],
+    ids: &[&str],
+) -> Result<std::collections::HashMap<String, Vec<ResultLink>>> {
+    let rows = engine
+        .store
+        .relations(
+            &Filter::new().in_streams(streams),
+            Some(&crate::store::relations::touching(ids)),
+        )
+        .await?;
+    let mut out: std::collections::HashMap<String, Vec<ResultLink>> = Default::default();
+    for r in rows {
+        for (me, other, direction) in [
+            (&r.from_id, &r.to_id, "outgoing"),
+            (&r.to_id, &r.from_id, "incoming"),
+        ] {
+            if ids.contains(&me.as_str()) {
+                out.entry(me.clone()).or_default().push(ResultLink {
+                    relation_id: r.id.clone(),
+                    relation: r.relation.clone(),
+                    direction,
+                    memory_id: other.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Run a search: the legs, fusion, ranking, collapse, top-k; and (unless
@@ -512,6 +625,11 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     }
     let at = snapshot.as_ref().map(|(t, _)| t);
     let candidates = s.candidates.max(top_k);
+    let min_similarity = match req.min_similarity {
+        Some(m) if m.is_finite() && (0.0..=1.0).contains(&m) => m,
+        Some(_) => return Err(Error::invalid("min_similarity", "must be between 0 and 1")),
+        None => s.min_similarity,
+    };
 
     let bm25 = async {
         let started = Instant::now();
@@ -538,7 +656,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 .search_vector(at, &v, &filter, candidates)
                 .await?;
             // `_distance` is cosine distance: similarity = 1 - distance.
-            hits.retain(|h| 1.0 - h.score >= s.min_similarity);
+            hits.retain(|h| 1.0 - h.score >= min_similarity);
             Ok::<_, Error>((hits, embedded, micros_since(started)))
         } else {
             Ok((Vec::new(), 0, 0))
@@ -693,6 +811,7 @@ fn result(r: Ranked, trace: bool) -> SearchResult {
         chunk_id: c.id.clone(),
         content,
         score_final: r.score,
+        relations: None,
         trace_info: trace.then(|| TraceInfo {
             level: format!("L{}", c.level),
             source: c.source.clone(),
