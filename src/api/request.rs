@@ -74,9 +74,39 @@ pub use crate::core::error::parse_json;
 /// the handler through the request's extensions.
 pub async fn require_auth(
     State(engine): State<Arc<Engine>>,
-    mut req: Request,
+    req: Request,
     next: Next,
-) -> Result<Response, Error> {
+) -> Response {
+    use axum::response::IntoResponse;
+    // A refusal leaves the request's body unread, and hyper then drops the
+    // connection after the answer: say so in the answer, or a client that
+    // reuses the connection (httpx after an MCP 401) races the close and
+    // sees "server disconnected without sending a response".
+    let has_body = req
+        .headers()
+        .contains_key(axum::http::header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    match authorize(&engine, req).await {
+        Ok(req) => next.run(req).await,
+        Err(refused) => {
+            let mut response = refused.into_response();
+            if has_body {
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        }
+    }
+}
+
+/// The caller of `req`, in its extensions, or the answer that refuses it.
+async fn authorize(engine: &Engine, mut req: Request) -> Result<Request, Response> {
+    use axum::response::IntoResponse;
     let header = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
@@ -90,8 +120,7 @@ pub async fn require_auth(
         Ok(caller) => caller,
         // MCP clients learn from the 401 where to get a token (RFC 9728).
         Err(Error::Unauthorized) if route == "/mcp" || route.starts_with("/mcp/") => {
-            use axum::response::IntoResponse;
-            let issuer = super::oauth::issuer(&engine, req.headers());
+            let issuer = super::oauth::issuer(engine, req.headers());
             let mut response = Error::Unauthorized.into_response();
             let value = format!(
                 r#"Bearer resource_metadata="{issuer}/.well-known/oauth-protected-resource/mcp""#
@@ -101,9 +130,9 @@ pub async fn require_auth(
                     .headers_mut()
                     .insert(axum::http::header::WWW_AUTHENTICATE, v);
             }
-            return Ok(response);
+            return Err(response);
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into_response()),
     };
     if caller.name == crate::service::auth::PASSTHROUGH {
         // With no key, every request is admin: only pages of this machine may
@@ -121,18 +150,24 @@ pub async fn require_auth(
         {
             return Err(Error::Forbidden(format!(
                 "Host `{host}` is not allowed in local passthrough mode (server.mcp_allowed_hosts)"
-            )));
+            ))
+            .into_response());
         }
     }
-    caller.require(super::need(req.method().as_str(), &route))?;
+    caller
+        .require(super::need(req.method().as_str(), &route))
+        .map_err(IntoResponse::into_response)?;
     // A method the route does not have is the router's 405, not a request
     // that spends a budget.
     if super::declared(req.method().as_str(), &route) {
         let expensive = super::expensive(req.method().as_str(), &route, engine.llm.is_some());
-        engine.limits.check(&caller, expensive)?;
+        engine
+            .limits
+            .check(&caller, expensive)
+            .map_err(IntoResponse::into_response)?;
     }
     req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+    Ok(req)
 }
 
 /// The caller `require_auth` resolved.

@@ -57,6 +57,8 @@ pub struct Record {
     pub also_write: Vec<Chunk>,
     /// Changes to record in `history`, written after the batch commits.
     pub history: Vec<HistoryRow>,
+    /// Links to other memories, written after the batch commits.
+    pub relations: Vec<crate::store::relations::RelationRow>,
     /// The closest stored memories of the same stream, best first (filled once,
     /// by the first stage that needs them).
     pub neighbors: Option<Vec<Neighbor>>,
@@ -117,6 +119,7 @@ impl Record {
             disposition: Disposition::Keep,
             also_write: Vec::new(),
             history: Vec::new(),
+            relations: Vec::new(),
             neighbors: None,
             pending: Vec::new(),
             new_id: false,

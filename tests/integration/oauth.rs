@@ -138,6 +138,9 @@ async fn the_flow_checks_pkce_redirects_single_use_and_revocation() {
         )),
         "{www}"
     );
+    // The refusal leaves the body unread and the connection is closed after
+    // it: the answer says so, so that no client reuses it and races the close.
+    assert_eq!(r.headers()["connection"], "close");
 
     // Registration: loopback redirects only (by default).
     let (s, err) = register(&d, "https://evil.example/cb").await;

@@ -332,3 +332,53 @@ async fn relations_link_memories_and_the_graph_walks_them() {
     let (_, r) = d.call("GET", "/v1/relations", None).await;
     assert_eq!(r["relations"], json!([]), "links go with their memory");
 }
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// With the `auto_relate` stage in the store pipeline, a new memory is linked
+/// to its close stored neighbours, and to nothing unlike it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_relate_links_a_new_memory_to_its_neighbours() {
+    let pipelines = tempfile::tempdir().unwrap();
+    copy_dir(&crate::fixture::repo_root().join("pipelines"), pipelines.path());
+    let store_toml = pipelines.path().join("store.toml");
+    let text = std::fs::read_to_string(&store_toml).unwrap();
+    let on = text
+        .replace("# [[stages]]\n# stage = \"auto_relate\"", "[[stages]]\nstage = \"auto_relate\"")
+        .replace("# min_similarity = 0.8", "min_similarity = 0.5")
+        .replace("# max_links = 3", "max_links = 3")
+        .replace("# relation = \"relates_to\"", "relation = \"relates_to\"");
+    assert_ne!(on, text, "the stanza is in the shipped pipeline");
+    std::fs::write(&store_toml, on).unwrap();
+    let d = Daemon::start(
+        Options::default().env("LOOMEM_PIPELINE__DIR", pipelines.path().to_str().unwrap()),
+    )
+    .await;
+    let first = d.store("Alice's cat Miso likes tuna and naps on the sofa", "p").await;
+    let other = d.store("Quarterly tax filing is due in April", "p").await;
+    let second = d.store("Alice's cat Miso naps on the sofa after tuna", "p").await;
+
+    let (_, r) = d.call("GET", &format!("/v1/relations?memory_id={second}"), None).await;
+    let links = r["relations"].as_array().unwrap();
+    assert_eq!(links.len(), 1, "{r}");
+    assert_eq!(
+        (links[0]["from_id"].as_str(), links[0]["to_id"].as_str(), links[0]["relation"].as_str()),
+        (Some(second.as_str()), Some(first.as_str()), Some("relates_to"))
+    );
+    assert!(links[0]["weight"].as_f64().unwrap() >= 0.5);
+    let (_, r) = d.call("GET", &format!("/v1/relations?memory_id={other}"), None).await;
+    assert_eq!(r["relations"], json!([]), "nothing unlike it: {r}");
+    let (_, h) = d.call("GET", &format!("/v1/memories/{second}/history"), None).await;
+    assert!(h.to_string().contains("auto_relate"), "{h}");
+}

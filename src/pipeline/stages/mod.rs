@@ -1,5 +1,6 @@
 //! The stage registry: `stage = "<name>"` in a pipeline file selects a builder here.
 
+pub mod auto_relate;
 pub mod dedupe;
 pub mod detect_contradictions;
 pub mod embed;
@@ -24,6 +25,7 @@ const REGISTRY: &[(&str, Builder)] = &[
     ("dedupe", dedupe::build),
     ("score_surprise", score_surprise::build),
     ("detect_contradictions", detect_contradictions::build),
+    ("auto_relate", auto_relate::build),
     ("write", write::build),
 ];
 

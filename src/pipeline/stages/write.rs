@@ -112,6 +112,12 @@ impl Stage for Write {
                 .flat_map(|r| r.history.iter().cloned())
                 .collect();
             self.store.add_history(history).await.map_err(fail)?;
+            let relations: Vec<_> = batch
+                .iter()
+                .filter(|r| r.is_kept())
+                .flat_map(|r| r.relations.iter().cloned())
+                .collect();
+            self.store.add_relations(relations).await.map_err(fail)?;
             crate::pipeline::settle(batch, "write").await?;
             // A record dropped or failed after its entities were recorded
             // (a near-duplicate, a refused id) leaves no trace in the graph,
