@@ -10,6 +10,7 @@ use crate::app::Engine;
 use crate::core::error::Result;
 use crate::core::Caller;
 use crate::service::graph::{self, EntityView, GraphQuery, GraphStats};
+use crate::service::graph_rank;
 
 pub async fn graph_entity(
     State(engine): State<Arc<Engine>>,
@@ -97,4 +98,31 @@ pub async fn path(
     ApiQuery(q): ApiQuery<relations::PathQuery>,
 ) -> Result<Json<relations::Path>> {
     Ok(Json(relations::path(&engine, &caller, &q).await?))
+}
+
+/// `POST /v1/graph/analyze`.
+pub async fn analyze(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<graph_rank::AnalyzeRequest>,
+) -> Result<Json<graph_rank::Analysis>> {
+    Ok(Json(graph_rank::analyze(&engine, &caller, &req).await?))
+}
+
+/// `GET /v1/graph/rank`.
+pub async fn rank(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<graph_rank::RankQuery>,
+) -> Result<Json<graph_rank::Ranking>> {
+    Ok(Json(graph_rank::rank(&engine, &caller, &q).await?))
+}
+
+/// `GET /v1/graph/communities`.
+pub async fn communities(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<graph_rank::CommunitiesQuery>,
+) -> Result<Json<graph_rank::Communities>> {
+    Ok(Json(graph_rank::communities(&engine, &caller, &q).await?))
 }

@@ -67,6 +67,9 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/v1/graph/stats", get(graph::graph_stats)),
         ("/v1/graph/explore", get(graph::explore)),
         ("/v1/graph/path", get(graph::path)),
+        ("/v1/graph/analyze", post(graph::analyze)),
+        ("/v1/graph/rank", get(graph::rank)),
+        ("/v1/graph/communities", get(graph::communities)),
         (
             "/v1/relations",
             post(graph::relate).get(graph::relations_list),
@@ -153,6 +156,9 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
         ("GET", "/v1/graph/stats", Reader),
         ("GET", "/v1/graph/explore", Reader),
         ("GET", "/v1/graph/path", Reader),
+        ("POST", "/v1/graph/analyze", Writer),
+        ("GET", "/v1/graph/rank", Reader),
+        ("GET", "/v1/graph/communities", Reader),
         ("POST", "/v1/relations", Writer),
         ("GET", "/v1/relations", Reader),
         ("DELETE", "/v1/relations/{id}", Writer),
@@ -238,6 +244,7 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/v1/extract-entities")
             | ("POST", "/admin/jobs/{name}/run")
             | ("POST", "/v1/memories/bulk-delete")
+            | ("POST", "/v1/graph/analyze")
     ) || (llm && method == "POST" && route == "/v1/ingest")
 }
 

@@ -326,6 +326,23 @@ pub fn operations() -> Vec<Op> {
         )
         .query::<service::relations::PathQuery>()
         .answers::<service::relations::Path>(),
+        op(
+            "post",
+            "/v1/graph/analyze",
+            "Compute a stream's PageRank and communities now",
+        )
+        .json::<service::graph_rank::AnalyzeRequest>()
+        .answers::<service::graph_rank::Analysis>(),
+        op("get", "/v1/graph/rank", "A stream's nodes by PageRank")
+            .query::<service::graph_rank::RankQuery>()
+            .answers::<service::graph_rank::Ranking>(),
+        op(
+            "get",
+            "/v1/graph/communities",
+            "A stream's communities of memories and entities",
+        )
+        .query::<service::graph_rank::CommunitiesQuery>()
+        .answers::<service::graph_rank::Communities>(),
         op("post", "/v1/relations", "Link two memories of one stream")
             .json::<service::relations::RelateRequest>()
             .answers::<service::relations::Relation>(),

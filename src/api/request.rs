@@ -72,11 +72,7 @@ pub use crate::core::error::parse_json;
 /// Authenticate every request that reaches the protected routes, check that
 /// its key's role may use the route (`super::need`), and hand the caller to
 /// the handler through the request's extensions.
-pub async fn require_auth(
-    State(engine): State<Arc<Engine>>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub async fn require_auth(State(engine): State<Arc<Engine>>, req: Request, next: Next) -> Response {
     use axum::response::IntoResponse;
     // A refusal leaves the request's body unread, and hyper then drops the
     // connection after the answer: say so in the answer, or a client that

@@ -379,6 +379,11 @@ impl<'a> Columns<'a> {
         (!a.is_null(row)).then(|| a.value(row))
     }
 
+    pub fn f64(&self, name: &str, row: usize) -> Option<f64> {
+        let a = self.get::<arrow_array::Float64Array>(name)?;
+        (!a.is_null(row)).then(|| a.value(row))
+    }
+
     pub fn i32(&self, name: &str, row: usize) -> Option<i32> {
         let a = self.get::<Int32Array>(name)?;
         (!a.is_null(row)).then(|| a.value(row))

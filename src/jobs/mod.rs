@@ -1,5 +1,5 @@
 //! Maintenance jobs (`dream`, `decay`, `compact`, `reembed`, `export`,
-//! `snapshot`) are one file each,
+//! `snapshot`, `graph`) are one file each,
 //! `run_once(ctx) -> JobReport`, run by the cron [`scheduler`] or on demand;
 //! every run lands in the `job_runs` table.
 
@@ -8,6 +8,7 @@ pub mod config;
 pub mod decay;
 pub mod dream;
 pub mod export;
+pub mod graph;
 pub mod idle;
 pub mod reembed;
 pub mod scheduler;
@@ -60,7 +61,9 @@ impl From<crate::jobs::scheduler::JobRun> for RunView {
 }
 
 /// The maintenance jobs, by name.
-pub const JOB_NAMES: &[&str] = &["dream", "decay", "compact", "reembed", "export", "snapshot"];
+pub const JOB_NAMES: &[&str] = &[
+    "dream", "decay", "compact", "reembed", "export", "snapshot", "graph",
+];
 
 /// What a job run gets: the services, whether to change anything, its params.
 pub struct JobContext {
@@ -117,6 +120,7 @@ pub async fn run_once(ctx: &JobContext, name: &str) -> crate::core::error::Resul
         "reembed" => reembed::run_once(ctx).await,
         "export" => export::run_once(ctx).await,
         "snapshot" => snapshot::run_once(ctx).await,
+        "graph" => graph::run_once(ctx).await,
         other => Err(unknown(other)),
     }
 }

@@ -16,6 +16,7 @@ pub mod facts;
 pub mod feedback;
 pub mod forget;
 pub mod graph;
+pub mod graph_rank;
 pub mod import;
 pub mod keys;
 pub mod limits;

@@ -402,13 +402,13 @@ pub struct Edge {
 
 /// A stream's current memories, the entities they mention and the
 /// relations between them, as one undirected graph.
-struct StreamGraph {
-    graph: UnGraph<Node, String>,
+pub(crate) struct StreamGraph {
+    pub(crate) graph: UnGraph<Node, String>,
     index: HashMap<(&'static str, String), NodeIndex>,
 }
 
 impl StreamGraph {
-    async fn load(engine: &Services, stream: &str) -> Result<StreamGraph> {
+    pub(crate) async fn load(engine: &Services, stream: &str) -> Result<StreamGraph> {
         let scope = Filter::new().stream(stream);
         let memories = engine
             .store

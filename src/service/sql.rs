@@ -28,7 +28,8 @@ use crate::core::error::{Error, Result};
 use crate::core::time::parse_instant_str;
 use crate::core::Caller;
 use crate::store::{
-    Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, HISTORY, LLM_CALLS, RELATIONS,
+    Store, CHUNKS, DEAD_LETTERS, EDGES, ENTITIES, FEEDBACK, GRAPH_METRICS, HISTORY, LLM_CALLS,
+    RELATIONS,
 };
 
 /// Tables every caller can query (as stream-scoped views).
@@ -41,6 +42,7 @@ pub const TABLES: &[&str] = &[
     LLM_CALLS,
     FEEDBACK,
     RELATIONS,
+    GRAPH_METRICS,
 ];
 
 #[derive(schemars::JsonSchema, Debug, Clone, Deserialize)]

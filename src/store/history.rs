@@ -71,6 +71,7 @@ impl super::Store {
                     self.feedback.table(),
                     &self.dead_letters,
                     &self.relations,
+                    &self.graph_metrics,
                 ] {
                     let _gate = self.table_gate.read().await;
                     table.delete(&scope.predicate()).await?;
@@ -96,6 +97,7 @@ impl super::Store {
                 self.dead_letters.delete(&letters).await?;
                 self.delete_relations(&scope, &super::relations::touching(ids))
                     .await?;
+                self.forget_graph_metrics(stream, ids).await?;
                 self.graph.forget_chunks(stream, ids).await?;
             }
         }

@@ -8,6 +8,7 @@ pub mod dead_letters;
 pub mod feedback;
 pub mod filter;
 pub mod graph;
+pub mod graph_metrics;
 pub mod history;
 pub mod hot;
 pub mod job_runs;
@@ -48,6 +49,7 @@ pub const LLM_CALLS: &str = "llm_calls";
 pub const FEEDBACK: &str = "feedback";
 pub const JOB_RUNS: &str = "job_runs";
 pub const RELATIONS: &str = "relations";
+pub const GRAPH_METRICS: &str = "graph_metrics";
 
 async fn open_or_create(
     db: &Connection,
@@ -141,6 +143,7 @@ pub struct Store {
     pub feedback: feedback::FeedbackBook,
     job_runs: Table,
     relations: Table,
+    graph_metrics: Table,
     /// Per stream, how many commits changed its memories (caches key on it).
     generations: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Per stream, when a commit last changed its memories (this process).
@@ -243,6 +246,8 @@ impl Store {
         let job_runs = open_or_create(&db, &names, JOB_RUNS, job_run_schema()).await?;
         let relations =
             open_or_create(&db, &names, RELATIONS, relations::relation_schema()).await?;
+        let graph_metrics =
+            open_or_create(&db, &names, GRAPH_METRICS, graph_metrics::metric_schema()).await?;
         let hot = std::sync::Arc::new(hot::HotIndex::new(dim, hot::DEFAULT_BUDGET));
         let writer = ChunkWriter::spawn(
             chunks.clone(),
@@ -261,6 +266,7 @@ impl Store {
             (FEEDBACK, feedback.table().clone()),
             (JOB_RUNS, job_runs.clone()),
             (RELATIONS, relations.clone()),
+            (GRAPH_METRICS, graph_metrics.clone()),
         ];
         let maintainer =
             maintain::AbortOnDrop(tokio::spawn(maintain::watch(side_tables, maintenance)));
@@ -275,6 +281,7 @@ impl Store {
             feedback,
             job_runs,
             relations,
+            graph_metrics,
             generations: Default::default(),
             written_at: Default::default(),
             delete_generation: Default::default(),
@@ -350,6 +357,7 @@ impl Store {
             (ENTITIES, self.graph.entities.clone()),
             (EDGES, self.graph.edges.clone()),
             (RELATIONS, self.relations.clone()),
+            (GRAPH_METRICS, self.graph_metrics.clone()),
         ])
     }
 

@@ -431,6 +431,27 @@ fn attempts() -> Vec<Attempt> {
             None,
             Status(404),
         ),
+        attempt(
+            "/v1/graph/analyze",
+            "POST",
+            "/v1/graph/analyze",
+            Some(json!({"stream": "b"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/graph/rank",
+            "GET",
+            "/v1/graph/rank?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/graph/communities",
+            "GET",
+            "/v1/graph/communities?stream=b",
+            None,
+            Status(403),
+        ),
         // Stream b's real dead letters are tried in `editing`; here an id.
         attempt(
             "/v1/dead-letters/{id}/retry",

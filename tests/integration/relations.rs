@@ -351,11 +351,17 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_relate_links_a_new_memory_to_its_neighbours() {
     let pipelines = tempfile::tempdir().unwrap();
-    copy_dir(&crate::fixture::repo_root().join("pipelines"), pipelines.path());
+    copy_dir(
+        &crate::fixture::repo_root().join("pipelines"),
+        pipelines.path(),
+    );
     let store_toml = pipelines.path().join("store.toml");
     let text = std::fs::read_to_string(&store_toml).unwrap();
     let on = text
-        .replace("# [[stages]]\n# stage = \"auto_relate\"", "[[stages]]\nstage = \"auto_relate\"")
+        .replace(
+            "# [[stages]]\n# stage = \"auto_relate\"",
+            "[[stages]]\nstage = \"auto_relate\"",
+        )
         .replace("# min_similarity = 0.8", "min_similarity = 0.5")
         .replace("# max_links = 3", "max_links = 3")
         .replace("# relation = \"relates_to\"", "relation = \"relates_to\"");
@@ -365,20 +371,229 @@ async fn auto_relate_links_a_new_memory_to_its_neighbours() {
         Options::default().env("LOOMEM_PIPELINE__DIR", pipelines.path().to_str().unwrap()),
     )
     .await;
-    let first = d.store("Alice's cat Miso likes tuna and naps on the sofa", "p").await;
+    let first = d
+        .store("Alice's cat Miso likes tuna and naps on the sofa", "p")
+        .await;
     let other = d.store("Quarterly tax filing is due in April", "p").await;
-    let second = d.store("Alice's cat Miso naps on the sofa after tuna", "p").await;
+    let second = d
+        .store("Alice's cat Miso naps on the sofa after tuna", "p")
+        .await;
 
-    let (_, r) = d.call("GET", &format!("/v1/relations?memory_id={second}"), None).await;
+    let (_, r) = d
+        .call("GET", &format!("/v1/relations?memory_id={second}"), None)
+        .await;
     let links = r["relations"].as_array().unwrap();
     assert_eq!(links.len(), 1, "{r}");
     assert_eq!(
-        (links[0]["from_id"].as_str(), links[0]["to_id"].as_str(), links[0]["relation"].as_str()),
-        (Some(second.as_str()), Some(first.as_str()), Some("relates_to"))
+        (
+            links[0]["from_id"].as_str(),
+            links[0]["to_id"].as_str(),
+            links[0]["relation"].as_str()
+        ),
+        (
+            Some(second.as_str()),
+            Some(first.as_str()),
+            Some("relates_to")
+        )
     );
     assert!(links[0]["weight"].as_f64().unwrap() >= 0.5);
-    let (_, r) = d.call("GET", &format!("/v1/relations?memory_id={other}"), None).await;
+    let (_, r) = d
+        .call("GET", &format!("/v1/relations?memory_id={other}"), None)
+        .await;
     assert_eq!(r["relations"], json!([]), "nothing unlike it: {r}");
-    let (_, h) = d.call("GET", &format!("/v1/memories/{second}/history"), None).await;
+    let (_, h) = d
+        .call("GET", &format!("/v1/memories/{second}/history"), None)
+        .await;
     assert!(h.to_string().contains("auto_relate"), "{h}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pagerank_and_communities_of_a_streams_graph() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let db = d.store("Postgres runs the billing service", "a").await;
+    d.store("Postgres backups are cached in Redis", "a").await;
+    d.store("Redis holds the session cache", "a").await;
+    let trip = d.store("Alice flew to Paris for the conference", "a").await;
+    d.store("Alice booked a hotel in Paris", "a").await;
+    d.store("Alice took the train from Paris to Lyon", "a")
+        .await;
+    d.store("Bob keeps his plans in Berlin", "b").await;
+
+    // Nothing computed yet: an empty ranking, no error.
+    let (s, r) = d
+        .call_as(Some(TOKEN_A), "GET", "/v1/graph/rank?stream=a", None)
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        (r["computed_at"].clone(), r["nodes"].clone()),
+        (Value::Null, json!([]))
+    );
+
+    // A dry run answers and writes nothing.
+    let (s, dry) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/graph/analyze",
+            Some(json!({"stream": "a", "dry_run": true})),
+        )
+        .await;
+    assert_eq!(s, 200, "{dry}");
+    assert_eq!(dry["written"], false);
+    assert_eq!(
+        d.sql("SELECT count(*) AS n FROM graph_metrics").await[0]["n"],
+        0
+    );
+
+    let (s, a) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/graph/analyze",
+            Some(json!({"stream": "a"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(a["memories"], 6, "{a}");
+    let entities = a["entities"].as_u64().unwrap();
+    assert!(entities >= 4, "postgres, redis, alice, paris at least: {a}");
+    assert_eq!(a["nodes"].as_u64().unwrap(), 6 + entities);
+    assert!(a["communities"].as_u64().unwrap() >= 2, "{a}");
+
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            "/v1/graph/rank?stream=a&limit=500",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert!(r["computed_at"].is_string(), "{r}");
+    let nodes = r["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len() as u64, 6 + entities);
+    let ranks: Vec<f64> = nodes
+        .iter()
+        .map(|n| n["pagerank"].as_f64().unwrap())
+        .collect();
+    assert!(ranks.windows(2).all(|w| w[0] >= w[1]), "highest first: {r}");
+    assert!(
+        (ranks.iter().sum::<f64>() - 1.0).abs() < 1e-6,
+        "ranks sum to 1"
+    );
+    // The most connected node ranks first: an entity named three times.
+    let most = nodes
+        .iter()
+        .map(|n| n["degree"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(nodes[0]["degree"], most, "{r}");
+    assert_eq!(nodes[0]["kind"], "entity", "{r}");
+    let community = |id: &str| {
+        nodes.iter().find(|n| n["id"] == id).unwrap()["community"]
+            .as_i64()
+            .unwrap()
+    };
+    // Databases and travel share no entity: never one community.
+    assert_ne!(community(&db), community(&trip));
+    let (_, only) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            &format!(
+                "/v1/graph/rank?stream=a&kind=memory&community={}",
+                community(&trip)
+            ),
+            None,
+        )
+        .await;
+    let only = only["nodes"].as_array().unwrap().clone();
+    assert!(only.iter().any(|n| n["id"] == trip.as_str()), "{only:?}");
+    assert!(only
+        .iter()
+        .all(|n| n["kind"] == "memory" && n["id"] != db.as_str()));
+
+    let (s, c) = d
+        .call_as(
+            Some(TOKEN_A),
+            "GET",
+            "/v1/graph/communities?stream=a&min_size=1&members=100",
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{c}");
+    let groups = c["communities"].as_array().unwrap();
+    assert_eq!(groups.len() as u64, a["communities"].as_u64().unwrap());
+    let sizes: Vec<u64> = groups.iter().map(|g| g["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes.iter().sum::<u64>(), 6 + entities);
+    assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "largest first: {c}");
+    for g in groups {
+        assert_eq!(
+            g["members"].as_array().unwrap().len() as u64,
+            g["size"].as_u64().unwrap()
+        );
+    }
+
+    // In SQL, within the key's streams only.
+    let (s, rows) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT stream, count(*) AS n FROM graph_metrics GROUP BY stream"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{rows}");
+    assert_eq!(rows["rows"], json!([{"stream": "a", "n": 6 + entities}]));
+    // The job does every stream; key b then sees its own rows only.
+    let (s, run) = d
+        .call("POST", "/admin/jobs/graph/run", Some(json!({})))
+        .await;
+    assert_eq!(
+        (s, run["status"].as_str()),
+        (200, Some("succeeded")),
+        "{run}"
+    );
+    assert_eq!(
+        run["report"]["analyses"].as_array().unwrap().len(),
+        2,
+        "{run}"
+    );
+    let (_, rows) = d
+        .call_as(
+            Some(TOKEN_B),
+            "POST",
+            "/v1/sql",
+            Some(json!({"sql": "SELECT DISTINCT stream FROM graph_metrics"})),
+        )
+        .await;
+    assert_eq!(rows["rows"], json!([{"stream": "b"}]));
+
+    // A deleted memory's row goes with it.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/delete",
+            Some(json!({"id": trip})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let left = d
+        .sql(&format!(
+            "SELECT count(*) AS n FROM graph_metrics WHERE node_id = '{trip}'"
+        ))
+        .await;
+    assert_eq!(left[0]["n"], 0);
+
+    // Bad input names the field.
+    for (path, field) in [
+        ("/v1/graph/rank?kind=person", "kind"),
+        ("/v1/graph/rank?limit=0", "limit"),
+        ("/v1/graph/communities?members=0", "members"),
+    ] {
+        let (s, e) = d.call_as(Some(TOKEN_A), "GET", path, None).await;
+        assert_eq!(s, 422, "{path}: {e}");
+        assert!(e["detail"].as_str().unwrap().contains(field), "{path}: {e}");
+    }
 }
