@@ -19,6 +19,7 @@ impl Error {
             Error::Conflict(_) => StatusCode::CONFLICT,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Internal(_) | Error::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

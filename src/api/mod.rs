@@ -1,6 +1,7 @@
 //! The REST API: `router(engine)` builds every route. Handlers are thin: parse,
 //! call one service function, shape the answer.
 
+mod compat;
 mod context;
 mod error;
 mod graph;
@@ -119,6 +120,9 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/openapi.json", get(openapi_json)),
         ("/metrics", get(metrics)),
     ]
+    .into_iter()
+    .chain(compat::memoria::routes())
+    .collect()
 }
 
 /// The role each operation needs, by method and route: one table for the
@@ -199,6 +203,36 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
         ("GET", "/v1/whoami", Reader),
         ("GET", "/openapi.json", Reader),
         ("GET", "/metrics", Admin),
+        // Memoria's API (`compat::memoria`).
+        ("GET", "/compat/memoria/v1/memories", Reader),
+        ("POST", "/compat/memoria/v1/memories", Writer),
+        ("POST", "/compat/memoria/v1/memories/batch", Writer),
+        ("POST", "/compat/memoria/v1/memories/retrieve", Reader),
+        ("POST", "/compat/memoria/v1/memories/search", Reader),
+        ("POST", "/compat/memoria/v1/memories/correct", Writer),
+        ("POST", "/compat/memoria/v1/memories/purge", Writer),
+        ("DELETE", "/compat/memoria/v1/memories/{id}", Writer),
+        ("PUT", "/compat/memoria/v1/memories/{id}/correct", Writer),
+        ("POST", "/compat/memoria/v1/memories/{id}/feedback", Writer),
+        ("GET", "/compat/memoria/v1/feedback/stats", Reader),
+        ("POST", "/compat/memoria/v1/observe", Writer),
+        ("GET", "/compat/memoria/v1/profiles/me", Reader),
+        ("POST", "/compat/memoria/v1/consolidate", Writer),
+        ("POST", "/compat/memoria/v1/snapshots", Admin),
+        ("GET", "/compat/memoria/v1/snapshots", Admin),
+        ("GET", "/compat/memoria/v1/snapshots/{name}", Admin),
+        ("DELETE", "/compat/memoria/v1/snapshots/{name}", Admin),
+        (
+            "POST",
+            "/compat/memoria/v1/snapshots/{name}/rollback",
+            Admin,
+        ),
+        // The rest of Memoria's paths: 501 naming the feature, or 404.
+        ("GET", "/compat/memoria/{*rest}", Reader),
+        ("POST", "/compat/memoria/{*rest}", Reader),
+        ("PUT", "/compat/memoria/{*rest}", Reader),
+        ("PATCH", "/compat/memoria/{*rest}", Reader),
+        ("DELETE", "/compat/memoria/{*rest}", Reader),
     ]
 }
 
@@ -245,6 +279,8 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/admin/jobs/{name}/run")
             | ("POST", "/v1/memories/bulk-delete")
             | ("POST", "/v1/graph/analyze")
+            | ("POST", "/compat/memoria/v1/memories/purge")
+            | ("POST", "/compat/memoria/v1/consolidate")
     ) || (llm && method == "POST" && route == "/v1/ingest")
 }
 
@@ -266,6 +302,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/compat/memoria/health", get(compat::health_text))
+        .route(
+            "/compat/memoria/health/instance",
+            get(compat::health_instance),
+        )
         .route("/ui", get(ui::index))
         .route("/ui/", get(ui::index))
         .route("/ui/{file}", get(ui::asset))

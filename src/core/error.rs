@@ -26,6 +26,9 @@ pub enum Error {
     Unavailable(String),
     #[error("{0}")]
     Timeout(String),
+    /// A feature a compatibility API names but loomem does not have (HTTP 501).
+    #[error("{0}")]
+    NotImplemented(String),
     /// Over a rate limit (HTTP 429 with `Retry-After`).
     #[error("{detail}")]
     RateLimited {

@@ -5,6 +5,7 @@ mod api;
 mod attack;
 mod auth;
 mod bulk;
+mod compat;
 mod context;
 mod dream;
 mod editing;
