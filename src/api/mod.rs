@@ -122,6 +122,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
     ]
     .into_iter()
     .chain(compat::memoria::routes())
+    .chain(compat::neuroloom::routes())
     .collect()
 }
 
@@ -226,6 +227,47 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
             "POST",
             "/compat/memoria/v1/snapshots/{name}/rollback",
             Admin,
+        ),
+        // Neuroloom's API (`compat::neuroloom`).
+        ("POST", "/compat/neuroloom/api/v1/memories/store", Writer),
+        ("GET", "/compat/neuroloom/api/v1/memories/", Reader),
+        ("GET", "/compat/neuroloom/api/v1/memories", Reader),
+        (
+            "POST",
+            "/compat/neuroloom/api/v1/memories/batch-delete",
+            Writer,
+        ),
+        ("POST", "/compat/neuroloom/api/v1/memories/explore", Reader),
+        ("POST", "/compat/neuroloom/api/v1/memories/path", Reader),
+        (
+            "GET",
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            Reader,
+        ),
+        (
+            "PATCH",
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            Writer,
+        ),
+        (
+            "DELETE",
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            Writer,
+        ),
+        (
+            "GET",
+            "/compat/neuroloom/api/v1/memories/{memory_id}/related",
+            Reader,
+        ),
+        (
+            "POST",
+            "/compat/neuroloom/api/v1/memories/{memory_id}/access",
+            Writer,
+        ),
+        (
+            "POST",
+            "/compat/neuroloom/api/v1/memories/{memory_id}/retrieval",
+            Writer,
         ),
         // The rest of Memoria's paths: 501 naming the feature, or 404.
         ("GET", "/compat/memoria/{*rest}", Reader),

@@ -112,6 +112,18 @@ async fn authorize(engine: &Engine, mut req: Request) -> Result<Request, Respons
         .get::<axum::extract::MatchedPath>()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
+    // Neuroloom's clients send `Token <key>`; there, as in Neuroloom, a
+    // Bearer header is refused.
+    let token_scheme;
+    let header = if route.starts_with(super::compat::neuroloom::BASE) {
+        token_scheme = header
+            .and_then(|h| h.strip_prefix("Token "))
+            .map(|key| format!("Bearer {key}"))
+            .unwrap_or_default();
+        Some(token_scheme.as_str())
+    } else {
+        header
+    };
     let caller = match engine.auth.authenticate(header).await {
         Ok(caller) => caller,
         // MCP clients learn from the 401 where to get a token (RFC 9728).

@@ -35,7 +35,13 @@ pub struct EditRequest {
     pub memory_type: Option<String>,
     #[schemars(range(min = 0.0, max = 10.0))]
     pub importance: Option<f32>,
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub confidence: Option<f32>,
     pub pinned: Option<bool>,
+    /// Replaces the memory's metadata (an object).
+    #[serde(default)]
+    #[schemars(schema_with = "crate::core::time::optional_object_schema")]
+    pub metadata: Option<serde_json::Value>,
     /// Why: kept in the history (default "edited through the API").
     pub reason: Option<String>,
 }
@@ -87,6 +93,19 @@ pub async fn get(engine: &Services, caller: &Caller, id: &str) -> Result<serde_j
     Ok(view(&visible(engine, caller, id).await?))
 }
 
+/// Count one access to a memory now (as a search result's is counted, but
+/// written at once) and answer the memory as it then is.
+pub async fn record_access(
+    engine: &Services,
+    caller: &Caller,
+    id: &str,
+) -> Result<serde_json::Value> {
+    let found = visible(engine, caller, id).await?;
+    engine.access.record([found.id.clone()], now_micros());
+    engine.access.flush().await?;
+    get(engine, caller, &found.id).await
+}
+
 /// The request's field changes applied to `c`; the names of those that changed.
 fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
     let mut changed = Vec::new();
@@ -122,10 +141,29 @@ fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
             changed.push("importance");
         }
     }
+    if let Some(x) = req.confidence {
+        if !x.is_finite() || !(0.0..=1.0).contains(&x) {
+            return Err(Error::invalid("confidence", "must be between 0 and 1"));
+        }
+        if c.confidence != x {
+            c.confidence = x;
+            changed.push("confidence");
+        }
+    }
     if let Some(p) = req.pinned {
         if c.pinned != p {
             c.pinned = p;
             changed.push("pinned");
+        }
+    }
+    if let Some(m) = &req.metadata {
+        if !m.is_object() {
+            return Err(Error::invalid("metadata", "must be an object"));
+        }
+        let text = Some(m.to_string());
+        if c.metadata != text {
+            c.metadata = text;
+            changed.push("metadata");
         }
     }
     Ok(changed)

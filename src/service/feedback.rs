@@ -161,3 +161,27 @@ pub async fn stats(engine: &Services, caller: &Caller, q: &StatsQuery) -> Result
     stats.most_harmful = pick(harmful);
     Ok(stats)
 }
+
+/// How many signals on one memory the caller can see were positive
+/// (usefulness 3–4, not harmful) and negative (usefulness 0–1, or harmful).
+pub async fn polarity(engine: &Services, caller: &Caller, id: &str) -> Result<(usize, usize)> {
+    let chunk = crate::service::memory::visible(engine, caller, id).await?;
+    let scope = crate::store::Filter::new().stream(&chunk.stream);
+    let batches = crate::store::scan(engine.store.feedback.table(), &scope).await?;
+    let (mut positive, mut negative) = (0, 0);
+    for b in &batches {
+        let c = crate::core::model::Columns::new(b);
+        for r in 0..b.num_rows() {
+            if c.str("chunk_id", r).as_deref() != Some(chunk.id.as_str()) {
+                continue;
+            }
+            let usefulness = c.i32("usefulness", r).unwrap_or(2);
+            if c.bool("harmful", r).unwrap_or(false) || usefulness <= 1 {
+                negative += 1;
+            } else if usefulness >= 3 {
+                positive += 1;
+            }
+        }
+    }
+    Ok((positive, negative))
+}

@@ -417,3 +417,23 @@ pub async fn analyze_all(
     }
     Ok(report)
 }
+
+/// The last computed PageRank and community of these memories of the
+/// caller's streams, by id (absent: not computed yet).
+pub async fn of_memories(
+    engine: &Services,
+    caller: &Caller,
+    ids: &[String],
+) -> Result<HashMap<String, (f64, i64)>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows = engine
+        .store
+        .graph_metrics_of(&Filter::new().visible_to(caller), ids)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.node_id, (r.pagerank, r.community)))
+        .collect())
+}

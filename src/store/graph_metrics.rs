@@ -101,6 +101,19 @@ impl super::Store {
         Ok(rows(&batches))
     }
 
+    /// The metric rows of these memories meeting `filter`.
+    pub async fn graph_metrics_of(
+        &self,
+        filter: &Filter,
+        ids: &[String],
+    ) -> Result<Vec<MetricRow>> {
+        let cond = format!(
+            "node_kind = 'memory' AND {}",
+            column_in("node_id", ids.iter().map(String::as_str))
+        );
+        self.graph_metrics(filter, Some(&cond)).await
+    }
+
     /// When the metrics of each stream meeting `filter` were computed.
     pub async fn graph_metrics_computed(
         &self,

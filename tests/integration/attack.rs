@@ -596,6 +596,90 @@ fn attempts() -> Vec<Attempt> {
             None,
             Status(501),
         ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/store",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/store",
+            Some(json!({"title": "A through Neuroloom", "narrative": "A stores a pattern"})),
+            Scoped,
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/",
+            "GET",
+            "/compat/neuroloom/api/v1/memories/?limit=500",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories",
+            "GET",
+            "/compat/neuroloom/api/v1/memories?limit=500",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/batch-delete",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/batch-delete",
+            Some(json!({"memory_ids": ["b-secret"]})),
+            Scoped,
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/explore",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/explore",
+            Some(json!({"query": SECRET, "max_nodes": 200})),
+            Scoped,
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/path",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/path",
+            Some(json!({"source_memory_id": "b-secret", "target_memory_id": "b-secret"})),
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            "GET",
+            "/compat/neuroloom/api/v1/memories/b-secret",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            "PATCH",
+            "/compat/neuroloom/api/v1/memories/b-secret",
+            Some(json!({"narrative": "A rewrites it"})),
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}",
+            "DELETE",
+            "/compat/neuroloom/api/v1/memories/b-secret",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}/related",
+            "GET",
+            "/compat/neuroloom/api/v1/memories/b-secret/related",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}/access",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/b-secret/access",
+            None,
+            Status(404),
+        ),
+        attempt(
+            "/compat/neuroloom/api/v1/memories/{memory_id}/retrieval",
+            "POST",
+            "/compat/neuroloom/api/v1/memories/b-secret/retrieval",
+            None,
+            Status(404),
+        ),
         // Stream b's real dead letters are tried in `editing`; here an id.
         attempt(
             "/v1/dead-letters/{id}/retry",
@@ -821,6 +905,9 @@ async fn no_route_lets_one_key_reach_another_streams_data() {
                 line.into_bytes(),
             )
             .await
+        } else if a.route.starts_with("/compat/neuroloom/") {
+            d.call_token(TOKEN_A, a.method, &a.uri, a.body.clone())
+                .await
         } else {
             d.call_as(Some(TOKEN_A), a.method, &a.uri, a.body.clone())
                 .await

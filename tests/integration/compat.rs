@@ -416,3 +416,290 @@ async fn a_memoria_client_sees_only_its_keys_memories() {
     let (_, still) = memoria(&d, TOKEN_B, "GET", "/v1/memories", None).await;
     assert_eq!(still["items"][0]["content"], "Bob's pelican is named Percy");
 }
+
+const N: &str = "/compat/neuroloom/api/v1/memories";
+
+/// A Neuroloom memory object: its documented fields and their types.
+fn is_neuroloom_memory(v: &Value) -> bool {
+    let num_or_null = |f: &str| v[f].is_number() || v[f].is_null();
+    v["id"].is_string()
+        && v["memory_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("mem-"))
+        && v["workspace_id"].is_string()
+        && v["title"].is_string()
+        && v["narrative"].is_string()
+        && v["memory_type"].is_string()
+        && v["tags"].is_array()
+        && v["concepts"].is_array()
+        && v["source_files"].is_array()
+        && v["importance_score"].is_number()
+        && v["confidence_score"].is_number()
+        && num_or_null("pagerank_score")
+        && (v["community_label"].is_string() || v["community_label"].is_null())
+        && v["access_count"].is_number()
+        && v["retrieval_count"].is_number()
+        && v["is_consolidated"].is_boolean()
+        && v["created_at"].is_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neurolooms_documented_requests_answer_in_its_shapes() {
+    let d = Daemon::start(Options::with_auth()).await;
+    let n = |method: &'static str, path: String, body: Option<Value>| {
+        let d = &d;
+        async move {
+            d.call_token(TOKEN_A, method, &format!("{N}{path}"), body)
+                .await
+        }
+    };
+
+    // Token, not Bearer.
+    let (s, _) = d
+        .call_as(Some(TOKEN_A), "GET", &format!("{N}/"), None)
+        .await;
+    assert_eq!(s, 401);
+    let (s, _) = d
+        .call_token("not-a-key", "GET", &format!("{N}/"), None)
+        .await;
+    assert_eq!(s, 401);
+
+    // Store: the documented request, 201 with the documented object.
+    let (s, m) = n("POST", "/store".into(), Some(json!({
+        "title": "Prefer async SQLAlchemy for all DB calls",
+        "narrative": "All database operations must use async/await. Sync calls block the event loop and cause latency spikes under load.",
+        "memory_type": "pattern",
+        "tags": ["sqlalchemy", "async", "backend"],
+        "concepts": ["async", "database", "performance"],
+        "source_files": ["api/neuroloom_api/database.py"],
+        "importance_score": 0.9,
+        "confidence_score": 0.95,
+    }))).await;
+    assert_eq!(s, 201, "{m}");
+    assert!(is_neuroloom_memory(&m), "{m}");
+    assert_eq!(
+        (
+            m["importance_score"].as_f64(),
+            m["confidence_score"].as_f64().map(|c| (c * 100.0).round())
+        ),
+        (Some(0.9), Some(95.0))
+    );
+    assert_eq!(m["concepts"], json!(["async", "database", "performance"]));
+    assert_eq!(m["source_files"], json!(["api/neuroloom_api/database.py"]));
+    assert_eq!(
+        (m["pagerank_score"].clone(), m["community_label"].clone()),
+        (Value::Null, Value::Null)
+    );
+    let sql = m["memory_id"].as_str().unwrap().to_string();
+    assert!(sql.len() == 20, "mem- and 16 characters: {sql}");
+    let (s, pool) = n("POST", "/store".into(), Some(json!({"title": "Use connection pooling for all DB connections", "narrative": "Every database connection comes from the shared async pool; never open one per request.", "memory_type": "pattern", "tags": ["database"]}))).await;
+    assert_eq!(s, 201, "{pool}");
+    assert_eq!(pool["importance_score"], 0.5, "the default");
+    let pool = pool["memory_id"].as_str().unwrap().to_string();
+    let (_, decision) = n("POST", "/store".into(), Some(json!({"title": "Chose Postgres", "narrative": "We chose Postgres over MySQL for the billing service.", "memory_type": "decision", "importance_score": 0.2}))).await;
+    let decision = decision["memory_id"].as_str().unwrap().to_string();
+    let (s, e) = n(
+        "POST",
+        "/store".into(),
+        Some(json!({"title": "x", "narrative": "y", "importance_score": 1.5})),
+    )
+    .await;
+    assert_eq!(s, 422, "{e}");
+    assert!(e["detail"].as_str().unwrap().contains("importance_score"));
+
+    // List: an array, by importance, filtered, with limit and offset.
+    let (s, l) = n(
+        "GET",
+        "/?memory_type=pattern&limit=10&ordering=-importance_score".into(),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{l}");
+    let l = l.as_array().unwrap().clone();
+    assert_eq!(l.len(), 2);
+    assert!(l.iter().all(is_neuroloom_memory));
+    assert_eq!(l[0]["memory_id"], sql.as_str(), "0.9 before 0.5");
+    let (_, page2) = n("GET", "/?limit=1&offset=1".into(), None).await;
+    assert_eq!(page2.as_array().unwrap().len(), 1);
+    assert_eq!(page2[0]["memory_id"], pool.as_str(), "{page2}");
+    let (s, e) = n("GET", "/?ordering=retrieval_count".into(), None).await;
+    assert_eq!(s, 422, "{e}");
+    let (s, _) = n("GET", "/?pruning_candidates=true".into(), None).await;
+    assert_eq!(s, 501);
+
+    // Relationships, related, explore and path.
+    let (s, r) = d
+        .call_as(
+            Some(TOKEN_A),
+            "POST",
+            "/v1/relations",
+            Some(json!({"from_id": sql, "to_id": pool, "relation": "references"})),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    let (s, g) = d
+        .call_as(Some(TOKEN_A), "POST", "/v1/graph/analyze", Some(json!({})))
+        .await;
+    assert_eq!(s, 200, "{g}");
+    let (s, detail) = n("GET", format!("/{sql}"), None).await;
+    assert_eq!(s, 200, "{detail}");
+    assert!(is_neuroloom_memory(&detail), "{detail}");
+    assert!(
+        detail["pagerank_score"].is_number(),
+        "after the graph job: {detail}"
+    );
+    assert!(detail["community_label"].is_string(), "{detail}");
+    let out = detail["outgoing_relationships"].as_array().unwrap();
+    assert_eq!(out.len(), 1, "{detail}");
+    assert_eq!(
+        (
+            out[0]["target_memory_id"].as_str(),
+            out[0]["relationship_type"].as_str()
+        ),
+        (Some(pool.as_str()), Some("references"))
+    );
+    assert_eq!(detail["incoming_relationships"], json!([]));
+    assert_eq!(
+        (
+            detail["feedback_positive_count"].as_u64(),
+            detail["feedback_negative_count"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+    let (_, back) = n("GET", format!("/{pool}"), None).await;
+    assert_eq!(
+        back["incoming_relationships"][0]["source_memory_id"],
+        sql.as_str()
+    );
+    let (s, e) = n("GET", "/mem-notexist".into(), None).await;
+    assert_eq!(
+        (s, e["detail"].as_str()),
+        (404, Some("Memory 'mem-notexist' not found."))
+    );
+
+    let (s, rel) = n(
+        "GET",
+        format!("/{sql}/related?limit=5&similarity_threshold=0.0"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{rel}");
+    let rel = rel.as_array().unwrap();
+    assert!(!rel.is_empty() && rel.len() <= 5);
+    assert!(rel.iter().all(|m| is_neuroloom_memory(m)
+        && m["memory_id"] != sql.as_str()
+        && m["similarity"].is_number()));
+    let (s, _) = n("GET", format!("/{sql}/related?limit=51"), None).await;
+    assert_eq!(s, 422);
+
+    let (s, x) = n("POST", "/explore".into(), Some(json!({"query": "async database calls", "max_nodes": 30, "relationship_types": ["references", "shares_entity"], "min_edge_confidence": 0.7, "seed_limit": 5}))).await;
+    assert_eq!(s, 200, "{x}");
+    assert!(
+        x["seed_memories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == sql.as_str()),
+        "{x}"
+    );
+    let nodes = x["nodes"].as_array().unwrap();
+    assert!(
+        nodes.iter().any(|n| n["memory_id"] == pool.as_str()),
+        "reached by the link: {x}"
+    );
+    assert!(nodes
+        .iter()
+        .all(|n| n["title"].is_string() && n["importance_score"].is_number()));
+    assert!(
+        x["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["source_memory_id"] == sql.as_str()
+                && e["target_memory_id"] == pool.as_str()
+                && e["relationship_type"] == "references"),
+        "{x}"
+    );
+
+    let (s, p) = n("POST", "/path".into(), Some(json!({"source_memory_id": sql, "target_memory_id": pool, "max_depth": 5, "relationship_types": ["references", "related_to", "similar_to"]}))).await;
+    assert_eq!(s, 200, "{p}");
+    assert_eq!(p["path"], json!([sql, pool]));
+    assert_eq!(
+        (
+            p["depth"].as_u64(),
+            p["edges"][0]["relationship_type"].as_str()
+        ),
+        (Some(1), Some("references"))
+    );
+    let (_, p) = n(
+        "POST",
+        "/path".into(),
+        Some(json!({"source_memory_id": sql, "target_memory_id": decision})),
+    )
+    .await;
+    assert_eq!(p, json!({"path": [], "edges": [], "depth": 0}), "no path");
+
+    // Update: scores in place; a new narrative is a new version.
+    let (s, u) = n("PATCH", format!("/{pool}"), Some(json!({"importance_score": 0.95, "tags": ["sqlalchemy", "async", "critical"], "concepts": ["pooling"]}))).await;
+    assert_eq!(s, 200, "{u}");
+    assert_eq!(
+        (u["memory_id"].as_str(), u["importance_score"].as_f64()),
+        (Some(pool.as_str()), Some(0.95))
+    );
+    assert_eq!(
+        (u["tags"][2].as_str(), u["concepts"].clone()),
+        (Some("critical"), json!(["pooling"]))
+    );
+    assert_eq!(u["source_files"], json!([]), "kept");
+    let (s, u) = n(
+        "PATCH",
+        format!("/{decision}"),
+        Some(json!({"narrative": "We chose Postgres 16 over MySQL for billing."})),
+    )
+    .await;
+    assert_eq!(s, 200, "{u}");
+    assert_eq!(
+        u["narrative"],
+        "We chose Postgres 16 over MySQL for billing."
+    );
+    let (s, e) = n(
+        "PATCH",
+        format!("/{pool}"),
+        Some(json!({"confidence_score": 2})),
+    )
+    .await;
+    assert_eq!(s, 422, "{e}");
+
+    // Access and retrieval events count.
+    let (s, a) = n("POST", format!("/{sql}/access"), None).await;
+    assert_eq!(s, 200, "{a}");
+    let before = a["access_count"].as_i64().unwrap();
+    let (_, a) = n("POST", format!("/{sql}/retrieval"), None).await;
+    assert_eq!(a["retrieval_count"].as_i64().unwrap(), before + 1, "{a}");
+    assert!(a["last_accessed_at"].is_string());
+
+    // Delete: 204; batch delete: the count actually deleted; over 100: 422.
+    let (s, _) = n("DELETE", format!("/{sql}"), None).await;
+    assert_eq!(s, 204);
+    let (s, _) = n("DELETE", format!("/{sql}"), None).await;
+    assert_eq!(s, 404);
+    let (s, b) = n(
+        "POST",
+        "/batch-delete".into(),
+        Some(json!({"memory_ids": [pool, "mem-zz9988776655aabb", "mem-cc1122334455ddee"]})),
+    )
+    .await;
+    assert_eq!((s, b.clone()), (200, json!({"deleted_count": 1})), "{b}");
+    let many: Vec<String> = (0..101).map(|i| format!("mem-{i:016}")).collect();
+    let (s, _) = n(
+        "POST",
+        "/batch-delete".into(),
+        Some(json!({"memory_ids": many})),
+    )
+    .await;
+    assert_eq!(s, 422);
+
+    // Another key's workspace is not reachable.
+    let (_, theirs) = d.call_token(TOKEN_B, "GET", &format!("{N}/"), None).await;
+    assert_eq!(theirs, json!([]), "{theirs}");
+}

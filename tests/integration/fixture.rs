@@ -224,6 +224,27 @@ impl Daemon {
         (status, json)
     }
 
+    /// A request as Neuroloom's clients send it: `Authorization: Token <key>`.
+    pub async fn call_token(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let auth = format!("Token {token}");
+        let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        self.send(
+            None,
+            method,
+            path,
+            (!bytes.is_empty()).then_some("application/json"),
+            &[("authorization", auth.as_str())],
+            bytes,
+        )
+        .await
+    }
+
     /// Raw body bytes sent as JSON, for malformed-input tests.
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
         self.send(

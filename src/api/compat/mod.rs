@@ -5,6 +5,7 @@
 //! `shared/reference/`, not loomem's OpenAPI description.
 
 pub mod memoria;
+pub mod neuroloom;
 
 use axum::Json;
 use serde_json::{json, Value};
