@@ -99,6 +99,13 @@ async fn unsupported(uri: Uri) -> Error {
     }
 }
 
+/// A loomem answer passed through as it is.
+fn as_json<T: serde::Serialize>(answer: T) -> Result<Json<Value>> {
+    serde_json::to_value(answer)
+        .map(Json)
+        .map_err(|e| Error::Internal(e.to_string()))
+}
+
 /// A loomem memory (as `GET /v1/memories/{id}` shows it) as Memoria's
 /// MemoryResponse.
 fn memory(view: &Value) -> Value {
@@ -562,9 +569,7 @@ async fn observe(
 /// `GET /v1/profiles/me`: loomem's profile of the key's default stream.
 async fn profile(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Value>> {
     let p = service::context::profile(&engine, &caller, None).await?;
-    serde_json::to_value(p)
-        .map(Json)
-        .map_err(|e| Error::Internal(e.to_string()))
+    as_json(p)
 }
 
 #[derive(Debug, Deserialize)]
@@ -583,9 +588,7 @@ async fn consolidate(
 ) -> Result<Json<Value>> {
     let _ = q.force;
     let report = service::dream::dream(&engine, &caller, Default::default()).await?;
-    serde_json::to_value(report)
-        .map(Json)
-        .map_err(|e| Error::Internal(e.to_string()))
+    as_json(report)
 }
 
 #[derive(Debug, Deserialize)]
@@ -655,7 +658,5 @@ async fn snapshot_rollback(
 ) -> Result<Json<Value>> {
     caller.require_admin()?;
     let r = service::snapshot::rollback(&engine, &name).await?;
-    serde_json::to_value(r)
-        .map(Json)
-        .map_err(|e| Error::Internal(e.to_string()))
+    as_json(r)
 }

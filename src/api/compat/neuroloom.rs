@@ -61,6 +61,14 @@ fn not_found(id: &str) -> Error {
     Error::NotFound(format!("Memory '{id}' not found."))
 }
 
+/// A not-found as Neuroloom words it; any other error as it is.
+fn named(e: Error, id: &str) -> Error {
+    match e {
+        Error::NotFound(_) => not_found(id),
+        other => other,
+    }
+}
+
 /// A loomem memory view as Neuroloom's memory object.
 fn memory(view: &Value, metrics: Option<&(f64, i64)>) -> Value {
     let kept = &view["metadata"][KEPT];
@@ -111,10 +119,7 @@ async fn memories(engine: &Engine, caller: &Caller, views: &[Value]) -> Result<V
 async fn one(engine: &Engine, caller: &Caller, id: &str) -> Result<Value> {
     let view = service::edit::get(engine, caller, id)
         .await
-        .map_err(|e| match e {
-            Error::NotFound(_) => not_found(id),
-            other => other,
-        })?;
+        .map_err(|e| named(e, id))?;
     Ok(memories(engine, caller, &[view]).await?.remove(0))
 }
 
@@ -372,10 +377,7 @@ async fn remove(
 ) -> Result<StatusCode> {
     service::memory::delete(&engine, &caller, &id, None)
         .await
-        .map_err(|e| match e {
-            Error::NotFound(_) => not_found(&id),
-            other => other,
-        })?;
+        .map_err(|e| named(e, &id))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -673,9 +675,6 @@ async fn access(
 ) -> Result<Json<Value>> {
     let view = service::edit::record_access(&engine, &caller, &id)
         .await
-        .map_err(|e| match e {
-            Error::NotFound(_) => not_found(&id),
-            other => other,
-        })?;
+        .map_err(|e| named(e, &id))?;
     Ok(Json(memories(&engine, &caller, &[view]).await?.remove(0)))
 }
