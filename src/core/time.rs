@@ -30,6 +30,15 @@ pub fn optional_instant_schema(g: &mut schemars::SchemaGenerator) -> schemars::S
     s
 }
 
+/// A field that may be absent (`None`), or present and null
+/// (`Some(Value::Null)`: clear it), or present with a value; use with
+/// `#[serde(default, deserialize_with = "present")]`.
+pub fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<serde_json::Value>, D::Error> {
+    <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 /// A JSON object or null (for `metadata`).
 pub fn optional_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({ "type": ["object", "null"] })

@@ -38,6 +38,18 @@ pub struct EditRequest {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub confidence: Option<f32>,
     pub pinned: Option<bool>,
+    /// When it expires (RFC 3339 or Unix seconds); null clears it.
+    #[serde(default, deserialize_with = "crate::core::time::present")]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
+    pub expires_at: Option<serde_json::Value>,
+    /// When the fact became true; null clears it.
+    #[serde(default, deserialize_with = "crate::core::time::present")]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
+    pub valid_from: Option<serde_json::Value>,
+    /// When the fact stopped being true; null clears it.
+    #[serde(default, deserialize_with = "crate::core::time::present")]
+    #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
+    pub valid_until: Option<serde_json::Value>,
     /// Replaces the memory's metadata (an object).
     #[serde(default)]
     #[schemars(schema_with = "crate::core::time::optional_object_schema")]
@@ -154,6 +166,26 @@ fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
         if c.pinned != p {
             c.pinned = p;
             changed.push("pinned");
+        }
+    }
+    for (field, value, slot) in [
+        ("expires_at", &req.expires_at, &mut c.expires_at),
+        ("valid_from", &req.valid_from, &mut c.valid_from),
+        ("valid_until", &req.valid_until, &mut c.valid_until),
+    ] {
+        let new = match value {
+            None => continue,
+            Some(serde_json::Value::Null) => None,
+            Some(v) => Some(crate::core::time::parse_instant(field, v)?),
+        };
+        if *slot != new {
+            *slot = new;
+            changed.push(field);
+        }
+    }
+    if let (Some(from), Some(until)) = (c.valid_from, c.valid_until) {
+        if until <= from {
+            return Err(Error::invalid("valid_until", "must be after valid_from"));
         }
     }
     if let Some(m) = &req.metadata {

@@ -416,3 +416,90 @@ async fn memories_are_listed_counted_and_paged_within_the_keys_streams() {
         .await;
     assert_eq!(s, 422, "a cursor of another order");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_sets_and_clears_expiry_validity_confidence_and_metadata() {
+    let d = Daemon::start(Options::default()).await;
+    let id = d.store("The office moves to the fourth floor", "e").await;
+    let patch = |body: serde_json::Value| {
+        let d = &d;
+        let id = id.clone();
+        async move {
+            d.call("PATCH", &format!("/v1/memories/{id}"), Some(body))
+                .await
+        }
+    };
+    let (s, r) = patch(json!({
+        "expires_at": "2999-01-01T00:00:00Z",
+        "valid_from": "2026-03-01T00:00:00Z",
+        "valid_until": "2026-09-01T00:00:00Z",
+        "confidence": 0.6,
+        "metadata": {"source": "memo"},
+    }))
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["status"], "updated");
+    let mut changed: Vec<&str> = r["changed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    changed.sort();
+    assert_eq!(
+        changed,
+        [
+            "confidence",
+            "expires_at",
+            "metadata",
+            "valid_from",
+            "valid_until"
+        ]
+    );
+    let (_, m) = d.call("GET", &format!("/v1/memories/{id}"), None).await;
+    assert_eq!(m["expires_at"], "2999-01-01T00:00:00Z", "{m}");
+    assert_eq!(
+        (m["valid_from"].as_str(), m["valid_until"].as_str()),
+        (Some("2026-03-01T00:00:00Z"), Some("2026-09-01T00:00:00Z"))
+    );
+    assert_eq!(
+        (
+            m["confidence"].as_f64().map(|c| (c * 10.0).round()),
+            m["metadata"].clone()
+        ),
+        (Some(6.0), json!({"source": "memo"}))
+    );
+    // The validity is what `valid_at` searches see.
+    let hits = d
+        .search_ids(json!({"query": "office fourth floor", "stream": "e", "valid_at": "2026-12-01T00:00:00Z"}))
+        .await;
+    assert!(!hits.contains(&id), "outside its validity: {hits:?}");
+
+    // Null clears; absent leaves alone; a wrong order or value is a 422.
+    let (s, r) = patch(json!({"expires_at": null, "valid_until": null})).await;
+    assert_eq!(s, 200, "{r}");
+    let (_, m) = d.call("GET", &format!("/v1/memories/{id}"), None).await;
+    assert!(
+        m["expires_at"].is_null() && m["valid_until"].is_null(),
+        "{m}"
+    );
+    assert_eq!(m["valid_from"], "2026-03-01T00:00:00Z");
+    for (body, field) in [
+        (
+            json!({"valid_until": "2026-01-01T00:00:00Z"}),
+            "valid_until",
+        ),
+        (json!({"expires_at": "soon"}), "expires_at"),
+        (json!({"confidence": 1.5}), "confidence"),
+        (json!({"metadata": [1, 2]}), "metadata"),
+    ] {
+        let (s, e) = patch(body.clone()).await;
+        assert_eq!(s, 422, "{body}: {e}");
+        assert!(e["detail"].as_str().unwrap().contains(field), "{body}: {e}");
+    }
+    let (_, m2) = d.call("GET", &format!("/v1/memories/{id}"), None).await;
+    assert_eq!(
+        m2["valid_from"], m["valid_from"],
+        "a refused edit changes nothing"
+    );
+}
