@@ -183,11 +183,7 @@ fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
             changed.push(field);
         }
     }
-    if let (Some(from), Some(until)) = (c.valid_from, c.valid_until) {
-        if until <= from {
-            return Err(Error::invalid("valid_until", "must be after valid_from"));
-        }
-    }
+    crate::service::memory::check_validity(c)?;
     if let Some(m) = &req.metadata {
         if !m.is_object() {
             return Err(Error::invalid("metadata", "must be an object"));

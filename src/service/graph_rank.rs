@@ -245,23 +245,21 @@ pub struct Ranking {
     pub nodes: Vec<Ranked>,
 }
 
-/// The stream a read of the metrics is about, and its rows.
+/// The stream a read of the metrics is about, when they were computed, and
+/// its rows, highest ranked first: one read of the table.
 async fn stored(
     engine: &Services,
     caller: &Caller,
     stream: Option<&str>,
-    cond: Option<String>,
 ) -> Result<(String, Option<String>, Vec<MetricRow>)> {
     let stream = caller.resolve_stream(stream)?;
-    let scope = Filter::new().stream(&stream);
-    let computed = engine.store.graph_metrics_computed(&scope).await?;
-    let mut rows = engine.store.graph_metrics(&scope, cond.as_deref()).await?;
+    let mut rows = engine
+        .store
+        .graph_metrics(&Filter::new().stream(&stream), None)
+        .await?;
     sort_by_rank(&mut rows);
-    Ok((
-        stream,
-        computed.values().next().map(|t| to_rfc3339(*t)),
-        rows,
-    ))
+    let computed_at = rows.iter().map(|r| r.computed_at).max().map(to_rfc3339);
+    Ok((stream, computed_at, rows))
 }
 
 /// `GET /v1/graph/rank`: a stream's nodes by PageRank, as last computed.
@@ -270,24 +268,25 @@ pub async fn rank(engine: &Services, caller: &Caller, q: &RankQuery) -> Result<R
     if !(1..=500).contains(&limit) {
         return Err(Error::invalid("limit", "must be between 1 and 500"));
     }
-    let mut cond = Vec::new();
-    match q.kind.as_deref() {
-        None => {}
-        Some(k @ ("memory" | "entity")) => cond.push(format!("node_kind = '{k}'")),
-        Some(_) => return Err(Error::invalid("kind", "must be `memory` or `entity`")),
-    }
-    if let Some(c) = q.community {
-        if c < 0 {
-            return Err(Error::invalid("community", "must be 0 or more"));
+    if let Some(k) = q.kind.as_deref() {
+        if k != "memory" && k != "entity" {
+            return Err(Error::invalid("kind", "must be `memory` or `entity`"));
         }
-        cond.push(format!("community = {c}"));
     }
-    let cond = (!cond.is_empty()).then(|| cond.join(" AND "));
-    let (stream, computed_at, rows) = stored(engine, caller, q.stream.as_deref(), cond).await?;
+    if q.community.is_some_and(|c| c < 0) {
+        return Err(Error::invalid("community", "must be 0 or more"));
+    }
+    let (stream, computed_at, rows) = stored(engine, caller, q.stream.as_deref()).await?;
     Ok(Ranking {
         stream,
         computed_at,
-        nodes: rows.iter().take(limit).map(Ranked::from).collect(),
+        nodes: rows
+            .iter()
+            .filter(|r| q.kind.as_deref().is_none_or(|k| r.node_kind == k))
+            .filter(|r| q.community.is_none_or(|c| r.community == c))
+            .take(limit)
+            .map(Ranked::from)
+            .collect(),
     })
 }
 
@@ -348,7 +347,7 @@ pub async fn communities(
     if min_size == 0 {
         return Err(Error::invalid("min_size", "must be 1 or more"));
     }
-    let (stream, computed_at, rows) = stored(engine, caller, q.stream.as_deref(), None).await?;
+    let (stream, computed_at, rows) = stored(engine, caller, q.stream.as_deref()).await?;
     // Rows come highest ranked first, so each community's members do too.
     let mut by: BTreeMap<i64, Vec<&MetricRow>> = BTreeMap::new();
     for r in &rows {

@@ -181,12 +181,18 @@ pub fn chunk_from_request(caller: &Caller, req: StoreRequest) -> Result<Chunk> {
         .as_ref()
         .map(|v| parse_instant("valid_until", v))
         .transpose()?;
-    if let (Some(from), Some(until)) = (chunk.valid_from, chunk.valid_until) {
-        if until <= from {
-            return Err(Error::invalid("valid_until", "must be after valid_from"));
-        }
-    }
+    check_validity(&chunk)?;
     Ok(chunk)
+}
+
+/// A memory's validity interval, when both ends are set, is not empty.
+pub(crate) fn check_validity(chunk: &Chunk) -> Result<()> {
+    match (chunk.valid_from, chunk.valid_until) {
+        (Some(from), Some(until)) if until <= from => {
+            Err(Error::invalid("valid_until", "must be after valid_from"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Store one memory and wait until the pipeline has committed it.

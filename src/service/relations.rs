@@ -55,11 +55,7 @@ pub struct Relation {
 
 fn relation_name(raw: &str) -> Result<String> {
     let name = raw.trim().to_lowercase();
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_:-".contains(&b));
-    if ok {
+    if crate::store::relations::is_relation_name(&name) {
         Ok(name)
     } else {
         Err(Error::invalid(

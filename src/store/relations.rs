@@ -59,6 +59,14 @@ fn rows(batches: &[RecordBatch]) -> Vec<RelationRow> {
     out
 }
 
+/// A relation's name as stored: 1–64 of lower-case letters, digits, `_ : -`.
+pub fn is_relation_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_:-".contains(&b))
+}
+
 /// The rows of relations touching any of `ids` (from or to).
 pub fn touching<S: AsRef<str>>(ids: &[S]) -> String {
     format!(

@@ -524,7 +524,8 @@ async fn explore(
     if !(1..=50).contains(&seed_limit) {
         return Err(Error::invalid("seed_limit", "must be between 1 and 50"));
     }
-    let min_conf = req.min_edge_confidence.unwrap_or(0.0);
+    // loomem's edges here carry no confidence of their own: each is 1.0.
+    let edges_wanted = req.min_edge_confidence.unwrap_or(0.0) <= 1.0;
     let seeds = service::search::search(
         &engine,
         &caller,
@@ -537,7 +538,7 @@ async fn explore(
     )
     .await?;
     let mut nodes: Vec<String> = Vec::new();
-    let mut edges: BTreeSet<(String, String, String, u32)> = BTreeSet::new();
+    let mut edges: BTreeSet<(String, String, String)> = BTreeSet::new();
     let allowed = |kind: &str| {
         req.relationship_types
             .as_ref()
@@ -567,15 +568,15 @@ async fn explore(
                     .entry(e.to.as_str())
                     .or_default()
                     .push(e.from.as_str());
-            } else if allowed(&e.kind) && min_conf <= 1.0 {
-                edges.insert((e.from.clone(), e.to.clone(), e.kind.clone(), 100));
+            } else if allowed(&e.kind) && edges_wanted {
+                edges.insert((e.from.clone(), e.to.clone(), e.kind.clone()));
             }
         }
-        if allowed("shares_entity") && min_conf <= 1.0 {
+        if allowed("shares_entity") && edges_wanted {
             for members in mentions.values() {
                 for (i, a) in members.iter().enumerate() {
                     for b in &members[i + 1..] {
-                        edges.insert((a.to_string(), b.to_string(), "shares_entity".into(), 100));
+                        edges.insert((a.to_string(), b.to_string(), "shares_entity".into()));
                     }
                 }
             }
@@ -598,8 +599,8 @@ async fn explore(
         })).collect::<Vec<_>>(),
         "edges": edges
             .iter()
-            .filter(|(a, b, _, _)| kept.contains(a) && kept.contains(b))
-            .map(|(a, b, k, c)| neuro_edge(a, b, k, *c as f32 / 100.0))
+            .filter(|(a, b, _)| kept.contains(a) && kept.contains(b))
+            .map(|(a, b, k)| neuro_edge(a, b, k, 1.0))
             .collect::<Vec<_>>(),
         "seed_memories": seeds.results.iter().map(|r| &r.chunk_id).collect::<Vec<_>>(),
     })))

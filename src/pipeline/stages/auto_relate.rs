@@ -52,12 +52,7 @@ pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, 
     if !(1..=20).contains(&cfg.max_links) {
         return Err(bad("max_links must be between 1 and 20"));
     }
-    let ok = (1..=64).contains(&cfg.relation.len())
-        && cfg
-            .relation
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_:-".contains(&b));
-    if !ok {
+    if !crate::store::relations::is_relation_name(&cfg.relation) {
         return Err(bad(
             "relation must be 1-64 of lower-case letters, digits, _ - :",
         ));
