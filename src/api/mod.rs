@@ -28,7 +28,7 @@ use crate::service::reembed;
 use crate::service::search::{self, SearchRequest, SearchResponse};
 use crate::service::status;
 
-pub use request::{parse_json, ApiJson, ApiQuery};
+pub use request::{parse_json, ApiJson, ApiJsonArray, ApiQuery};
 
 /// Every protected route (all but `/health`), in one table: the router is
 /// built from it and the attack suite reads its paths, so a route cannot be
@@ -121,6 +121,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
         ("/metrics", get(metrics)),
     ]
     .into_iter()
+    .chain(compat::memoclaw::routes())
     .chain(compat::memoria::routes())
     .chain(compat::neuroloom::routes())
     .collect()
@@ -204,6 +205,43 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
         ("GET", "/v1/whoami", Reader),
         ("GET", "/openapi.json", Reader),
         ("GET", "/metrics", Admin),
+        // MemoClaw's API (`compat::memoclaw`).
+        ("POST", "/compat/memoclaw/v1/store", Writer),
+        ("POST", "/compat/memoclaw/v1/store/batch", Writer),
+        ("POST", "/compat/memoclaw/v1/recall", Reader),
+        ("POST", "/compat/memoclaw/v1/search", Reader),
+        ("POST", "/compat/memoclaw/v1/context", Reader),
+        ("GET", "/compat/memoclaw/v1/memories", Reader),
+        ("GET", "/compat/memoclaw/v1/memories/count", Reader),
+        ("POST", "/compat/memoclaw/v1/memories/bulk-delete", Writer),
+        ("PATCH", "/compat/memoclaw/v1/memories/batch", Writer),
+        ("POST", "/compat/memoclaw/v1/memories/extract", Writer),
+        ("POST", "/compat/memoclaw/v1/memories/consolidate", Writer),
+        ("GET", "/compat/memoclaw/v1/memories/{id}", Reader),
+        ("PATCH", "/compat/memoclaw/v1/memories/{id}", Writer),
+        ("DELETE", "/compat/memoclaw/v1/memories/{id}", Writer),
+        ("GET", "/compat/memoclaw/v1/memories/{id}/history", Reader),
+        ("GET", "/compat/memoclaw/v1/memories/{id}/graph", Reader),
+        ("GET", "/compat/memoclaw/v1/memories/{id}/relations", Reader),
+        (
+            "POST",
+            "/compat/memoclaw/v1/memories/{id}/relations",
+            Writer,
+        ),
+        (
+            "DELETE",
+            "/compat/memoclaw/v1/memories/{id}/relations/{relation_id}",
+            Writer,
+        ),
+        ("POST", "/compat/memoclaw/v1/ingest", Writer),
+        ("GET", "/compat/memoclaw/v1/suggested", Reader),
+        ("GET", "/compat/memoclaw/v1/export", Reader),
+        ("POST", "/compat/memoclaw/v1/import", Writer),
+        ("POST", "/compat/memoclaw/v1/migrate", Writer),
+        ("GET", "/compat/memoclaw/v1/namespaces", Reader),
+        ("GET", "/compat/memoclaw/v1/core-memories", Reader),
+        ("GET", "/compat/memoclaw/v1/tags", Reader),
+        ("GET", "/compat/memoclaw/v1/stats", Reader),
         // Memoria's API (`compat::memoria`).
         ("GET", "/compat/memoria/v1/memories", Reader),
         ("POST", "/compat/memoria/v1/memories", Writer),
@@ -323,6 +361,11 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/v1/graph/analyze")
             | ("POST", "/compat/memoria/v1/memories/purge")
             | ("POST", "/compat/memoria/v1/consolidate")
+            | ("POST", "/compat/memoclaw/v1/memories/bulk-delete")
+            | ("POST", "/compat/memoclaw/v1/memories/consolidate")
+            | ("GET", "/compat/memoclaw/v1/export")
+            | ("GET", "/compat/memoclaw/v1/stats")
+            | ("GET", "/compat/memoclaw/v1/suggested")
     ) || (llm && method == "POST" && route == "/v1/ingest")
 }
 

@@ -23,34 +23,57 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let content_type = req
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .map(|v| v.to_str().unwrap_or_default().to_string());
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Error::TooLarge("request body is too large".into())
-            } else {
-                Error::BadRequest(format!("cannot read request body: {r}"))
-            }
-        })?;
-        // A web page can POST `text/plain` across sites without a preflight;
-        // only a JSON body (or none at all) reaches the handlers.
-        match content_type {
-            Some(t) if !is_json(&t) => {
-                return Err(Error::UnsupportedMediaType(format!(
-                    "Content-Type `{t}` is not accepted here; send application/json"
-                )))
-            }
-            None if !bytes.is_empty() => {
-                return Err(Error::UnsupportedMediaType(
-                    "a request body needs Content-Type: application/json".into(),
-                ))
-            }
-            _ => {}
-        }
-        parse_json(&bytes).map(ApiJson)
+        parse_json(&json_body(req, state).await?).map(ApiJson)
     }
+}
+
+/// A JSON array body (a peer's import takes one), under the same rules as
+/// [`ApiJson`]'s objects.
+pub struct ApiJsonArray(pub Vec<serde_json::Value>);
+
+impl<S: Send + Sync> FromRequest<S> for ApiJsonArray {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = json_body(req, state).await?;
+        match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'[') => serde_json::from_slice(&bytes)
+                .map(ApiJsonArray)
+                .map_err(|e| Error::BadRequest(format!("malformed JSON: {e}"))),
+            _ => Err(Error::invalid("body", "must be a JSON array")),
+        }
+    }
+}
+
+/// A request's body, refused unless it is JSON (or empty).
+async fn json_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Error> {
+    let content_type = req
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Error::TooLarge("request body is too large".into())
+        } else {
+            Error::BadRequest(format!("cannot read request body: {r}"))
+        }
+    })?;
+    // A web page can POST `text/plain` across sites without a preflight;
+    // only a JSON body (or none at all) reaches the handlers.
+    match content_type {
+        Some(t) if !is_json(&t) => {
+            return Err(Error::UnsupportedMediaType(format!(
+                "Content-Type `{t}` is not accepted here; send application/json"
+            )))
+        }
+        None if !bytes.is_empty() => {
+            return Err(Error::UnsupportedMediaType(
+                "a request body needs Content-Type: application/json".into(),
+            ))
+        }
+        _ => {}
+    }
+    Ok(bytes)
 }
 
 /// `application/json`, `application/<x>+json`, with or without parameters.

@@ -38,6 +38,9 @@ pub struct EditRequest {
     #[schemars(range(min = 0.0, max = 1.0))]
     pub confidence: Option<f32>,
     pub pinned: Option<bool>,
+    /// `true` locks the memory: no later edit or delete. (An immutable memory
+    /// cannot be edited, so `false` only ever leaves a mutable one as it is.)
+    pub immutable: Option<bool>,
     /// When it expires (RFC 3339 or Unix seconds); null clears it.
     #[serde(default, deserialize_with = "crate::core::time::present")]
     #[schemars(schema_with = "crate::core::time::optional_instant_schema")]
@@ -167,6 +170,10 @@ fn apply(req: &EditRequest, c: &mut Chunk) -> Result<Vec<&'static str>> {
             c.pinned = p;
             changed.push("pinned");
         }
+    }
+    if req.immutable == Some(true) && !c.immutable {
+        c.immutable = true;
+        changed.push("immutable");
     }
     for (field, value, slot) in [
         ("expires_at", &req.expires_at, &mut c.expires_at),

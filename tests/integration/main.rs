@@ -23,6 +23,7 @@ mod keys;
 mod llm_stub;
 mod maintenance;
 mod mcp;
+mod memoclaw;
 mod nats;
 mod oauth;
 mod openapi;

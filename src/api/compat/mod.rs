@@ -4,11 +4,58 @@
 //! implementation. Their contract is the peer's document in
 //! `shared/reference/`, not loomem's OpenAPI description.
 
+pub mod memoclaw;
 pub mod memoria;
 pub mod neuroloom;
 
 use axum::Json;
 use serde_json::{json, Value};
+
+use crate::app::Engine;
+use crate::core::error::Result;
+use crate::core::Caller;
+use crate::service;
+use crate::service::listing::ListQuery;
+
+/// The memories a listing query matches, `offset` memories skipped and at
+/// most `limit` answered (the peers page by offset; loomem by cursor), with
+/// the number matching in all.
+async fn offset_page(
+    engine: &Engine,
+    caller: &Caller,
+    query: &ListQuery,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Value>, usize)> {
+    let mut skip = offset;
+    let mut cursor = None;
+    let mut views = Vec::new();
+    loop {
+        let page = service::listing::page(
+            engine,
+            caller,
+            &ListQuery {
+                limit: Some(500),
+                cursor,
+                ..query.clone()
+            },
+        )
+        .await?;
+        let n = page.memories.len();
+        views.extend(page.memories.into_iter().skip(skip));
+        skip = skip.saturating_sub(n);
+        cursor = page.next_cursor;
+        if views.len() >= limit || cursor.is_none() {
+            views.truncate(limit);
+            return Ok((views, page.total));
+        }
+    }
+}
+
+/// Every memory a listing query matches (for exports and aggregates).
+async fn all(engine: &Engine, caller: &Caller, query: &ListQuery) -> Result<Vec<Value>> {
+    Ok(offset_page(engine, caller, query, 0, usize::MAX).await?.0)
+}
 
 /// This process, as the peers' readiness probes name it.
 fn instance_id() -> &'static str {

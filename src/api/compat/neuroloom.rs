@@ -223,32 +223,13 @@ async fn list(
             "Neuroloom's pruning_candidates filter is not available in loomem".into(),
         ));
     }
-    // Offsets over loomem's cursor pages.
-    let mut skip = q.offset.unwrap_or(0);
-    let mut cursor = None;
-    let mut views = Vec::new();
-    loop {
-        let page = service::listing::page(
-            &engine,
-            &caller,
-            &service::listing::ListQuery {
-                types: q.memory_type.clone(),
-                order: Some(order.into()),
-                limit: Some(500),
-                cursor,
-                ..Default::default()
-            },
-        )
-        .await?;
-        let n = page.memories.len();
-        views.extend(page.memories.into_iter().skip(skip));
-        skip = skip.saturating_sub(n);
-        cursor = page.next_cursor;
-        if views.len() >= limit || cursor.is_none() {
-            break;
-        }
-    }
-    views.truncate(limit);
+    let query = service::listing::ListQuery {
+        types: q.memory_type.clone(),
+        order: Some(order.into()),
+        ..Default::default()
+    };
+    let (views, _) =
+        super::offset_page(&engine, &caller, &query, q.offset.unwrap_or(0), limit).await?;
     Ok(Json(Value::Array(
         memories(&engine, &caller, &views).await?,
     )))
