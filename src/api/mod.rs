@@ -364,8 +364,6 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/compat/memoclaw/v1/memories/bulk-delete")
             | ("POST", "/compat/memoclaw/v1/memories/consolidate")
             | ("GET", "/compat/memoclaw/v1/export")
-            | ("GET", "/compat/memoclaw/v1/stats")
-            | ("GET", "/compat/memoclaw/v1/suggested")
     ) || (llm && method == "POST" && route == "/v1/ingest")
 }
 
