@@ -1,6 +1,7 @@
 //! The REST API: `router(engine)` builds every route. Handlers are thin: parse,
 //! call one service function, shape the answer.
 
+mod branches;
 mod compat;
 mod context;
 mod error;
@@ -97,6 +98,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
             post(jobs::snapshot_create).get(jobs::snapshot_list),
         ),
         ("/v1/snapshots/{name}", delete(jobs::snapshot_delete)),
+        ("/v1/branches", post(branches::create).get(branches::list)),
+        ("/v1/branches/{name}", delete(branches::drop)),
+        ("/v1/branches/{name}/diff", get(branches::diff)),
+        ("/v1/branches/{name}/merge", post(branches::merge)),
         (
             "/v1/snapshots/{name}/rollback",
             post(jobs::snapshot_rollback),
@@ -186,6 +191,11 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
         ("GET", "/v1/snapshots", Admin),
         ("DELETE", "/v1/snapshots/{name}", Admin),
         ("POST", "/v1/snapshots/{name}/rollback", Admin),
+        ("POST", "/v1/branches", Writer),
+        ("GET", "/v1/branches", Reader),
+        ("DELETE", "/v1/branches/{name}", Writer),
+        ("GET", "/v1/branches/{name}/diff", Reader),
+        ("POST", "/v1/branches/{name}/merge", Writer),
         ("POST", "/v1/boost", Writer),
         ("POST", "/v1/retag-all", Writer),
         ("POST", "/v1/score-all", Writer),
@@ -266,6 +276,16 @@ pub fn needs() -> Vec<(&'static str, &'static str, Role)> {
             "/compat/memoria/v1/snapshots/{name}/rollback",
             Admin,
         ),
+        ("POST", "/compat/memoria/v1/branches", Writer),
+        ("GET", "/compat/memoria/v1/branches", Reader),
+        ("DELETE", "/compat/memoria/v1/branches/{name}", Writer),
+        (
+            "POST",
+            "/compat/memoria/v1/branches/{name}/checkout",
+            Reader,
+        ),
+        ("GET", "/compat/memoria/v1/branches/{name}/diff", Reader),
+        ("POST", "/compat/memoria/v1/branches/{name}/merge", Writer),
         // Neuroloom's API (`compat::neuroloom`).
         ("POST", "/compat/neuroloom/api/v1/memories/store", Writer),
         ("GET", "/compat/neuroloom/api/v1/memories/", Reader),
@@ -359,6 +379,10 @@ pub(crate) fn expensive(method: &str, route: &str, llm: bool) -> bool {
             | ("POST", "/admin/jobs/{name}/run")
             | ("POST", "/v1/memories/bulk-delete")
             | ("POST", "/v1/graph/analyze")
+            | ("POST", "/v1/branches")
+            | ("POST", "/v1/branches/{name}/merge")
+            | ("POST", "/compat/memoria/v1/branches")
+            | ("POST", "/compat/memoria/v1/branches/{name}/merge")
             | ("POST", "/compat/memoria/v1/memories/purge")
             | ("POST", "/compat/memoria/v1/consolidate")
             | ("POST", "/compat/memoclaw/v1/memories/bulk-delete")

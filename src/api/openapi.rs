@@ -451,6 +451,38 @@ pub fn operations() -> Vec<Op> {
             "Put every table back to a snapshot (admin)",
         )
         .answers::<snapshot::Rollback>(),
+        op(
+            "post",
+            "/v1/branches",
+            "Branch a stream: copy its memories into `<stream>~<name>`",
+        )
+        .json::<crate::service::branch::NewBranch>()
+        .answers::<crate::service::branch::Branch>()
+        .status(201),
+        op("get", "/v1/branches", "A stream's branches")
+            .query::<crate::service::branch::BranchQuery>()
+            .answers::<crate::service::branch::Branches>(),
+        op(
+            "delete",
+            "/v1/branches/{name}",
+            "Drop a branch (purge its stream)",
+        )
+        .query::<crate::service::branch::BranchQuery>()
+        .answers::<crate::service::branch::Dropped>(),
+        op(
+            "get",
+            "/v1/branches/{name}/diff",
+            "What a branch added, changed and removed",
+        )
+        .query::<crate::service::branch::BranchQuery>()
+        .answers::<crate::service::branch::Diff>(),
+        op(
+            "post",
+            "/v1/branches/{name}/merge",
+            "Merge a branch into its base",
+        )
+        .json::<crate::service::branch::MergeRequest>()
+        .answers::<crate::service::branch::Merged>(),
         op("post", "/v1/boost", "Raise a memory's importance").json::<maintenance::BoostRequest>(),
         op(
             "post",

@@ -82,6 +82,9 @@ pub struct Caller {
     pub namespaces: Namespaces,
 }
 
+/// What joins a stream and the name of one of its branches.
+pub const BRANCH_SEP: char = '~';
+
 impl Caller {
     pub fn admin(name: &str) -> Caller {
         Caller {
@@ -122,10 +125,16 @@ impl Caller {
             .unwrap_or(DEFAULT_STREAM)
     }
 
+    /// Whether the caller may use `stream`: one of its streams, or a branch
+    /// of one (`<stream>~<branch>`, see `service::branch`).
     pub fn can_see(&self, stream: &str) -> bool {
-        self.streams
-            .as_ref()
-            .is_none_or(|s| s.iter().any(|x| x == stream))
+        let Some(streams) = &self.streams else {
+            return true;
+        };
+        streams.iter().any(|x| x == stream)
+            || stream
+                .rsplit_once(BRANCH_SEP)
+                .is_some_and(|(base, _)| self.can_see(base))
     }
 
     /// The stream a request names (a namespace label or a stream id), or the

@@ -5,6 +5,7 @@
 
 pub mod associate;
 pub mod auth;
+pub mod branch;
 pub mod bulk;
 pub mod context;
 pub mod conversation;

@@ -4,6 +4,7 @@
 mod api;
 mod attack;
 mod auth;
+mod branches;
 mod bulk;
 mod compat;
 mod context;

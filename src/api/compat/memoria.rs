@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri};
 use axum::routing::{any, delete, get, post, put, MethodRouter};
 use axum::Json;
@@ -51,6 +54,20 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
             "/compat/memoria/v1/snapshots/{name}/rollback",
             post(snapshot_rollback),
         ),
+        (
+            "/compat/memoria/v1/branches",
+            post(branch_create).get(branch_list),
+        ),
+        ("/compat/memoria/v1/branches/{name}", delete(branch_drop)),
+        (
+            "/compat/memoria/v1/branches/{name}/checkout",
+            post(branch_checkout),
+        ),
+        ("/compat/memoria/v1/branches/{name}/diff", get(branch_diff)),
+        (
+            "/compat/memoria/v1/branches/{name}/merge",
+            post(branch_merge),
+        ),
         ("/compat/memoria/{*rest}", any(unsupported)),
     ]
 }
@@ -58,7 +75,6 @@ pub fn routes() -> Vec<(&'static str, MethodRouter<Arc<Engine>>)> {
 /// Memoria's features with no loomem equivalent: a path prefix and the name
 /// the 501 gives.
 pub const UNSUPPORTED: &[(&str, &str)] = &[
-    ("/v1/branches", "branches"),
     ("/v1/snapshots/", "snapshot diffs"),
     (
         "/v1/governance",
@@ -83,6 +99,41 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("/auth/keys", "Memoria's key API (use loomem's /admin/keys)"),
     ("/admin/", "Memoria's admin API"),
 ];
+
+/// The branch each key has checked out through Memoria's API: remembered by
+/// this process (a restart, or another loomem process, starts on main).
+fn checkouts() -> &'static std::sync::Mutex<HashMap<String, String>> {
+    static CHECKOUTS: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> =
+        std::sync::OnceLock::new();
+    CHECKOUTS.get_or_init(Default::default)
+}
+
+fn checked_out(caller: &Caller) -> Option<String> {
+    checkouts()
+        .lock()
+        .expect("checkouts lock")
+        .get(&caller.key)
+        .cloned()
+}
+
+/// The Memoria user: the key, working in the branch it checked out (its
+/// memories are that branch's stream, and only those).
+pub struct User(Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for User {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        Ok(User(match checked_out(&caller) {
+            Some(stream) => Caller {
+                streams: Some(vec![stream]),
+                ..caller
+            },
+            None => caller,
+        }))
+    }
+}
 
 /// Anything else under `/compat/memoria`: 501 for a Memoria feature loomem
 /// lacks, 404 for a path Memoria does not have.
@@ -135,7 +186,7 @@ struct ListParams {
 /// `GET /v1/memories`: `{items, next_cursor}`.
 async fn list(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiQuery(q): ApiQuery<ListParams>,
 ) -> Result<Json<Value>> {
     let page = service::listing::page(
@@ -177,7 +228,7 @@ impl NewMemory {
 /// `POST /v1/memories`: 201 with the stored memory.
 async fn store_one(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<NewMemory>,
 ) -> Result<(StatusCode, Json<Value>)> {
     let stored = service::memory::store(&engine, &caller, req.request()).await?;
@@ -197,7 +248,7 @@ struct Batch {
 /// (an item that could not be stored has `error`).
 async fn store_batch(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Batch>,
 ) -> Result<(StatusCode, Json<Value>)> {
     let answer = service::bulk::store(
@@ -291,7 +342,7 @@ async fn find(engine: &Engine, caller: &Caller, req: Retrieve, by_session: bool)
 /// `POST /v1/memories/retrieve`.
 async fn retrieve(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Retrieve>,
 ) -> Result<Json<Value>> {
     Ok(Json(find(&engine, &caller, req, true).await?))
@@ -300,7 +351,7 @@ async fn retrieve(
 /// `POST /v1/memories/search`: as retrieve, without session priority.
 async fn search(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Retrieve>,
 ) -> Result<Json<Value>> {
     Ok(Json(find(&engine, &caller, req, false).await?))
@@ -333,7 +384,7 @@ async fn corrected(
 /// `PUT /v1/memories/{id}/correct`.
 async fn correct(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<Correction>,
 ) -> Result<Json<Value>> {
@@ -357,7 +408,7 @@ async fn correct(
 /// `POST /v1/memories/correct`: the best match of `query` is corrected.
 async fn correct_by_query(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Correction>,
 ) -> Result<Json<Value>> {
     let query = req
@@ -388,7 +439,7 @@ struct Reason {
 /// history (through loomem's bulk delete of one id, which also snapshots).
 async fn forget(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<Reason>,
 ) -> Result<Json<Value>> {
@@ -424,7 +475,7 @@ struct Purge {
 /// taken before anything goes.
 async fn purge(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Purge>,
 ) -> Result<Json<Value>> {
     let filtered = req.memory_types.is_some() || req.before.is_some();
@@ -481,7 +532,7 @@ fn signal(s: &str) -> Result<(i64, bool)> {
 /// `POST /v1/memories/{id}/feedback`: 201 with `{feedback_id}`.
 async fn feedback(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<Signal>,
 ) -> Result<(StatusCode, Json<Value>)> {
@@ -536,7 +587,7 @@ struct Observe {
 /// `POST /v1/observe`: the conversation's facts, stored (loomem's ingest).
 async fn observe(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<Observe>,
 ) -> Result<Json<Value>> {
     let done = service::conversation::ingest(
@@ -567,7 +618,7 @@ async fn observe(
 }
 
 /// `GET /v1/profiles/me`: loomem's profile of the key's default stream.
-async fn profile(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Value>> {
+async fn profile(State(engine): State<Arc<Engine>>, User(caller): User) -> Result<Json<Value>> {
     let p = service::context::profile(&engine, &caller, None).await?;
     as_json(p)
 }
@@ -583,7 +634,7 @@ struct Force {
 /// cooldown: `force` is accepted and changes nothing.
 async fn consolidate(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiQuery(q): ApiQuery<Force>,
 ) -> Result<Json<Value>> {
     let _ = q.force;
@@ -602,7 +653,7 @@ struct NewSnapshot {
 /// may take one (403 otherwise).
 async fn snapshot_create(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     ApiJson(req): ApiJson<NewSnapshot>,
 ) -> Result<(StatusCode, Json<Value>)> {
     caller.require_admin()?;
@@ -628,7 +679,7 @@ async fn snapshot_list(State(engine): State<Arc<Engine>>, caller: Caller) -> Res
 /// detail of a snapshot; `detail`, `limit`, `offset` are accepted).
 async fn snapshot_detail(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(name): Path<String>,
 ) -> Result<Json<Value>> {
     caller.require_admin()?;
@@ -642,7 +693,7 @@ async fn snapshot_detail(
 /// `DELETE /v1/snapshots/{name}`.
 async fn snapshot_delete(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(name): Path<String>,
 ) -> Result<Json<Value>> {
     caller.require_admin()?;
@@ -653,10 +704,127 @@ async fn snapshot_delete(
 /// `POST /v1/snapshots/{name}/rollback`.
 async fn snapshot_rollback(
     State(engine): State<Arc<Engine>>,
-    caller: Caller,
+    User(caller): User,
     Path(name): Path<String>,
 ) -> Result<Json<Value>> {
     caller.require_admin()?;
     let r = service::snapshot::rollback(&engine, &name).await?;
     as_json(r)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewBranch {
+    name: String,
+}
+
+/// `POST /v1/branches`: a branch of the key's default stream (loomem copies
+/// its memories into the stream `<stream>~<name>`), 201.
+async fn branch_create(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    ApiJson(req): ApiJson<NewBranch>,
+) -> Result<(StatusCode, Json<Value>)> {
+    let made = service::branch::create(
+        &engine,
+        &caller,
+        service::branch::NewBranch {
+            name: req.name,
+            stream: None,
+        },
+    )
+    .await?;
+    Ok((StatusCode::CREATED, as_json(made)?))
+}
+
+/// `GET /v1/branches`: `main` and each branch, the checked-out one `active`.
+async fn branch_list(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Value>> {
+    let active = checked_out(&caller);
+    let found = service::branch::list(&engine, &caller, &Default::default()).await?;
+    let mut out = vec![json!({"name": "main", "active": active.is_none()})];
+    for b in found.branches {
+        let mut v = serde_json::to_value(&b).unwrap_or_default();
+        v["active"] = json!(active.as_deref() == Some(b.stream.as_str()));
+        out.push(v);
+    }
+    Ok(Json(json!({ "branches": out })))
+}
+
+/// `POST /v1/branches/{name}/checkout`: the key's Memoria calls work in the
+/// branch from now on (`main` goes back).
+async fn branch_checkout(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>> {
+    let stream = if name == "main" {
+        None
+    } else {
+        let found = service::branch::list(&engine, &caller, &Default::default()).await?;
+        let b = found
+            .branches
+            .into_iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| Error::NotFound(format!("no branch `{name}`")))?;
+        Some(b.stream)
+    };
+    let mut all = checkouts().lock().expect("checkouts lock");
+    match stream {
+        Some(s) => all.insert(caller.key.clone(), s),
+        None => all.remove(&caller.key),
+    };
+    Ok(Json(json!({"branch": name, "active": true})))
+}
+
+/// `GET /v1/branches/{name}/diff`: what the branch added, changed and
+/// removed against main.
+async fn branch_diff(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>> {
+    as_json(service::branch::diff(&engine, &caller, &name, &Default::default()).await?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Merge {
+    strategy: Option<String>,
+}
+
+/// `POST /v1/branches/{name}/merge` `{strategy}`: `append` (the branch's
+/// new and changed memories) or `mirror` (its removals too).
+async fn branch_merge(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+    ApiJson(req): ApiJson<Merge>,
+) -> Result<Json<Value>> {
+    let done = service::branch::merge(
+        &engine,
+        &caller,
+        &name,
+        service::branch::MergeRequest {
+            stream: None,
+            strategy: req.strategy,
+            dry_run: false,
+        },
+    )
+    .await?;
+    as_json(done)
+}
+
+/// `DELETE /v1/branches/{name}`: drop it (the key goes back to main if it
+/// had it checked out).
+async fn branch_drop(
+    State(engine): State<Arc<Engine>>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<Value>> {
+    let done = service::branch::drop(&engine, &caller, &name, &Default::default()).await?;
+    let mut all = checkouts().lock().expect("checkouts lock");
+    if all.get(&caller.key) == Some(&done.stream) {
+        all.remove(&caller.key);
+    }
+    as_json(done)
 }
