@@ -204,6 +204,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_key_may_use_the_branches_of_its_streams_only() {
+        let a = Caller::scoped("a", vec!["a".into()]);
+        assert!(a.can_see("a") && a.can_see("a~trial") && a.can_see("a~trial~deeper"));
+        assert!(!a.can_see("b~trial") && !a.can_see("ab") && !a.can_see("b~a"));
+        assert!(!a.can_see("~a") && !a.can_see("a2"));
+    }
+
+    #[test]
     fn streams_resolve_through_namespaces_and_scope() {
         let ns = Arc::new(BTreeMap::from([(
             "personal".to_string(),

@@ -592,9 +592,94 @@ fn attempts() -> Vec<Attempt> {
         attempt(
             "/compat/memoria/{*rest}",
             "GET",
-            "/compat/memoria/v1/branches",
+            "/compat/memoria/v1/governance",
             None,
             Status(501),
+        ),
+        // Branches: another key's stream refused; Memoria's within A's own.
+        attempt(
+            "/v1/branches",
+            "POST",
+            "/v1/branches",
+            Some(json!({"name": "x", "stream": "b"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/branches",
+            "GET",
+            "/v1/branches?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/branches/{name}/diff",
+            "GET",
+            "/v1/branches/x/diff?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/v1/branches/{name}/merge",
+            "POST",
+            "/v1/branches/x/merge",
+            Some(json!({"stream": "b"})),
+            Status(403),
+        ),
+        attempt(
+            "/v1/branches/{name}",
+            "DELETE",
+            "/v1/branches/x?stream=b",
+            None,
+            Status(403),
+        ),
+        attempt(
+            "/compat/memoria/v1/branches",
+            "POST",
+            "/compat/memoria/v1/branches",
+            Some(json!({"name": "trial"})),
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches",
+            "GET",
+            "/compat/memoria/v1/branches",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches/{name}/checkout",
+            "POST",
+            "/compat/memoria/v1/branches/trial/checkout",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches/{name}/diff",
+            "GET",
+            "/compat/memoria/v1/branches/trial/diff",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches/{name}/merge",
+            "POST",
+            "/compat/memoria/v1/branches/trial/merge",
+            Some(json!({"strategy": "append"})),
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches/{name}/checkout",
+            "POST",
+            "/compat/memoria/v1/branches/main/checkout",
+            None,
+            Scoped,
+        ),
+        attempt(
+            "/compat/memoria/v1/branches/{name}",
+            "DELETE",
+            "/compat/memoria/v1/branches/trial",
+            None,
+            Scoped,
         ),
         // MemoClaw's API.
         attempt(
@@ -1101,7 +1186,12 @@ async fn stream_b(d: &Daemon) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_route_lets_one_key_reach_another_streams_data() {
-    let d = Daemon::start(Options::with_auth()).await;
+    // Every route in a second spends more than the expensive budget's burst:
+    // this suite is about isolation (the limits have tests of their own).
+    let d = Daemon::start(
+        Options::with_auth().env("LOOMEM_SERVER__RATE_LIMIT__EXPENSIVE_BURST", "1000"),
+    )
+    .await;
     // B's memories: a fact with a chosen id, and a conversation (entities,
     // edges, history), and a snapshot the admin took.
     let (s, body) = d

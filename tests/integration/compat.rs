@@ -297,9 +297,6 @@ async fn memorias_documented_requests_answer_in_its_shapes() {
 
     // What loomem does not have: 501 naming it; what Memoria has not: 404.
     for (method, path, feature) in [
-        ("POST", "/v1/branches", "branches"),
-        ("GET", "/v1/branches", "branches"),
-        ("POST", "/v1/branches/x/checkout", "branches"),
         ("GET", "/v1/snapshots/before-cleanup/diff?limit=50", "diff"),
         ("POST", "/v1/governance?force=false", "governance"),
         ("POST", "/v1/reflect?force=false", "reflect"),
