@@ -480,17 +480,6 @@ async fn read_streams(
     Ok(streams)
 }
 
-fn limit_of(field: &str, v: Option<usize>, default: usize, max: usize) -> Result<usize> {
-    let n = v.unwrap_or(default);
-    if !(1..=max).contains(&n) {
-        return Err(Error::invalid(
-            field,
-            format!("must be between 1 and {max}"),
-        ));
-    }
-    Ok(n)
-}
-
 /// Memory objects of what a search ranked, each with `similarity` (the
 /// cosine of the vector leg, when it found the memory) and `score`.
 async fn ranked(
@@ -532,7 +521,7 @@ async fn recall(
     caller: Caller,
     ApiJson(req): ApiJson<Recall>,
 ) -> Result<Json<Value>> {
-    let limit = limit_of("limit", req.limit, 10, 100)?;
+    let limit = super::limit_of("limit", req.limit, 10, 100)?;
     let min_similarity = req.min_similarity.unwrap_or(0.5);
     if !(0.0..=1.0).contains(&min_similarity) {
         return Err(Error::invalid("min_similarity", "must be between 0 and 1"));
@@ -583,7 +572,7 @@ async fn search(
     caller: Caller,
     ApiJson(req): ApiJson<Search>,
 ) -> Result<Json<Value>> {
-    let limit = limit_of("limit", req.limit, 10, 100)?;
+    let limit = super::limit_of("limit", req.limit, 10, 100)?;
     check_type(req.memory_type.as_deref())?;
     let found = service::search::recall(
         &engine,
@@ -624,7 +613,7 @@ async fn context(
     caller: Caller,
     ApiJson(req): ApiJson<ContextRequest>,
 ) -> Result<Json<Value>> {
-    let max_memories = limit_of("max_memories", req.max_memories, 10, 100)?;
+    let max_memories = super::limit_of("max_memories", req.max_memories, 10, 100)?;
     let max_tokens = req.max_tokens.unwrap_or(4000);
     if !(100..=16000).contains(&max_tokens) {
         return Err(Error::invalid(
@@ -763,7 +752,7 @@ async fn list(
     caller: Caller,
     ApiQuery(q): ApiQuery<ListParams>,
 ) -> Result<Json<Value>> {
-    let limit = limit_of("limit", q.limit, 20, 500)?;
+    let limit = super::limit_of("limit", q.limit, 20, 500)?;
     let offset = q.offset.unwrap_or(0);
     let (views, total) =
         super::offset_page(&engine, &caller, &q.query(&caller)?, offset, limit).await?;
@@ -1231,7 +1220,7 @@ async fn suggested(
     caller: Caller,
     ApiQuery(q): ApiQuery<ListParams>,
 ) -> Result<Json<Value>> {
-    let limit = limit_of("limit", q.limit, 10, 100)?;
+    let limit = super::limit_of("limit", q.limit, 10, 100)?;
     if let Some(c) = q.category.as_deref() {
         if !["stale", "fresh", "hot", "decaying"].contains(&c) {
             return Err(Error::invalid(
@@ -1282,7 +1271,7 @@ async fn core_memories(
     caller: Caller,
     ApiQuery(q): ApiQuery<ListParams>,
 ) -> Result<Json<Value>> {
-    let limit = limit_of("limit", q.limit, 10, 100)?;
+    let limit = super::limit_of("limit", q.limit, 10, 100)?;
     let base = ListParams {
         sort_by: Some("importance".into()),
         ..q
@@ -1487,7 +1476,7 @@ async fn graph(
     if !(1..=5).contains(&depth) {
         return Err(Error::invalid("depth", "must be between 1 and 5"));
     }
-    let limit = limit_of("limit", q.limit, 50, 200)?;
+    let limit = super::limit_of("limit", q.limit, 50, 200)?;
     let types: Option<Vec<&str>> = q.relation_types.as_deref().map(|t| {
         t.split(',')
             .map(str::trim)

@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::app::Engine;
-use crate::core::error::Result;
+use crate::core::error::{Error, Result};
 use crate::core::Caller;
 use crate::service;
 use crate::service::listing::ListQuery;
@@ -55,6 +55,18 @@ async fn offset_page(
 /// Every memory a listing query matches (for exports and aggregates).
 async fn all(engine: &Engine, caller: &Caller, query: &ListQuery) -> Result<Vec<Value>> {
     Ok(offset_page(engine, caller, query, 0, usize::MAX).await?.0)
+}
+
+/// A count the peer bounds: `default` when absent, else 1 to `max`.
+fn limit_of(field: &str, v: Option<usize>, default: usize, max: usize) -> Result<usize> {
+    let n = v.unwrap_or(default);
+    if !(1..=max).contains(&n) {
+        return Err(Error::invalid(
+            field,
+            format!("must be between 1 and {max}"),
+        ));
+    }
+    Ok(n)
 }
 
 /// This process, as the peers' readiness probes name it.

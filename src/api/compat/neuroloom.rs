@@ -203,10 +203,7 @@ async fn list(
     caller: Caller,
     ApiQuery(q): ApiQuery<ListParams>,
 ) -> Result<Json<Value>> {
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=500).contains(&limit) {
-        return Err(Error::invalid("limit", "must be between 1 and 500"));
-    }
+    let limit = super::limit_of("limit", q.limit, 50, 500)?;
     let order = match q.ordering.as_deref().unwrap_or("-importance_score") {
         "-importance_score" => "importance",
         "-created_at" => "newest",
@@ -425,10 +422,7 @@ async fn related(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<RelatedParams>,
 ) -> Result<Json<Value>> {
-    let limit = q.limit.unwrap_or(10);
-    if !(1..=50).contains(&limit) {
-        return Err(Error::invalid("limit", "must be between 1 and 50"));
-    }
+    let limit = super::limit_of("limit", q.limit, 10, 50)?;
     let threshold = q.similarity_threshold.unwrap_or(0.75);
     if !(0.0..=1.0).contains(&threshold) {
         return Err(Error::invalid(
@@ -497,14 +491,8 @@ async fn explore(
     caller: Caller,
     ApiJson(req): ApiJson<Explore>,
 ) -> Result<Json<Value>> {
-    let max_nodes = req.max_nodes.unwrap_or(50);
-    if !(1..=200).contains(&max_nodes) {
-        return Err(Error::invalid("max_nodes", "must be between 1 and 200"));
-    }
-    let seed_limit = req.seed_limit.unwrap_or(5);
-    if !(1..=50).contains(&seed_limit) {
-        return Err(Error::invalid("seed_limit", "must be between 1 and 50"));
-    }
+    let max_nodes = super::limit_of("max_nodes", req.max_nodes, 50, 200)?;
+    let seed_limit = super::limit_of("seed_limit", req.seed_limit, 5, 50)?;
     // loomem's edges here carry no confidence of their own: each is 1.0.
     let edges_wanted = req.min_edge_confidence.unwrap_or(0.0) <= 1.0;
     let seeds = service::search::search(
