@@ -240,8 +240,24 @@ impl Engine {
             crate::jobs::runner(self.job_env(), false),
             Arc::new(crate::jobs::StoreRunLog(self.store.clone())),
             self.workers.clone(),
+            self.job_claims(),
             self.stop_scheduler.subscribe(),
         );
+    }
+
+    /// Every process sharing the bus runs the scheduler; each scheduled run
+    /// starts in the one process that claims it on the bus first.
+    fn job_claims(&self) -> crate::jobs::scheduler::Claim {
+        let services = Arc::downgrade(&self.services);
+        Arc::new(move |job, slot| {
+            let services = services.clone();
+            Box::pin(async move {
+                match services.upgrade() {
+                    Some(s) => s.bus.claim(&job, slot).await.map_err(|e| e.to_string()),
+                    None => Ok(false),
+                }
+            })
+        })
     }
 
     fn job_env(&self) -> crate::jobs::JobEnv {

@@ -13,7 +13,13 @@ pub enum BusKind {
 #[serde(deny_unknown_fields)]
 pub struct BusConfig {
     pub kind: BusKind,
+    /// The NATS server, or several separated by commas (a cluster's nodes:
+    /// loomem connects to any and fails over to the others).
     pub nats_url: String,
+    /// Copies of the stream (and of the job claims) JetStream keeps: 1 on a
+    /// single server, 3 on a three-node cluster.
+    #[serde(default = "one")]
+    pub replicas: usize,
     /// Most messages the worker pulls into one pipeline batch.
     pub batch_size: usize,
     /// How long the worker waits to fill a batch, in milliseconds.
@@ -36,4 +42,8 @@ pub struct BusConfig {
     pub max_ack_pending: i64,
     /// How long a publish waits for JetStream's acknowledgement.
     pub publish_timeout_ms: u64,
+}
+
+fn one() -> usize {
+    1
 }

@@ -25,6 +25,24 @@ pub struct JetStreamBus {
     publish_timeout: Duration,
     stream_name: String,
     consumer_name: String,
+    replicas: usize,
+    /// The key-value bucket of job claims, opened at the first claim.
+    claims: std::sync::Arc<tokio::sync::OnceCell<jetstream::kv::Store>>,
+}
+
+/// The bucket where processes claim a scheduled job's run.
+const CLAIMS_BUCKET: &str = "loomem_job_claims";
+
+/// `nats_url` as the servers to connect to (a comma-separated list).
+fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| unavailable(u, format!("not a NATS URL: {e}")))
+        })
+        .collect()
 }
 
 pub struct JetStreamConsumer {
@@ -62,7 +80,7 @@ impl JetStreamBus {
                     }
                 }
             })
-            .connect(url.as_str())
+            .connect(servers(&url)?)
             .await
             .map_err(|e| {
                 unavailable(
@@ -80,10 +98,25 @@ impl JetStreamBus {
                 retention: stream::RetentionPolicy::WorkQueue,
                 duplicate_window: Duration::from_secs(cfg.duplicate_window_secs),
                 max_bytes: cfg.max_bytes,
+                num_replicas: cfg.replicas.max(1),
                 ..Default::default()
             })
             .await
             .map_err(|e| unavailable(&url, format!("creating stream {}: {e}", cfg.stream_name)))?;
+        // A stream made with another replica count (the config changed, or
+        // the cluster grew): JetStream moves it to the new count.
+        let mut stream = stream;
+        let info = stream
+            .info()
+            .await
+            .map_err(|e| unavailable(&url, format!("stream {}: {e}", cfg.stream_name)))?;
+        if info.config.num_replicas != cfg.replicas.max(1) {
+            let mut config = info.config.clone();
+            config.num_replicas = cfg.replicas.max(1);
+            js.update_stream(config).await.map_err(|e| {
+                unavailable(&url, format!("setting {} replicas: {e}", cfg.stream_name))
+            })?;
+        }
         let consumer = stream
             .get_or_create_consumer(
                 &cfg.consumer_name,
@@ -108,6 +141,8 @@ impl JetStreamBus {
                 client,
                 js,
                 url,
+                replicas: cfg.replicas.max(1),
+                claims: Default::default(),
                 publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
                 stream_name: cfg.stream_name.clone(),
                 consumer_name: cfg.consumer_name.clone(),
@@ -180,6 +215,44 @@ impl JetStreamBus {
             }
         }
         Ok(duplicates)
+    }
+
+    /// Claim one run of a scheduled job (`slot` names it: the instant it is
+    /// due), for this process alone: true if no process claimed it before.
+    /// Every loomem process sharing the bus runs the scheduler, and a claim
+    /// is JetStream's atomic create of the key, so a run starts once.
+    pub async fn claim(&self, job: &str, slot: i64) -> Result<bool, BusError> {
+        let kv = self
+            .claims
+            .get_or_try_init(|| async {
+                self.js
+                    .create_key_value(jetstream::kv::Config {
+                        bucket: CLAIMS_BUCKET.into(),
+                        history: 1,
+                        max_age: Duration::from_secs(7 * 24 * 3600),
+                        num_replicas: self.replicas,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| unavailable(&self.url, format!("job claims bucket: {e}")))
+            })
+            .await?;
+        let job: String = job
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let key = format!("{job}.{slot}");
+        match kv.create(&key, "claimed".into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == jetstream::kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(unavailable(&self.url, format!("claiming {key}: {e}"))),
+        }
     }
 
     /// Is the connection up (for status)?

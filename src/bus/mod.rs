@@ -194,6 +194,16 @@ impl Bus {
         }
     }
 
+    /// Claim one run of a scheduled job for this process (see
+    /// [`JetStreamBus::claim`]); the embedded bus has one process, which
+    /// always wins.
+    pub async fn claim(&self, job: &str, slot: i64) -> Result<bool, BusError> {
+        match self {
+            Bus::Embedded(_) => Ok(true),
+            Bus::JetStream(b) => b.claim(job, slot).await,
+        }
+    }
+
     /// The pipeline's backlog on the bus.
     pub async fn lag(&self) -> Result<Lag, BusError> {
         match self {

@@ -79,6 +79,16 @@ pub trait RunLog: Send + Sync {
     fn last_start(&self, job: &str) -> BoxFuture<'_, Option<Micros>>;
 }
 
+/// Claims one run of a job (the job, the instant it is due) for this
+/// process: true when no other process sharing the bus claimed it first.
+pub type Claim =
+    Arc<dyn Fn(String, Micros) -> BoxFuture<'static, Result<bool, String>> + Send + Sync>;
+
+/// One process alone: every run is this one's.
+pub fn sole() -> Claim {
+    Arc::new(|_, _| Box::pin(async { Ok(true) }))
+}
+
 /// A job the loop runs.
 #[derive(Clone)]
 pub struct Scheduled {
@@ -121,6 +131,7 @@ pub fn spawn(
     runner: Runner,
     log: Arc<dyn RunLog>,
     pause: Pause,
+    claim: Claim,
     stop: watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     jobs.into_iter()
@@ -131,6 +142,7 @@ pub fn spawn(
                 runner: runner.clone(),
                 log: log.clone(),
                 pause: pause.clone(),
+                claim: claim.clone(),
                 running: Default::default(),
             };
             tokio::spawn(state.run(stop.clone()))
@@ -144,6 +156,7 @@ struct Loop {
     runner: Runner,
     log: Arc<dyn RunLog>,
     pause: Pause,
+    claim: Claim,
     running: Arc<AtomicBool>,
 }
 
@@ -152,15 +165,17 @@ impl Loop {
         let started = self.clock.now();
         if let Some(last) = self.log.last_start(&self.job.name).await {
             let last = DateTime::<Utc>::from_timestamp_micros(last).unwrap_or(started);
-            if self
+            if let Some(missed) = self
                 .job
                 .schedule
                 .after(&last)
                 .next()
-                .is_some_and(|missed| missed <= started)
-                && !self.pause.get()
+                .filter(|missed| *missed <= started)
+                .filter(|_| !self.pause.get())
             {
-                self.fire(Trigger::CatchUp).await;
+                // Claimed by the first instant missed: every process
+                // starting after the same last run names the same one.
+                self.fire(Trigger::CatchUp, missed).await;
             }
         }
         loop {
@@ -176,13 +191,26 @@ impl Loop {
             if self.pause.get() {
                 continue;
             }
-            self.fire(Trigger::Schedule).await;
+            self.fire(Trigger::Schedule, next).await;
         }
     }
 
-    /// Start a run, or record it skipped while the previous one is going.
-    async fn fire(&self, trigger: Trigger) {
+    /// Start the run due at `due`, unless another process sharing the bus
+    /// claimed it (then it is that one's, and not recorded here); or record
+    /// it skipped while this process's previous run is going.
+    async fn fire(&self, trigger: Trigger, due: DateTime<Utc>) {
         let name = self.job.name.clone();
+        match (self.claim)(name.clone(), micros(due)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(job = %name, %due, "another process runs this one");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(job = %name, %due, error = %e, "could not claim the run; not running it");
+                return;
+            }
+        }
         let started = self.clock.now();
         if self.running.swap(true, Ordering::SeqCst) {
             self.log
@@ -351,9 +379,57 @@ mod tests {
             runner,
             runs,
             pause,
+            sole(),
             rx,
         );
         stop
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_processes_sharing_claims_run_each_instant_once() {
+        let runs = Arc::new(Runs::default());
+        let calls = Arc::new(Mutex::new(0));
+        let claimed = Arc::new(Mutex::new(std::collections::HashSet::new()));
+        let claim: Claim = {
+            let claimed = claimed.clone();
+            Arc::new(move |job, slot| {
+                let won = claimed.lock().unwrap().insert((job, slot));
+                Box::pin(async move { Ok(won) })
+            })
+        };
+        let (_stop, rx) = watch::channel(false);
+        for _ in 0..2 {
+            spawn(
+                vec![Scheduled::new("job", "0 */10 * * * *").unwrap()],
+                Clock::starting_at(at("2026-01-05T00:03:00Z")),
+                runner(calls.clone(), &[], &[], Duration::ZERO),
+                runs.clone(),
+                Pause::default(),
+                claim.clone(),
+                rx.clone(),
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(25 * 60)).await;
+        assert_eq!(*calls.lock().unwrap(), 2, "00:10 and 00:20, once each");
+        assert_eq!(claimed.lock().unwrap().len(), 2);
+        // A claim that fails runs nothing.
+        let (_stop, rx) = watch::channel(false);
+        let failing: Claim = Arc::new(|_, _| Box::pin(async { Err("no bus".to_string()) }));
+        spawn(
+            vec![Scheduled::new("job", "0 */10 * * * *").unwrap()],
+            Clock::starting_at(at("2026-01-05T00:03:00Z")),
+            runner(calls.clone(), &[], &[], Duration::ZERO),
+            runs.clone(),
+            Pause::default(),
+            failing,
+            rx,
+        );
+        tokio::time::sleep(Duration::from_secs(10 * 60)).await;
+        assert_eq!(
+            *calls.lock().unwrap(),
+            3,
+            "only the sharing pair's 00:30 run"
+        );
     }
 
     #[tokio::test(start_paused = true)]
