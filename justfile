@@ -19,6 +19,10 @@ run: setup
     bash scripts/nats.sh 127.0.0.1 4222 data/nats
     cargo run --profile daemon --locked --bin loomem -- serve --config config.toml
 
+# Start (or `just cluster stop`) a three-node NATS JetStream cluster on loopback ports 4222-4224, data in ./data/nats-cluster.
+cluster CMD="start":
+    bash scripts/cluster.sh {{CMD}} data/nats-cluster
+
 # Run every test: unit, router, integration (real daemon, real nats-server, real Lance tables)
 # and the console's in headless Chromium (installs chromium and playwright-core when missing).
 test:

@@ -6,6 +6,7 @@ mod attack;
 mod auth;
 mod branches;
 mod bulk;
+mod cluster;
 mod compat;
 mod context;
 mod dream;

@@ -1,0 +1,184 @@
+//! loomem on a three-node NATS JetStream cluster, the stream at three
+//! replicas: an import of 20,000 memories during which one node is killed -9
+//! and then the stream's leader stores every memory exactly once, and writes
+//! go on without restarting loomem.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::fixture::{Daemon, Options};
+use crate::jetstream::wait_status;
+use crate::nats::NatsCluster;
+
+const N: usize = 20_000;
+
+/// The JetStream view of the cluster, from a client of its own.
+async fn jetstream(urls: &str) -> async_nats::jetstream::Context {
+    let addrs: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
+    let client = async_nats::ConnectOptions::new()
+        .connect(addrs)
+        .await
+        .expect("a client of the cluster");
+    async_nats::jetstream::new(client)
+}
+
+/// Wait until `pred` holds of the LOOMEM stream's info (its cluster part).
+async fn wait_stream(
+    js: &async_nats::jetstream::Context,
+    what: &str,
+    pred: impl Fn(&async_nats::jetstream::stream::Info) -> bool,
+) -> async_nats::jetstream::stream::Info {
+    let started = Instant::now();
+    loop {
+        if let Ok(mut s) = js.get_stream("LOOMEM").await {
+            if let Ok(info) = s.info().await {
+                if pred(info) {
+                    return info.clone();
+                }
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn leader(info: &async_nats::jetstream::stream::Info) -> Option<usize> {
+    let name = info.cluster.as_ref()?.leader.clone()?;
+    (0..3).find(|&i| NatsCluster::name(i) == name)
+}
+
+fn all_current(info: &async_nats::jetstream::stream::Info) -> bool {
+    info.cluster.as_ref().is_some_and(|c| {
+        c.leader.is_some()
+            && c.replicas.len() == 2
+            && c.replicas.iter().all(|r| r.current && !r.offline)
+    })
+}
+
+fn stored(st: &Value) -> usize {
+    st["chunks"].as_u64().unwrap_or(0) as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_survives_a_killed_node_and_a_killed_stream_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    eprintln!("cluster under {}", dir.path().display());
+    let mut cluster = NatsCluster::start(&dir.path().join("nats"));
+    let urls = cluster.urls();
+    // The cluster elects its JetStream metadata leader before it takes
+    // streams: a three-replica probe stream is made once it does.
+    let js = jetstream(&urls).await;
+    let started = Instant::now();
+    let probe = async_nats::jetstream::stream::Config {
+        name: "PROBE".into(),
+        subjects: vec!["probe.>".into()],
+        num_replicas: 3,
+        ..Default::default()
+    };
+    while js.get_or_create_stream(probe.clone()).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the cluster never formed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    js.delete_stream("PROBE").await.expect("the probe goes");
+    let d = Daemon::start_with(
+        &dir.path().join("data"),
+        None,
+        Options::default()
+            .env("LOOMEM_BUS__KIND", "jetstream")
+            .env("LOOMEM_BUS__NATS_URL", &urls)
+            .env("LOOMEM_BUS__REPLICAS", "3")
+            .env("LOOMEM_BUS__BATCH_SIZE", "250")
+            .env("LOOMEM_BUS__PUBLISH_TIMEOUT_MS", "2000"),
+    )
+    .await;
+    let info = wait_stream(&js, "three replicas", all_current).await;
+    assert_eq!(info.config.num_replicas, 3);
+
+    // The import: ids chosen by the file, so sending it again after a
+    // failure stores nothing twice. It goes on in the background.
+    let file: String = (0..N)
+        .map(|i| format!("{}\n", json!({"id": format!("c-{i}"), "content": format!("cluster record {i} about topic {}", i % 37)})))
+        .collect();
+    let (url, http) = (d.url.clone(), d.http.clone());
+    let import = tokio::spawn(async move {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let sent = http
+                .post(format!("{url}/v1/import?format=jsonl&stream=cl"))
+                .body(file.clone())
+                .send()
+                .await;
+            if let Ok(r) = sent {
+                let status = r.status().as_u16();
+                let body: Value = r.json().await.unwrap_or_default();
+                if status == 200 && body["rejected"].as_array().is_some_and(|r| r.is_empty()) {
+                    return attempts;
+                }
+            }
+            assert!(attempts < 60, "the import never went through");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+
+    // Kill -9 a node that does not lead the stream, while memories arrive.
+    let st = wait_status(&d, 120, "the first memories", |st| stored(st) > 0).await;
+    let before = stored(&st);
+    let info = wait_stream(&js, "a leader", |i| leader(i).is_some()).await;
+    let follower = (0..3).find(|&i| Some(i) != leader(&info)).unwrap();
+    cluster.kill(follower);
+    eprintln!("killed follower n{follower} at {before} stored");
+    wait_status(&d, 120, "progress without a follower", |st| {
+        stored(st) > before || stored(st) == N
+    })
+    .await;
+    cluster.restart(follower);
+    wait_stream(&js, "the follower caught up", all_current).await;
+
+    // Then kill -9 the stream's leader.
+    let before = stored(&wait_status(&d, 10, "a status", |_| true).await);
+    let info = wait_stream(&js, "a leader", |i| leader(i).is_some()).await;
+    let old = leader(&info).unwrap();
+    cluster.kill(old);
+    eprintln!("killed leader n{old} at {before} stored");
+    let elected = wait_stream(&js, "a new leader", |i| leader(i).is_some_and(|l| l != old)).await;
+    assert_ne!(leader(&elected), Some(old));
+    wait_status(&d, 180, "progress under the new leader", |st| {
+        stored(st) > before || stored(st) == N
+    })
+    .await;
+    cluster.restart(old);
+
+    let attempts = import.await.expect("the import task");
+    eprintln!("import accepted after {attempts} attempt(s)");
+    let st = wait_status(&d, 300, "every memory", |st| stored(st) >= N).await;
+    assert_eq!(stored(&st), N, "{st}");
+    let rows = d.sql("SELECT count(*) AS n, count(DISTINCT content) AS texts FROM chunks WHERE stream = 'cl'").await;
+    assert_eq!(
+        rows[0],
+        json!({"n": N, "texts": N}),
+        "each memory once ({attempts} import attempts)"
+    );
+    assert_eq!(st["dead_letters"], 0, "{st}");
+
+    // Writes go on, through the same loomem.
+    let (s, body) = d
+        .call(
+            "POST",
+            "/v1/store",
+            Some(json!({"content": "written after the failovers", "stream": "cl"})),
+        )
+        .await;
+    assert_eq!(
+        (s, body["status"].as_str()),
+        (200, Some("stored")),
+        "{body}"
+    );
+}
