@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::fixture::{Daemon, Options};
 use crate::jetstream::wait_status;
-use crate::nats::NatsCluster;
+pub(crate) use crate::nats::NatsCluster;
 
 const N: usize = 20_000;
 
@@ -69,24 +69,8 @@ async fn an_import_survives_a_killed_node_and_a_killed_stream_leader() {
     eprintln!("cluster under {}", dir.path().display());
     let mut cluster = NatsCluster::start(&dir.path().join("nats"));
     let urls = cluster.urls();
-    // The cluster elects its JetStream metadata leader before it takes
-    // streams: a three-replica probe stream is made once it does.
+    cluster.ready().await;
     let js = jetstream(&urls).await;
-    let started = Instant::now();
-    let probe = async_nats::jetstream::stream::Config {
-        name: "PROBE".into(),
-        subjects: vec!["probe.>".into()],
-        num_replicas: 3,
-        ..Default::default()
-    };
-    while js.get_or_create_stream(probe.clone()).await.is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the cluster never formed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    js.delete_stream("PROBE").await.expect("the probe goes");
     let d = Daemon::start_with(
         &dir.path().join("data"),
         None,

@@ -187,6 +187,33 @@ impl NatsCluster {
         }
     }
 
+    /// Once the cluster has elected its JetStream metadata leader, which it
+    /// needs before it takes streams: a three-replica probe stream is made.
+    pub async fn ready(&self) {
+        let addrs: Vec<async_nats::ServerAddr> =
+            self.urls().split(',').map(|u| u.parse().unwrap()).collect();
+        let client = async_nats::ConnectOptions::new()
+            .connect(addrs)
+            .await
+            .expect("a client of the cluster");
+        let js = async_nats::jetstream::new(client);
+        let probe = async_nats::jetstream::stream::Config {
+            name: "PROBE".into(),
+            subjects: vec!["probe.>".into()],
+            num_replicas: 3,
+            ..Default::default()
+        };
+        let started = Instant::now();
+        while js.get_or_create_stream(probe.clone()).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the cluster never formed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        js.delete_stream("PROBE").await.expect("the probe goes");
+    }
+
     /// Every node's URL, comma-separated (loomem's `bus.nats_url`).
     pub fn urls(&self) -> String {
         self.ports

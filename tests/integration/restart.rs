@@ -127,11 +127,26 @@ async fn chunk_count(url: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
-    const N: usize = 20_000;
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
     let nats = NatsServer::start(&dir.path().join("nats"));
-    let (config, mut env) = daemon_env(&data, Some(&nats.url()), &Options::default());
+    kill_9_during_an_import(dir.path(), &nats.url(), Options::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_an_import_on_a_three_node_cluster_loses_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = crate::cluster::NatsCluster::start(&dir.path().join("nats"));
+    cluster.ready().await;
+    let opts = Options::default().env("LOOMEM_BUS__REPLICAS", "3");
+    kill_9_during_an_import(dir.path(), &cluster.urls(), opts).await;
+}
+
+/// Import 20,000 memories into a loomem process on `nats_url`, kill it -9
+/// part-way, start it again and import the file again: every memory once.
+async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Options) {
+    const N: usize = 20_000;
+    let data = dir.join("data");
+    let (config, mut env) = daemon_env(&data, Some(nats_url), &opts);
     // Redeliver unacknowledged messages soon after the crash, but not so soon
     // that a batch slowed by a loaded machine (other tests run alongside) is
     // redelivered while still in hand: the worker does not extend its ack
