@@ -26,12 +26,14 @@ pub struct JetStreamBus {
     stream_name: String,
     consumer_name: String,
     replicas: usize,
-    /// The key-value bucket of job claims, opened at the first claim.
-    claims: std::sync::Arc<tokio::sync::OnceCell<jetstream::kv::Store>>,
+    /// The stream of job claims, made at the first claim.
+    claims: std::sync::Arc<tokio::sync::OnceCell<stream::Stream>>,
 }
 
-/// The bucket where processes claim a scheduled job's run.
-const CLAIMS_BUCKET: &str = "loomem_job_claims";
+/// The stream where processes claim a scheduled job's run: one subject a
+/// run (`loomem.claims.<job>.<instant>`), kept a week.
+const CLAIMS_STREAM: &str = "LOOMEM_CLAIMS";
+const CLAIMS_PREFIX: &str = "loomem.claims";
 
 /// `nats_url` as the servers to connect to (a comma-separated list).
 fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
@@ -219,39 +221,43 @@ impl JetStreamBus {
 
     /// Claim one run of a scheduled job (`slot` names it: the instant it is
     /// due), for this process alone: true if no process claimed it before.
-    /// Every loomem process sharing the bus runs the scheduler, and a claim
-    /// is JetStream's atomic create of the key, so a run starts once.
+    /// Every loomem process sharing the bus runs the scheduler; a claim is a
+    /// message on the job's subject of the claims stream published on the
+    /// condition that the subject holds none yet, which JetStream checks
+    /// atomically, so one process wins each run.
     pub async fn claim(&self, job: &str, slot: i64) -> Result<bool, BusError> {
-        let kv = self
-            .claims
+        self.claims
             .get_or_try_init(|| async {
                 self.js
-                    .create_key_value(jetstream::kv::Config {
-                        bucket: CLAIMS_BUCKET.into(),
-                        history: 1,
+                    .get_or_create_stream(stream::Config {
+                        name: CLAIMS_STREAM.into(),
+                        subjects: vec![format!("{CLAIMS_PREFIX}.>")],
+                        storage: stream::StorageType::File,
                         max_age: Duration::from_secs(7 * 24 * 3600),
+                        max_messages_per_subject: 1,
                         num_replicas: self.replicas,
                         ..Default::default()
                     })
                     .await
-                    .map_err(|e| unavailable(&self.url, format!("job claims bucket: {e}")))
+                    .map_err(|e| unavailable(&self.url, format!("job claims stream: {e}")))
             })
             .await?;
-        let job: String = job
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let key = format!("{job}.{slot}");
-        match kv.create(&key, "claimed".into()).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == jetstream::kv::CreateErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(unavailable(&self.url, format!("claiming {key}: {e}"))),
+        let subject = format!("{CLAIMS_PREFIX}.{}.{slot}", subject_token(job));
+        let msg = jetstream::message::PublishMessage::build()
+            .payload("claimed".into())
+            .expected_last_subject_sequence(0);
+        let ack = self
+            .js
+            .send_publish(subject.clone(), msg)
+            .await
+            .map_err(|e| unavailable(&self.url, format!("claiming {subject}: {e}")))?;
+        match tokio::time::timeout(self.publish_timeout, ack).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) if e.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => {
+                Ok(false)
+            }
+            Ok(Err(e)) => Err(unavailable(&self.url, format!("claiming {subject}: {e}"))),
+            Err(_) => Err(unavailable(&self.url, "no acknowledgement of a claim in time")),
         }
     }
 

@@ -166,3 +166,46 @@ async fn an_import_survives_a_killed_node_and_a_killed_stream_leader() {
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_sharing_the_bus_run_each_scheduled_instant_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let nats = crate::nats::NatsServer::start(&dir.path().join("nats"));
+    let url = nats.url();
+    let opts = Options::default()
+        .env("LOOMEM_SCHEDULER__ENABLED", "true")
+        .env("LOOMEM_SCHEDULER__JOBS__DECAY__CRON", "*/2 * * * * *")
+        .env("LOOMEM_STORAGE__READ_CONSISTENCY_MS", "0");
+    let a = Daemon::start_with(&data, Some(nats), opts.clone()).await;
+    let _b = Daemon::start_with(&data, Some(crate::nats::NatsServer::external(&url)), opts).await;
+    // Both run the scheduler; each even second's run is claimed by one.
+    let started = Instant::now();
+    let runs = loop {
+        let (s, body) = a.call("GET", "/v1/jobs?job=decay&limit=100", None).await;
+        assert_eq!(s, 200, "{body}");
+        let runs: Vec<Value> = body["runs"].as_array().cloned().unwrap_or_default();
+        if runs.len() >= 5 {
+            break runs;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "too few runs: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut at: Vec<chrono::DateTime<chrono::Utc>> = runs
+        .iter()
+        .map(|r| r["started_at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    at.sort();
+    for pair in at.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap >= chrono::Duration::milliseconds(1500),
+            "two runs of one instant, {} ms apart: {runs:?}",
+            gap.num_milliseconds()
+        );
+    }
+    assert!(runs.iter().all(|r| r["status"] == "succeeded"), "{runs:?}");
+}
