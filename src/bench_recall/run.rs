@@ -88,6 +88,8 @@ pub struct QuestionResult {
     pub turn: BTreeMap<usize, Scores>,
     /// The first sessions retrieved, best first.
     pub top_sessions: Vec<String>,
+    /// The first result's final score (none when nothing was found).
+    pub top_score: Option<f32>,
     /// The QA mode's answer and verdict (for the mode it ran on).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub qa: Option<super::qa::QaResult>,
@@ -118,6 +120,59 @@ pub struct ModeSummary {
     pub latency_us_p50: u64,
     pub latency_us_p95: u64,
     pub latency_us_p99: u64,
+    /// How well the first result's score tells an abstention question (no
+    /// evidence in the haystack) from an answerable one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abstention: Option<Abstention>,
+}
+
+/// "I don't know" from the score alone: a caller that answers only when the
+/// first result scores at least `threshold` (the threshold that best
+/// separates the two kinds of question in this run, by balanced accuracy).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Abstention {
+    pub threshold: f32,
+    /// Abstention questions.
+    pub unanswerable: usize,
+    /// Of them, the share whose first result scores below the threshold.
+    pub abstained: f64,
+    /// Answerable questions.
+    pub answerable: usize,
+    /// Of them, the share wrongly below the threshold.
+    pub wrongly_abstained: f64,
+}
+
+/// The threshold on the first result's score that best separates
+/// abstention questions (`true`) from answerable ones; None without both.
+pub fn abstention(tops: &[(bool, f32)]) -> Option<Abstention> {
+    let unanswerable = tops.iter().filter(|(abs, _)| *abs).count();
+    let answerable = tops.len() - unanswerable;
+    if unanswerable == 0 || answerable == 0 {
+        return None;
+    }
+    let mut cuts: Vec<f32> = tops.iter().map(|(_, s)| *s).collect();
+    cuts.sort_by(f32::total_cmp);
+    cuts.dedup();
+    // Between each pair of neighbouring scores, and past the highest.
+    let mut candidates: Vec<f32> = cuts.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+    candidates.push(cuts.last().copied().unwrap_or(0.0) + f32::EPSILON);
+    let rate = |t: f32, abs: bool| {
+        let n = tops.iter().filter(|(a, s)| *a == abs && *s < t).count();
+        n as f64 / if abs { unanswerable } else { answerable } as f64
+    };
+    candidates
+        .into_iter()
+        .map(|t| Abstention {
+            threshold: t,
+            unanswerable,
+            abstained: rate(t, true),
+            answerable,
+            wrongly_abstained: rate(t, false),
+        })
+        .max_by(|a, b| {
+            let score = |x: &Abstention| x.abstained + (1.0 - x.wrongly_abstained);
+            score(a).total_cmp(&score(b))
+        })
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -368,6 +423,7 @@ pub async fn run(
                 session: BTreeMap::new(),
                 turn: BTreeMap::new(),
                 top_sessions: ranked_sessions.iter().take(10).cloned().collect(),
+                top_score: found.results.first().map(|r| r.score_final),
                 qa: None,
             };
             if let (Some(llm), true) = (&qa_llm, qa_mode.as_ref() == Some(mode)) {
@@ -430,7 +486,14 @@ pub async fn run(
     }
     for (mode, mut l) in latencies {
         l.sort_unstable();
+        let tops: Vec<(bool, f32)> = report
+            .results
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| (r.abstention, r.top_score.unwrap_or(f32::NEG_INFINITY)))
+            .collect();
         let s = report.modes.entry(mode).or_default();
+        s.abstention = abstention(&tops);
         s.latency_us_p50 = percentile(&l, 0.50);
         s.latency_us_p95 = percentile(&l, 0.95);
         s.latency_us_p99 = percentile(&l, 0.99);
@@ -491,6 +554,21 @@ pub fn markdown(report: &RunReport) -> String {
             }
         }
     }
+    let abstaining: Vec<_> = report
+        .modes
+        .iter()
+        .filter_map(|(mode, s)| s.abstention.as_ref().map(|a| (mode, a)))
+        .collect();
+    if !abstaining.is_empty() {
+        md.push_str("\nAbstention from the first result's score (answer only at or above the threshold)\n\n| mode | threshold | abstention questions below it | answerable questions below it |\n|---|---|---|---|\n");
+        for (mode, a) in abstaining {
+            md.push_str(&format!(
+                "| {mode} | {:.4} | {:.3} of {} | {:.3} of {} |\n",
+                a.threshold, a.abstained, a.unanswerable, a.wrongly_abstained, a.answerable
+            ));
+        }
+        md.push('\n');
+    }
     if !report.qa.is_empty() {
         md.push_str(&format!(
             "QA accuracy (LLM answer from the top {} memories, LLM judge; {} without a verdict)\n\n| type | correct | judged | accuracy |\n|---|---|---|---|\n",
@@ -525,4 +603,26 @@ pub fn markdown(report: &RunReport) -> String {
         }
     }
     md
+}
+
+#[cfg(test)]
+mod abstention_tests {
+    use super::abstention;
+
+    #[test]
+    fn the_threshold_separates_unanswerable_from_answerable_questions() {
+        let tops = [
+            (true, 0.1),
+            (true, 0.2),
+            (false, 0.3),
+            (false, 0.5),
+            (true, 0.4),
+        ];
+        let a = abstention(&tops).unwrap();
+        assert!((a.threshold - 0.25).abs() < 1e-6, "{a:?}");
+        assert!((a.abstained - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(a.wrongly_abstained, 0.0);
+        assert_eq!((a.unanswerable, a.answerable), (3, 2));
+        assert!(abstention(&[(false, 0.3)]).is_none());
+    }
 }

@@ -257,7 +257,10 @@ impl JetStreamBus {
                 Ok(false)
             }
             Ok(Err(e)) => Err(unavailable(&self.url, format!("claiming {subject}: {e}"))),
-            Err(_) => Err(unavailable(&self.url, "no acknowledgement of a claim in time")),
+            Err(_) => Err(unavailable(
+                &self.url,
+                "no acknowledgement of a claim in time",
+            )),
         }
     }
 
