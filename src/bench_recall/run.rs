@@ -140,6 +140,9 @@ pub struct Abstention {
     pub answerable: usize,
     /// Of them, the share wrongly below the threshold.
     pub wrongly_abstained: f64,
+    /// The mean of the right abstentions and the right answers: 0.5 is no
+    /// better than chance, 1.0 a perfect separation.
+    pub balanced_accuracy: f64,
 }
 
 /// The threshold on the first result's score that best separates
@@ -153,26 +156,31 @@ pub fn abstention(tops: &[(bool, f32)]) -> Option<Abstention> {
     let mut cuts: Vec<f32> = tops.iter().map(|(_, s)| *s).collect();
     cuts.sort_by(f32::total_cmp);
     cuts.dedup();
-    // Between each pair of neighbouring scores, and past the highest.
-    let mut candidates: Vec<f32> = cuts.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+    // At the lowest score (nobody abstains), between each pair of
+    // neighbouring scores, and past the highest (everybody does).
+    let mut candidates: Vec<f32> = vec![cuts[0]];
+    candidates.extend(cuts.windows(2).map(|w| (w[0] + w[1]) / 2.0));
     candidates.push(cuts.last().copied().unwrap_or(0.0) + f32::EPSILON);
     let rate = |t: f32, abs: bool| {
         let n = tops.iter().filter(|(a, s)| *a == abs && *s < t).count();
         n as f64 / if abs { unanswerable } else { answerable } as f64
     };
+    // Of equally good thresholds, the lowest (the fewest abstentions).
     candidates
         .into_iter()
-        .map(|t| Abstention {
-            threshold: t,
-            unanswerable,
-            abstained: rate(t, true),
-            answerable,
-            wrongly_abstained: rate(t, false),
+        .rev()
+        .map(|t| {
+            let (abstained, wrongly_abstained) = (rate(t, true), rate(t, false));
+            Abstention {
+                threshold: t,
+                unanswerable,
+                abstained,
+                answerable,
+                wrongly_abstained,
+                balanced_accuracy: (abstained + 1.0 - wrongly_abstained) / 2.0,
+            }
         })
-        .max_by(|a, b| {
-            let score = |x: &Abstention| x.abstained + (1.0 - x.wrongly_abstained);
-            score(a).total_cmp(&score(b))
-        })
+        .max_by(|a, b| a.balanced_accuracy.total_cmp(&b.balanced_accuracy))
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -560,11 +568,16 @@ pub fn markdown(report: &RunReport) -> String {
         .filter_map(|(mode, s)| s.abstention.as_ref().map(|a| (mode, a)))
         .collect();
     if !abstaining.is_empty() {
-        md.push_str("\nAbstention from the first result's score (answer only at or above the threshold)\n\n| mode | threshold | abstention questions below it | answerable questions below it |\n|---|---|---|---|\n");
+        md.push_str("\nAbstention from the first result's score (answer only at or above the threshold)\n\n| mode | threshold | abstention questions below it | answerable questions below it | balanced accuracy |\n|---|---|---|---|---|\n");
         for (mode, a) in abstaining {
             md.push_str(&format!(
-                "| {mode} | {:.4} | {:.3} of {} | {:.3} of {} |\n",
-                a.threshold, a.abstained, a.unanswerable, a.wrongly_abstained, a.answerable
+                "| {mode} | {:.4} | {:.3} of {} | {:.3} of {} | {:.3} |\n",
+                a.threshold,
+                a.abstained,
+                a.unanswerable,
+                a.wrongly_abstained,
+                a.answerable,
+                a.balanced_accuracy
             ));
         }
         md.push('\n');
@@ -623,6 +636,11 @@ mod abstention_tests {
         assert!((a.abstained - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(a.wrongly_abstained, 0.0);
         assert_eq!((a.unanswerable, a.answerable), (3, 2));
+        assert!((a.balanced_accuracy - 5.0 / 6.0).abs() < 1e-9);
+        // No separation at all: the lowest threshold, at chance.
+        let flat = abstention(&[(true, 0.5), (false, 0.5)]).unwrap();
+        assert_eq!((flat.abstained, flat.wrongly_abstained), (0.0, 0.0));
+        assert_eq!(flat.balanced_accuracy, 0.5);
         assert!(abstention(&[(false, 0.3)]).is_none());
     }
 }

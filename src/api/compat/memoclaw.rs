@@ -984,20 +984,14 @@ async fn bulk_delete(
     caller: Caller,
     ApiJson(req): ApiJson<Ids>,
 ) -> Result<Json<Value>> {
-    if req.ids.is_empty() {
-        return Ok(Json(json!({"deleted": 0})));
-    }
-    let done = service::bulk::delete(
+    let n = super::delete_ids(
         &engine,
         &caller,
-        service::bulk::BulkDeleteRequest {
-            ids: Some(req.ids),
-            reason: Some("bulk delete through MemoClaw's API".into()),
-            ..Default::default()
-        },
+        req.ids,
+        "bulk delete through MemoClaw's API",
     )
     .await?;
-    Ok(Json(json!({"deleted": done.deleted_count})))
+    Ok(Json(json!({"deleted": n})))
 }
 
 // ---------------------------------------------------------------- ingest

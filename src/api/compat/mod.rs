@@ -69,6 +69,31 @@ fn limit_of(field: &str, v: Option<usize>, default: usize, max: usize) -> Result
     Ok(n)
 }
 
+/// Delete these memories through loomem's bulk delete (a safety snapshot
+/// first; immutable ones stay), the reason naming the peer's API; how many
+/// went (none asked: none, no snapshot).
+async fn delete_ids(
+    engine: &Engine,
+    caller: &Caller,
+    ids: Vec<String>,
+    why: &str,
+) -> Result<usize> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = service::bulk::delete(
+        engine,
+        caller,
+        service::bulk::BulkDeleteRequest {
+            ids: Some(ids),
+            reason: Some(why.to_string()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(done.deleted_count)
+}
+
 /// This process, as the peers' readiness probes name it.
 fn instance_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();

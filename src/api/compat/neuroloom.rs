@@ -374,20 +374,14 @@ async fn batch_delete(
     if req.memory_ids.len() > 100 {
         return Err(Error::invalid("memory_ids", "at most 100 items"));
     }
-    if req.memory_ids.is_empty() {
-        return Ok(Json(json!({"deleted_count": 0})));
-    }
-    let done = service::bulk::delete(
+    let n = super::delete_ids(
         &engine,
         &caller,
-        service::bulk::BulkDeleteRequest {
-            ids: Some(req.memory_ids),
-            reason: Some("batch delete through Neuroloom's API".into()),
-            ..Default::default()
-        },
+        req.memory_ids,
+        "batch delete through Neuroloom's API",
     )
     .await?;
-    Ok(Json(json!({"deleted_count": done.deleted_count})))
+    Ok(Json(json!({"deleted_count": n})))
 }
 
 /// Search results as Neuroloom's: memory objects with a `similarity`.
