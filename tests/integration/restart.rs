@@ -220,10 +220,23 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Let any redelivery of the crashed batch play out (past the ack wait),
-    // then count again.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let st = status(&url).await;
+    // Let any redelivery of the crashed batch play out: once the bus holds
+    // nothing pending and nothing delivered but unacknowledged (the crashed
+    // process's messages come back after the ack wait), no write is left to
+    // arrive. Then count again.
+    let started = std::time::Instant::now();
+    let st = loop {
+        let st = status(&url).await;
+        let lag = &st["bus"]["lag"];
+        if lag["pending"] == 0 && lag["ack_pending"] == 0 {
+            break st;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "the bus never drained: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(st["chunks"], N, "{st}");
     assert_eq!(st["dead_letters"], 0, "{st}");
     child.start_kill().unwrap();
