@@ -45,6 +45,11 @@ pub struct SearchConfig {
     /// recommended", "our previous chat"); then the user's. 1 turns it off.
     #[serde(default = "default_assistant_weight")]
     pub assistant_weight: f32,
+    /// A memory recorded within a date the query names ("last Saturday",
+    /// "two weeks ago", "in March", resolved against the request's `now`)
+    /// scores `1 + time_weight` times as much; 0 = off.
+    #[serde(default = "default_time_weight")]
+    pub time_weight: f32,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -102,6 +107,10 @@ fn default_access_boost() -> f32 {
 
 fn default_assistant_weight() -> f32 {
     0.5
+}
+
+fn default_time_weight() -> f32 {
+    0.15
 }
 
 fn default_near_duplicate() -> f32 {

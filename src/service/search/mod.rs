@@ -739,12 +739,18 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     let total_before_top_k = fused.len();
 
     let about_assistant = rank::asks_about_assistant(&query);
+    let windows = if s.time_weight > 0.0 {
+        rank::time_windows(&query, now)
+    } else {
+        Vec::new()
+    };
     let mut ranked: Vec<Ranked> = fused
         .into_iter()
         .map(|f| {
             let mut factors =
                 Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
             factors.speaker = rank::speaker_factor(s, &f.chunk, about_assistant);
+            factors.time = rank::time_factor(s, &f.chunk, &windows);
             Ranked {
                 score: f.score * factors.product(),
                 rrf: f.score,

@@ -24,6 +24,9 @@ pub struct Factors {
     /// `assistant_weight` for a conversation turn by the speaker the query is
     /// not about (see [`speaker_factor`]); 1 otherwise.
     pub speaker: f32,
+    /// `1 + time_weight` for a memory recorded within a date the query names
+    /// (see [`time_windows`]); 1 otherwise.
+    pub time: f32,
 }
 
 impl Factors {
@@ -37,11 +40,12 @@ impl Factors {
             feedback: feedback.factor(cfg.feedback_weight),
             access: 1.0 + cfg.access_boost * (1.0 + chunk.access_count.max(0) as f32).ln(),
             speaker: 1.0,
+            time: 1.0,
         }
     }
 
     pub fn product(&self) -> f32 {
-        self.decay * self.importance * self.feedback * self.access * self.speaker
+        self.decay * self.importance * self.feedback * self.access * self.speaker * self.time
     }
 }
 
@@ -79,6 +83,61 @@ pub fn speaker_factor(cfg: &SearchConfig, chunk: &Chunk, about_assistant: bool) 
     match (speaker(chunk), about_assistant) {
         (Some(Role::Assistant), false) | (Some(Role::User), true) => cfg.assistant_weight,
         _ => 1.0,
+    }
+}
+
+/// The spans of time a query names, resolved against `now` as the
+/// conversation extractor resolves them ("last Saturday", "two weeks ago",
+/// "in March", "2023"): a day with a day either side (a conversation's date
+/// and the day it speaks of drift by one), a month, a year.
+pub fn time_windows(query: &str, now: Micros) -> Vec<(Micros, Micros)> {
+    use crate::service::facts::{DateResolver, Granularity};
+    use chrono::{Duration, Months, NaiveDate};
+    static RESOLVER: OnceLock<DateResolver> = OnceLock::new();
+    let Some(base) = chrono::DateTime::from_timestamp_micros(now).map(|t| t.date_naive()) else {
+        return Vec::new();
+    };
+    let at = |d: NaiveDate| {
+        d.and_hms_opt(0, 0, 0)
+            .map(|t| t.and_utc().timestamp_micros())
+    };
+    RESOLVER
+        .get_or_init(DateResolver::new)
+        .resolve(query, base)
+        .iter()
+        .filter_map(|d| {
+            let (from, to) = match d.granularity {
+                Granularity::Day => {
+                    let day = NaiveDate::parse_from_str(&d.date, "%Y-%m-%d").ok()?;
+                    (day - Duration::days(1), day + Duration::days(2))
+                }
+                Granularity::Month => {
+                    let first =
+                        NaiveDate::parse_from_str(&format!("{}-01", d.date), "%Y-%m-%d").ok()?;
+                    (first, first.checked_add_months(Months::new(1))?)
+                }
+                Granularity::Year => {
+                    let year: i32 = d.date.parse().ok()?;
+                    (
+                        NaiveDate::from_ymd_opt(year, 1, 1)?,
+                        NaiveDate::from_ymd_opt(year + 1, 1, 1)?,
+                    )
+                }
+            };
+            Some((at(from)?, at(to)?))
+        })
+        .collect()
+}
+
+/// `1 + time_weight` for a memory recorded within one of `windows`.
+pub fn time_factor(cfg: &SearchConfig, chunk: &Chunk, windows: &[(Micros, Micros)]) -> f32 {
+    if windows
+        .iter()
+        .any(|(from, to)| (*from..*to).contains(&chunk.created_at))
+    {
+        1.0 + cfg.time_weight
+    } else {
+        1.0
     }
 }
 
@@ -232,5 +291,40 @@ mod tests {
             proptest::prop_assert_eq!(jaccard(&a, &b), expected);
             proptest::prop_assert_eq!(jaccard(&b, &a), expected);
         }
+    }
+
+    #[test]
+    fn a_query_naming_a_time_lifts_what_was_recorded_then() {
+        use chrono::TimeZone;
+        let now = chrono::Utc
+            .with_ymd_and_hms(2023, 5, 30, 12, 0, 0)
+            .unwrap()
+            .timestamp_micros();
+        let on = |y, m, d| {
+            chrono::Utc
+                .with_ymd_and_hms(y, m, d, 15, 0, 0)
+                .unwrap()
+                .timestamp_micros()
+        };
+        let cfg = cfg();
+        let mut c = Chunk::new("x".into(), "s".into(), "t".into(), on(2023, 5, 20));
+        let w = time_windows("What did I buy last Saturday?", now);
+        assert_eq!(w.len(), 1);
+        assert_eq!(
+            time_factor(&cfg, &c, &w),
+            1.0,
+            "Saturday 2023-05-27 ± 1 day holds no 05-20"
+        );
+        c.created_at = on(2023, 5, 27);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        c.created_at = on(2023, 5, 20);
+        let w = time_windows("Where did I go two weeks ago?", now);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0);
+        c.created_at = on(2023, 5, 16);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        let w = time_windows("What happened in March?", now);
+        c.created_at = on(2023, 3, 31);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        assert!(time_windows("What is my favourite colour?", now).is_empty());
     }
 }
