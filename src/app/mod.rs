@@ -193,6 +193,7 @@ impl Engine {
             profiles: Default::default(),
             ids,
             dreams: Default::default(),
+            checkouts: Default::default(),
             workers: Default::default(),
             started: Instant::now(),
         });

@@ -552,9 +552,44 @@ pub async fn drop(
         },
     )
     .await?;
+    engine
+        .checkouts
+        .lock()
+        .retain(|_, stream| *stream != branch.stream);
     Ok(Dropped {
         branch: branch.name,
         stream: branch.stream,
         deleted_count: done.deleted_count,
     })
+}
+
+/// The branch each key works in through Memoria's checkout: this process's
+/// memory (a restart, or another process, starts on the base stream).
+#[derive(Default)]
+pub struct Checkouts(std::sync::Mutex<HashMap<String, String>>);
+
+impl Checkouts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The branch stream `caller`'s key has checked out, if any.
+pub fn checked_out(engine: &Services, caller: &Caller) -> Option<String> {
+    engine.checkouts.lock().get(&caller.key).cloned()
+}
+
+/// Check out branch `name` of the key's default stream for the key (`main`
+/// goes back to the stream itself); the branch's stream, if one.
+pub async fn checkout(engine: &Services, caller: &Caller, name: &str) -> Result<Option<String>> {
+    let stream = match name {
+        "main" => None,
+        _ => Some(find(engine, caller, None, name).await?.stream),
+    };
+    let mut all = engine.checkouts.lock();
+    match &stream {
+        Some(s) => all.insert(caller.key.clone(), s.clone()),
+        None => all.remove(&caller.key),
+    };
+    Ok(stream)
 }

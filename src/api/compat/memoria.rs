@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use std::collections::HashMap;
-
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri};
@@ -100,32 +98,16 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
     ("/admin/", "Memoria's admin API"),
 ];
 
-/// The branch each key has checked out through Memoria's API: remembered by
-/// this process (a restart, or another loomem process, starts on main).
-fn checkouts() -> &'static std::sync::Mutex<HashMap<String, String>> {
-    static CHECKOUTS: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> =
-        std::sync::OnceLock::new();
-    CHECKOUTS.get_or_init(Default::default)
-}
-
-fn checked_out(caller: &Caller) -> Option<String> {
-    checkouts()
-        .lock()
-        .expect("checkouts lock")
-        .get(&caller.key)
-        .cloned()
-}
-
 /// The Memoria user: the key, working in the branch it checked out (its
 /// memories are that branch's stream, and only those).
 pub struct User(Caller);
 
-impl<S: Send + Sync> FromRequestParts<S> for User {
+impl FromRequestParts<Arc<Engine>> for User {
     type Rejection = Error;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        Ok(User(match checked_out(&caller) {
+    async fn from_request_parts(parts: &mut Parts, engine: &Arc<Engine>) -> Result<Self> {
+        let caller = Caller::from_request_parts(parts, engine).await?;
+        Ok(User(match service::branch::checked_out(engine, &caller) {
             Some(stream) => Caller {
                 streams: Some(vec![stream]),
                 ..caller
@@ -739,7 +721,7 @@ async fn branch_create(
 
 /// `GET /v1/branches`: `main` and each branch, the checked-out one `active`.
 async fn branch_list(State(engine): State<Arc<Engine>>, caller: Caller) -> Result<Json<Value>> {
-    let active = checked_out(&caller);
+    let active = service::branch::checked_out(&engine, &caller);
     let found = service::branch::list(&engine, &caller, &Default::default()).await?;
     let mut out = vec![json!({"name": "main", "active": active.is_none()})];
     for b in found.branches {
@@ -757,22 +739,7 @@ async fn branch_checkout(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Value>> {
-    let stream = if name == "main" {
-        None
-    } else {
-        let found = service::branch::list(&engine, &caller, &Default::default()).await?;
-        let b = found
-            .branches
-            .into_iter()
-            .find(|b| b.name == name)
-            .ok_or_else(|| Error::NotFound(format!("no branch `{name}`")))?;
-        Some(b.stream)
-    };
-    let mut all = checkouts().lock().expect("checkouts lock");
-    match stream {
-        Some(s) => all.insert(caller.key.clone(), s),
-        None => all.remove(&caller.key),
-    };
+    service::branch::checkout(&engine, &caller, &name).await?;
     Ok(Json(json!({"branch": name, "active": true})))
 }
 
@@ -821,10 +788,5 @@ async fn branch_drop(
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<Json<Value>> {
-    let done = service::branch::drop(&engine, &caller, &name, &Default::default()).await?;
-    let mut all = checkouts().lock().expect("checkouts lock");
-    if all.get(&caller.key) == Some(&done.stream) {
-        all.remove(&caller.key);
-    }
-    as_json(done)
+    as_json(service::branch::drop(&engine, &caller, &name, &Default::default()).await?)
 }
