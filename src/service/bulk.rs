@@ -105,7 +105,7 @@ impl BatchAnswer {
 }
 
 /// An item's error as the whole request's: its field named by its place.
-fn at_item(list: &str, index: usize, e: Error) -> Error {
+pub(crate) fn at_item(list: &str, index: usize, e: Error) -> Error {
     match e {
         Error::Invalid { field, message } => {
             Error::invalid(&format!("{list}[{index}].{field}"), message)

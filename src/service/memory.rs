@@ -438,6 +438,26 @@ pub async fn visible(engine: &Services, caller: &Caller, id: &str) -> Result<Chu
     }
 }
 
+/// Which of `ids` name a stored memory (any version) the caller may see:
+/// [`visible`] for many ids in one read.
+pub async fn visible_ids<S: AsRef<str>>(
+    engine: &Services,
+    caller: &Caller,
+    ids: &[S],
+) -> Result<std::collections::HashSet<String>> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    Ok(engine
+        .store
+        .owners(ids)
+        .await?
+        .into_iter()
+        .filter(|(_, owner)| caller.can_see(&owner.stream))
+        .map(|(id, _)| id)
+        .collect())
+}
+
 /// Delete one memory the caller can see; NotFound otherwise (also when it lives
 /// in a stream the caller may not see, or outside `only_stream` when given).
 pub async fn delete(

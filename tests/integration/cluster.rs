@@ -13,16 +13,6 @@ pub(crate) use crate::nats::NatsCluster;
 
 const N: usize = 20_000;
 
-/// The JetStream view of the cluster, from a client of its own.
-async fn jetstream(urls: &str) -> async_nats::jetstream::Context {
-    let addrs: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
-    let client = async_nats::ConnectOptions::new()
-        .connect(addrs)
-        .await
-        .expect("a client of the cluster");
-    async_nats::jetstream::new(client)
-}
-
 /// Wait until `pred` holds of the LOOMEM stream's info (its cluster part).
 async fn wait_stream(
     js: &async_nats::jetstream::Context,
@@ -70,7 +60,7 @@ async fn an_import_survives_a_killed_node_and_a_killed_stream_leader() {
     let mut cluster = NatsCluster::start(&dir.path().join("nats"));
     let urls = cluster.urls();
     cluster.ready().await;
-    let js = jetstream(&urls).await;
+    let js = cluster.jetstream().await;
     let d = Daemon::start_with(
         &dir.path().join("data"),
         None,

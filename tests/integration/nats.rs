@@ -190,13 +190,7 @@ impl NatsCluster {
     /// Once the cluster has elected its JetStream metadata leader, which it
     /// needs before it takes streams: a three-replica probe stream is made.
     pub async fn ready(&self) {
-        let addrs: Vec<async_nats::ServerAddr> =
-            self.urls().split(',').map(|u| u.parse().unwrap()).collect();
-        let client = async_nats::ConnectOptions::new()
-            .connect(addrs)
-            .await
-            .expect("a client of the cluster");
-        let js = async_nats::jetstream::new(client);
+        let js = self.jetstream().await;
         let probe = async_nats::jetstream::stream::Config {
             name: "PROBE".into(),
             subjects: vec!["probe.>".into()],
@@ -212,6 +206,17 @@ impl NatsCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         js.delete_stream("PROBE").await.expect("the probe goes");
+    }
+
+    /// A JetStream client of the cluster's own (any node).
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let addrs: Vec<async_nats::ServerAddr> =
+            self.urls().split(',').map(|u| u.parse().unwrap()).collect();
+        let client = async_nats::ConnectOptions::new()
+            .connect(addrs)
+            .await
+            .expect("a client of the cluster");
+        async_nats::jetstream::new(client)
     }
 
     /// Every node's URL, comma-separated (loomem's `bus.nats_url`).

@@ -136,15 +136,6 @@ fn renamed(e: Error, field: &str) -> Error {
     }
 }
 
-fn at_item(list: &str, index: usize, e: Error) -> Error {
-    match e {
-        Error::Invalid { field, message } => {
-            Error::invalid(&format!("{list}[{index}].{field}"), message)
-        }
-        other => other,
-    }
-}
-
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -430,7 +421,9 @@ async fn store_batch(
         .memories
         .into_iter()
         .enumerate()
-        .map(|(i, m)| store_request(&caller, m).map_err(|e| at_item("memories", i, e)))
+        .map(|(i, m)| {
+            store_request(&caller, m).map_err(|e| service::bulk::at_item("memories", i, e))
+        })
         .collect::<Result<Vec<_>>>()?;
     let done = store_all(&engine, &caller, requests).await?;
     let mut out = json!({
@@ -479,6 +472,11 @@ async fn read_streams(
 ) -> Result<Vec<String>> {
     if let Some(s) = filter_stream(caller, namespace)? {
         return Ok(vec![s]);
+    }
+    // A scoped key's streams are its list; only an unscoped key needs the
+    // streams that hold memories looked up.
+    if let Some(streams) = &caller.streams {
+        return Ok(streams.clone());
     }
     let held = service::listing::streams(engine, caller).await?;
     let mut streams: Vec<String> = held.streams.into_iter().map(|s| s.stream).collect();
@@ -904,11 +902,10 @@ async fn update(
     Ok(Json(apply_update(&engine, &caller, &id, req).await?))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One item of a batch update (read by [`parse_item`]).
+#[derive(Debug)]
 struct UpdateItem {
     id: String,
-    #[serde(flatten)]
     update: Update,
 }
 
@@ -931,8 +928,8 @@ async fn batch_update(
     }
     let mut items = Vec::with_capacity(req.updates.len());
     for (i, raw) in req.updates.into_iter().enumerate() {
-        let item = parse_item(raw).map_err(|e| at_item("updates", i, e))?;
-        check_update(&item.update).map_err(|e| at_item("updates", i, e))?;
+        let item = parse_item(raw).map_err(|e| service::bulk::at_item("updates", i, e))?;
+        check_update(&item.update).map_err(|e| service::bulk::at_item("updates", i, e))?;
         items.push(item);
     }
     let mut memories = Vec::new();

@@ -128,6 +128,11 @@ pub(super) async fn import(
             format!("at most {MAX_IMPORT} memories a request"),
         ));
     }
+    let ids: Vec<&str> = items
+        .iter()
+        .filter_map(|item| item.get("id").and_then(Value::as_str))
+        .collect();
+    let stored = service::memory::visible_ids(&engine, &caller, &ids).await?;
     let mut errors: Vec<Value> = Vec::new();
     let mut skipped = 0;
     let mut requests = Vec::new();
@@ -137,11 +142,9 @@ pub(super) async fn import(
             continue;
         };
         let id = obj.get("id").and_then(Value::as_str).map(str::to_string);
-        if let Some(id) = &id {
-            if service::edit::get(&engine, &caller, id).await.is_ok() {
-                skipped += 1;
-                continue;
-            }
+        if id.as_ref().is_some_and(|id| stored.contains(id)) {
+            skipped += 1;
+            continue;
         }
         let fields: Map<String, Value> = obj
             .iter()
@@ -306,16 +309,22 @@ pub(super) async fn migrate(
     let mut hashes = HashSet::new();
     for file in req.files {
         let date = file_date(&file.filename).map(str::to_string);
+        let found: Vec<_> = sections(&file.content)
+            .into_iter()
+            .map(|(heading, text)| {
+                let hash = hex(&Sha256::digest(text.as_bytes()));
+                let id = format!(
+                    "mc-{}",
+                    &hex(&Sha256::digest(format!("{stream}\n{text}").as_bytes()))[..32]
+                );
+                (heading, text, hash, id)
+            })
+            .collect();
+        let ids: Vec<&str> = found.iter().map(|(_, _, _, id)| id.as_str()).collect();
+        let stored = service::memory::visible_ids(&engine, &caller, &ids).await?;
         let mut requests = Vec::new();
-        for (heading, text) in sections(&file.content) {
-            let hash = hex(&Sha256::digest(text.as_bytes()));
-            let id = format!(
-                "mc-{}",
-                &hex(&Sha256::digest(format!("{stream}\n{text}").as_bytes()))[..32]
-            );
-            if !hashes.insert(hash.clone())
-                || service::edit::get(&engine, &caller, &id).await.is_ok()
-            {
+        for (heading, text, hash, id) in found {
+            if !hashes.insert(hash.clone()) || stored.contains(&id) {
                 deduplicated += 1;
                 continue;
             }
