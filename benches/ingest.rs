@@ -18,6 +18,9 @@ use loomem::pipeline::{stages, BuildContext, Record};
 use loomem::providers::embed::HashEmbedder;
 use loomem::store::{Filter, Store};
 
+#[path = "../tests/integration/moto.rs"]
+#[allow(dead_code)]
+mod moto;
 #[path = "../tests/integration/nats.rs"]
 #[allow(dead_code)]
 mod nats;
@@ -108,21 +111,52 @@ fn bench_stages(c: &mut Criterion) {
     group.finish();
 }
 
-/// A daemon engine on a temp dir, fed through its own bus.
+/// A daemon engine on a temp dir or a bucket, fed through its own bus.
 struct Rig {
     engine: Arc<Engine>,
     _nats: Option<nats::NatsServer>,
+    _cluster: Option<nats::NatsCluster>,
+    _moto: Option<moto::Moto>,
     _dir: tempfile::TempDir,
 }
 
-fn rig(rt: &tokio::runtime::Runtime, jetstream: bool, provider: &str) -> Rig {
+/// The bus a case publishes to.
+#[derive(Clone, Copy, PartialEq)]
+enum BusAt {
+    Embedded,
+    /// One nats-server.
+    Node,
+    /// Three nats-servers, the stream at three replicas.
+    Cluster,
+}
+
+/// Where a case keeps its tables.
+#[derive(Clone, Copy, PartialEq)]
+enum DataAt {
+    Disk,
+    /// A moto S3 server on loopback.
+    Bucket,
+}
+
+fn rig(rt: &tokio::runtime::Runtime, bus: BusAt, data: DataAt, provider: &str) -> Rig {
     let dir = tempfile::tempdir().unwrap();
-    let nats = jetstream.then(|| nats::NatsServer::start(&dir.path().join("nats")));
+    let nats = (bus == BusAt::Node).then(|| nats::NatsServer::start(&dir.path().join("nats")));
+    let cluster = (bus == BusAt::Cluster).then(|| {
+        let c = nats::NatsCluster::start(&dir.path().join("nats"));
+        rt.block_on(c.ready());
+        c
+    });
     let mut env: HashMap<String, String> = HashMap::new();
     env.insert(
         "LOOMEM_STORAGE__DATA_DIR".into(),
         dir.path().join("data").display().to_string(),
     );
+    let moto = (data == DataAt::Bucket).then(|| {
+        let m = rt.block_on(moto::Moto::start());
+        rt.block_on(m.bucket("loomem-bench"));
+        env.extend(m.env("s3://loomem-bench/data"));
+        m
+    });
     env.insert("LOOMEM_EMBED__PROVIDER".into(), provider.into());
     // Other overrides from the bench's own environment (LOOMEM_BUS__BATCH_SIZE=…).
     for (k, v) in std::env::vars() {
@@ -130,10 +164,18 @@ fn rig(rt: &tokio::runtime::Runtime, jetstream: bool, provider: &str) -> Rig {
             env.insert(k, v);
         }
     }
-    match &nats {
-        Some(n) => {
+    let url = match (&nats, &cluster) {
+        (Some(n), _) => Some(n.url()),
+        (_, Some(c)) => {
+            env.insert("LOOMEM_BUS__REPLICAS".into(), "3".into());
+            Some(c.urls())
+        }
+        _ => None,
+    };
+    match url {
+        Some(url) => {
             env.insert("LOOMEM_BUS__KIND".into(), "jetstream".into());
-            env.insert("LOOMEM_BUS__NATS_URL".into(), n.url());
+            env.insert("LOOMEM_BUS__NATS_URL".into(), url);
         }
         None => {
             env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
@@ -148,18 +190,43 @@ fn rig(rt: &tokio::runtime::Runtime, jetstream: bool, provider: &str) -> Rig {
     Rig {
         engine,
         _nats: nats,
+        _cluster: cluster,
+        _moto: moto,
         _dir: dir,
     }
 }
 
-/// (label, JetStream?, embedder, memories per iteration; `LOOMEM_BENCH_CASES`
-/// picks labels, comma-separated). MiniLM runs fewer:
-/// the model, not the pipeline, sets its pace (~2.5 ms per text on 2 cores).
-const CASES: [(&str, bool, &str, usize); 4] = [
-    ("jetstream", true, "hash", 5000),
-    ("embedded", false, "hash", 5000),
-    ("jetstream_static", true, "static", 5000),
-    ("jetstream_minilm", true, "minilm", 1000),
+/// (label, bus, tables, embedder, memories per iteration; `LOOMEM_BENCH_CASES`
+/// picks labels, comma-separated). MiniLM runs fewer: the model, not the
+/// pipeline, sets its pace (~2.5 ms per text on 2 cores). The cluster and
+/// bucket cases run on loopback: three nats-servers and a moto server share
+/// the machine's two cores with loomem.
+const CASES: [(&str, BusAt, DataAt, &str, usize); 7] = [
+    ("jetstream", BusAt::Node, DataAt::Disk, "hash", 5000),
+    ("embedded", BusAt::Embedded, DataAt::Disk, "hash", 5000),
+    (
+        "jetstream_static",
+        BusAt::Node,
+        DataAt::Disk,
+        "static",
+        5000,
+    ),
+    (
+        "jetstream_minilm",
+        BusAt::Node,
+        DataAt::Disk,
+        "minilm",
+        1000,
+    ),
+    ("cluster", BusAt::Cluster, DataAt::Disk, "hash", 5000),
+    ("bucket", BusAt::Node, DataAt::Bucket, "hash", 5000),
+    (
+        "cluster_bucket",
+        BusAt::Cluster,
+        DataAt::Bucket,
+        "hash",
+        5000,
+    ),
 ];
 
 fn bench_e2e(c: &mut Criterion) {
@@ -168,14 +235,14 @@ fn bench_e2e(c: &mut Criterion) {
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(30));
     let picked = std::env::var("LOOMEM_BENCH_CASES").ok();
-    for (label, jetstream, provider, n) in CASES {
+    for (label, bus, data, provider, n) in CASES {
         if picked
             .as_deref()
             .is_some_and(|p| !p.split(',').any(|l| l == label))
         {
             continue;
         }
-        let rig = rig(&rt, jetstream, provider);
+        let rig = rig(&rt, bus, data, provider);
         let mut round = 0;
         let mut wall = Duration::ZERO;
         group.throughput(Throughput::Elements(n as u64));

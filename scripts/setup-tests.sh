@@ -2,7 +2,8 @@
 # What the test suite needs beyond scripts/setup.sh: Debian's Chromium and
 # playwright-core (from the npm registry, pinned in ui-tests/package-lock.json)
 # for the console's browser tests, and the official MCP Python SDK (PyPI `mcp`)
-# for the OAuth client test. Idempotent.
+# for the OAuth client test, and moto's S3 server (PyPI `moto[server]`) for
+# the object-storage tests. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +27,10 @@ fi
 if ! python3 -c 'import mcp.client.auth' >/dev/null 2>&1; then
   echo "setup-tests: installing the MCP Python SDK (mcp) for the OAuth test"
   python3 -m pip install -q "mcp==1.26.0" 2>/dev/null || python3 -m pip install -q --break-system-packages "mcp==1.26.0"
+fi
+
+# moto's S3 server: the bucket the object-storage tests keep their tables in.
+if ! python3 -c 'import moto.server, flask_cors' >/dev/null 2>&1; then
+  echo "setup-tests: installing moto[server] (Python) for the object-storage tests"
+  python3 -m pip install -q "moto[server]==5.2.5" 2>/dev/null || python3 -m pip install -q --break-system-packages "moto[server]==5.2.5"
 fi

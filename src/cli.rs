@@ -22,7 +22,7 @@ pub async fn import_direct(
     let caller = Caller::admin("cli").with_namespaces(std::sync::Arc::new(cfg.namespaces.clone()));
     if format == Format::LoomemJsonl {
         let store = open_store(cfg).await?;
-        let ids = loomem::core::IdKey::load_or_create(&cfg.data_dir())?;
+        let ids = cfg.data_location().id_key().await?;
         let to = Destination {
             bus: None,
             store: Some(&store),
@@ -40,7 +40,7 @@ pub async fn import_direct(
     let bus = Bus::JetStream(bus);
     // The daemon's key, from the data directory this config names, so that
     // a rerun through either path derives the same ids.
-    let ids = loomem::core::IdKey::load_or_create(&cfg.data_dir())?;
+    let ids = cfg.data_location().id_key().await?;
     let to = Destination {
         bus: Some(&bus),
         store: None,
@@ -106,13 +106,18 @@ fn print_format(result: &loomem::service::sql::SqlResult, format: &str) -> anyho
 
 /// The data directory's tables, opened in this process.
 async fn open_store(cfg: &Config) -> anyhow::Result<loomem::store::Store> {
-    loomem::store::Store::open(
-        &cfg.data_dir(),
+    let location = cfg.data_location();
+    loomem::store::Store::open_with(
+        &location,
         cfg.embed.dim,
         cfg.storage.write_batch_max_rows,
+        Some(std::time::Duration::from_millis(
+            cfg.storage.read_consistency_ms,
+        )),
+        cfg.storage.maintenance(),
     )
     .await
-    .with_context(|| format!("opening {}", cfg.data_dir().display()))
+    .with_context(|| format!("opening {location}"))
 }
 
 /// `loomem export` on the data directory (as admin), narrowed to `--stream`,
@@ -501,9 +506,10 @@ pub enum KeysRequest {
 /// `loomem keys …` on the data directory's `api_keys` table.
 pub async fn keys(cfg: &Config, req: KeysRequest) -> anyhow::Result<serde_json::Value> {
     use loomem::service::keys;
-    let table = loomem::store::api_keys::KeyTable::open(&cfg.data_dir())
+    let location = cfg.data_location();
+    let table = loomem::store::api_keys::KeyTable::open(&location)
         .await
-        .with_context(|| format!("opening the keys of {}", cfg.data_dir().display()))?;
+        .with_context(|| format!("opening the keys of {location}"))?;
     Ok(match req {
         KeysRequest::Create(r) => serde_json::to_value(keys::create(&table, r).await?)?,
         KeysRequest::List => serde_json::json!({ "keys": keys::list(&table).await? }),

@@ -314,7 +314,7 @@ fn run() -> anyhow::Result<()> {
             Command::CheckConfig => {
                 println!(
                     "config ok: data_dir={} bus={:?}",
-                    cfg.data_dir().display(),
+                    cfg.data_location(),
                     cfg.bus.kind
                 );
             }

@@ -540,9 +540,7 @@ async fn export_handler(
         format,
         sql: req.sql.as_deref(),
     };
-    let (file, bytes) = export
-        .write_unlinked(&engine.cfg.data_dir().join(EXPORT_SPOOL))
-        .await?;
+    let (file, bytes) = export.write_unlinked(&engine.cfg.spool_dir()).await?;
     Ok((
         [
             (
@@ -555,9 +553,6 @@ async fn export_handler(
     )
         .into_response())
 }
-
-/// Where exports are spooled before they are sent (inside the data directory).
-const EXPORT_SPOOL: &str = ".export-spool";
 
 /// A file's bytes as a stream of pieces, for a response body.
 fn read_in_pieces(

@@ -104,6 +104,14 @@ pub struct Config {
     /// The directory the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
+    /// Where the tables live: `storage.data_dir` resolved (a directory, or a
+    /// bucket with its settings from `[storage.object_store]` and `AWS_*`).
+    #[serde(skip)]
+    location: Option<crate::store::Location>,
+    /// The object store settings buckets are opened with (the data's and
+    /// exports'): `[storage.object_store]` over the `AWS_*` environment.
+    #[serde(skip)]
+    pub object_settings: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -138,6 +146,16 @@ impl Config {
         cfg.base_dir = base_dir;
         cfg.embed.model_dir = expand_home(&cfg.embed.model_dir, env);
         cfg.validate()?;
+        cfg.object_settings = crate::store::location::settings(&cfg.storage.object_store, env)
+            .map_err(|e| invalid("storage.object_store", e.to_string()))?;
+        cfg.location = Some(
+            crate::store::Location::parse(
+                &cfg.storage.data_dir.to_string_lossy(),
+                &cfg.base_dir,
+                &cfg.object_settings,
+            )
+            .map_err(|e| invalid("storage.data_dir", e.to_string()))?,
+        );
         Ok(cfg)
     }
 
@@ -333,8 +351,21 @@ impl Config {
         }
     }
 
-    pub fn data_dir(&self) -> PathBuf {
-        self.resolve(&self.storage.data_dir)
+    /// Where the tables live.
+    pub fn data_location(&self) -> crate::store::Location {
+        self.location
+            .clone()
+            .unwrap_or_else(|| crate::store::Location::Local(self.resolve(&self.storage.data_dir)))
+    }
+
+    /// A local directory for files on their way out (exports): inside the
+    /// data directory, or the system's temp directory when the data is in a bucket.
+    pub fn spool_dir(&self) -> PathBuf {
+        const SPOOL: &str = ".export-spool";
+        match self.data_location() {
+            crate::store::Location::Local(dir) => dir.join(SPOOL),
+            crate::store::Location::Bucket(_) => std::env::temp_dir().join("loomem").join(SPOOL),
+        }
     }
 
     pub fn pipelines_dir(&self) -> PathBuf {
@@ -506,7 +537,46 @@ mod tests {
     #[test]
     fn relative_paths_resolve_against_the_config_dir() {
         let cfg = Config::parse(&shipped(), &HashMap::new(), PathBuf::from("/etc/loomem")).unwrap();
-        assert_eq!(cfg.data_dir(), PathBuf::from("/etc/loomem/./data"));
+        assert_eq!(
+            cfg.data_location(),
+            crate::store::Location::Local(PathBuf::from("/etc/loomem/./data"))
+        );
         assert_eq!(cfg.pipelines_dir(), PathBuf::from("/etc/loomem/pipelines"));
+    }
+
+    #[test]
+    fn the_data_may_live_in_a_bucket() {
+        let vars = env(&[
+            ("LOOMEM_STORAGE__DATA_DIR", "s3://memories/prod"),
+            (
+                "LOOMEM_STORAGE__OBJECT_STORE__AWS_ENDPOINT",
+                "http://127.0.0.1:9000",
+            ),
+            ("LOOMEM_STORAGE__OBJECT_STORE__AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "eu-west-1"),
+        ]);
+        let cfg = Config::parse(&shipped(), &vars, PathBuf::from("/etc/loomem")).unwrap();
+        let crate::store::Location::Bucket(b) = cfg.data_location() else {
+            panic!("a bucket: {:?}", cfg.data_location());
+        };
+        assert_eq!(b.uri(), "s3://memories/prod");
+        assert_eq!(cfg.object_settings["aws_allow_http"], "true");
+        assert_eq!(cfg.object_settings["aws_region"], "eu-west-1");
+        assert_eq!(cfg.object_settings["aws_endpoint"], "http://127.0.0.1:9000");
+        assert!(cfg.spool_dir().starts_with(std::env::temp_dir()));
+
+        let typo = env(&[("LOOMEM_STORAGE__OBJECT_STORE__AWS_ENDPIONT", "x")]);
+        let err = Config::parse(&shipped(), &typo, PathBuf::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("storage.object_store") && err.contains("aws_endpiont"),
+            "{err}"
+        );
+        let gcs = env(&[("LOOMEM_STORAGE__DATA_DIR", "gs://b/p")]);
+        let err = Config::parse(&shipped(), &gcs, PathBuf::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("storage.data_dir"), "{err}");
     }
 }

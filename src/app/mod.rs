@@ -39,7 +39,7 @@ pub enum StartError {
     #[error("auth: {0}")]
     Auth(#[from] crate::service::auth::AuthError),
     #[error("the id key in the data directory: {0}")]
-    IdKey(std::io::Error),
+    IdKey(crate::store::location::LocationError),
 }
 
 /// A running loomem: the shared [`Services`] plus what starts and stops them
@@ -85,12 +85,13 @@ impl Engine {
                 "no API key configured: local passthrough mode, every request is accepted as admin"
             );
         }
-        let keys = crate::store::api_keys::KeyTable::open(&cfg.data_dir()).await?;
+        let location = cfg.data_location();
+        let keys = crate::store::api_keys::KeyTable::open(&location).await?;
         let auth = auth.with_runtime_keys(keys.clone());
-        let ids = crate::core::IdKey::load_or_create(&cfg.data_dir()).map_err(StartError::IdKey)?;
+        let ids = location.id_key().await.map_err(StartError::IdKey)?;
         let store = Arc::new(
             Store::open_with(
-                &cfg.data_dir(),
+                &location,
                 embedder.dim(),
                 cfg.storage.write_batch_max_rows,
                 Some(Duration::from_millis(cfg.storage.read_consistency_ms)),
@@ -180,7 +181,7 @@ impl Engine {
             limits: crate::service::limits::RateLimiter::new(cfg.server.rate_limit.clone()),
             oauth: crate::service::oauth::OAuth::new(
                 cfg.oauth.clone(),
-                crate::store::oauth::OAuthTables::open(&cfg.data_dir()).await?,
+                crate::store::oauth::OAuthTables::open(&location).await?,
                 keys.clone(),
             ),
             keys,
@@ -266,6 +267,7 @@ impl Engine {
             services: Arc::downgrade(&self.services),
             jobs: self.cfg.scheduler.jobs.clone(),
             base_dir: self.cfg.base_dir.clone(),
+            object_settings: self.cfg.object_settings.clone(),
         }
     }
 

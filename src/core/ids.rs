@@ -33,17 +33,22 @@ impl IdKey {
         IdKey(uuid::Uuid::new_v5(&ROOT, secret))
     }
 
+    /// A new secret: 244 random bits, as text.
+    pub fn new_secret() -> String {
+        format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        )
+    }
+
     /// The deployment's key, kept in `dir/id-key`: read when it exists, made
     /// from 244 random bits otherwise. Processes that share the directory
     /// share the key (the first to start writes it; a racing second reads it).
     pub fn load_or_create(dir: &Path) -> std::io::Result<IdKey> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(ID_KEY_FILE);
-        let secret = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
+        let secret = IdKey::new_secret();
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -5,10 +5,12 @@
 //!
 //! Params: `exports`, a list of `{ format, path, sql? }` (default: one
 //! lossless `jsonl` per stream, `exports/{stream}/{date}.jsonl`). Relative
-//! paths resolve against the config file's directory. A dry run reports the
-//! files it would write and writes none.
+//! paths resolve against the config file's directory; a path may also be an
+//! object in a bucket (`s3://bucket/exports/{stream}/{date}.jsonl`), written
+//! whole through a local spool file. A dry run reports the files it would
+//! write and writes none.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde::Deserialize;
 
@@ -17,6 +19,7 @@ use crate::core::error::{Error, Result};
 use crate::core::model::now_micros;
 use crate::core::Caller;
 use crate::service::export::{self, ExportFormat};
+use crate::store::location;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,7 +40,7 @@ struct Params {
 /// One file written (or, dry, to be written).
 #[derive(Debug, serde::Serialize)]
 struct File {
-    path: PathBuf,
+    path: String,
     stream: Option<String>,
     format: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -68,7 +71,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
         let format: ExportFormat = spec.format.parse().map_err(|e: String| {
             Error::invalid("scheduler.jobs.export.params.exports.format", e)
         })?;
-        let targets: Vec<(Option<String>, PathBuf)> = if spec.path.contains("{stream}") {
+        let targets: Vec<(Option<String>, String)> = if spec.path.contains("{stream}") {
             export::streams(&engine.store, &admin)
                 .await?
                 .into_iter()
@@ -81,7 +84,12 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             vec![(None, export::expand(&spec.path, None, now, format))]
         };
         for (stream, path) in targets {
-            let path = ctx.resolve(&path);
+            let object = location::is_object_uri(&path);
+            let path = if object {
+                path
+            } else {
+                ctx.resolve(Path::new(&path)).display().to_string()
+            };
             if ctx.dry_run {
                 files.push(File {
                     path,
@@ -92,15 +100,23 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
                 continue;
             }
             let caller = export::narrow(&admin, stream.as_deref())?;
-            let bytes = export::Export {
+            let export = export::Export {
                 store: &engine.store,
                 caller: &caller,
                 limits: &limits,
                 format,
                 sql: spec.sql.as_deref(),
-            }
-            .write_file(&path)
-            .await?;
+            };
+            let bytes = if object {
+                let spool = std::env::temp_dir().join("loomem").join(".export-spool");
+                let (file, bytes) = export.write_unlinked(&spool).await?;
+                location::upload(file, &path, &ctx.object_settings)
+                    .await
+                    .map_err(|e| Error::Internal(format!("exporting to {path}: {e}")))?;
+                bytes
+            } else {
+                export.write_file(Path::new(&path)).await?
+            };
             files.push(File {
                 path,
                 stream,

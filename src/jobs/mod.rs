@@ -72,6 +72,8 @@ pub struct JobContext {
     pub params: toml::Table,
     /// Relative paths (export targets) resolve against this directory.
     pub base_dir: PathBuf,
+    /// How `s3://` export targets are reached (`Config::object_settings`).
+    pub object_settings: BTreeMap<String, String>,
 }
 
 impl JobContext {
@@ -157,6 +159,7 @@ pub struct JobEnv {
     pub services: Weak<Services>,
     pub jobs: BTreeMap<String, config::JobConfig>,
     pub base_dir: PathBuf,
+    pub object_settings: BTreeMap<String, String>,
 }
 
 /// The runner the scheduler and manual runs use: the named job with its
@@ -176,6 +179,7 @@ pub fn runner(env: JobEnv, dry_run: bool) -> scheduler::Runner {
                 dry_run,
                 params,
                 base_dir: env.base_dir,
+                object_settings: env.object_settings,
             };
             run_once(&ctx, &name).await.map_err(|e| e.to_string())
         })

@@ -556,19 +556,17 @@ pub async fn streams(store: &Store, caller: &Caller) -> Result<Vec<String>> {
 
 /// A path template with its placeholders filled: `{stream}`, `{date}`
 /// (YYYY-MM-DD), `{time}` (HHMMSS), `{format}` and `{ext}`.
-pub fn expand(template: &str, stream: Option<&str>, at: Micros, format: ExportFormat) -> PathBuf {
+pub fn expand(template: &str, stream: Option<&str>, at: Micros, format: ExportFormat) -> String {
     let stamp = crate::core::time::to_rfc3339(at);
     let date = &stamp[..10];
     let time: String = stamp[11..19].chars().filter(|c| *c != ':').collect();
     let stream = stream.map(safe_segment).unwrap_or_else(|| "all".into());
-    PathBuf::from(
-        template
-            .replace("{stream}", &stream)
-            .replace("{date}", date)
-            .replace("{time}", &time)
-            .replace("{format}", format.name())
-            .replace("{ext}", format.extension()),
-    )
+    template
+        .replace("{stream}", &stream)
+        .replace("{date}", date)
+        .replace("{time}", &time)
+        .replace("{format}", format.name())
+        .replace("{ext}", format.extension())
 }
 
 /// A stream name as one path segment: no separators, no `..`.
@@ -604,7 +602,7 @@ mod tests {
                 at,
                 ExportFormat::Markdown
             ),
-            PathBuf::from("exports/team_.._x/2026-11-22.md")
+            "exports/team_.._x/2026-11-22.md"
         );
         assert_eq!(
             expand(
@@ -613,7 +611,7 @@ mod tests {
                 at,
                 ExportFormat::Parquet
             ),
-            PathBuf::from("all-2026-11-22T090507.parquet")
+            "all-2026-11-22T090507.parquet"
         );
         assert_eq!(safe_segment(".."), "__");
     }

@@ -7,7 +7,6 @@
 //! latest version on every read, so a key revoked by one process is refused by
 //! every other process that shares the data directory on its next request.
 
-use std::path::Path;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
@@ -74,14 +73,8 @@ pub struct KeyTable {
 }
 
 impl KeyTable {
-    pub async fn open(data_dir: &Path) -> Result<KeyTable> {
-        std::fs::create_dir_all(data_dir).map_err(|e| lancedb::Error::Runtime {
-            message: format!("cannot create data dir {}: {e}", data_dir.display()),
-        })?;
-        let db = lancedb::connect(&data_dir.to_string_lossy())
-            .read_consistency_interval(Duration::ZERO)
-            .execute()
-            .await?;
+    pub async fn open(location: &super::Location) -> Result<KeyTable> {
+        let db = location.connect(Some(Duration::ZERO)).await?;
         let names = db.table_names().execute().await?;
         let table = super::open_or_create(&db, &names, API_KEYS, schema()).await?;
         Ok(KeyTable { table })

@@ -1,6 +1,7 @@
 //! `[storage]`: where the tables live, how the writer batches, and how the
 //! tables are kept in shape.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +12,12 @@ use super::maintain::Maintenance;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageConfig {
+    /// A directory, or `s3://bucket/prefix` (see [`super::Location`]).
     pub data_dir: PathBuf,
+    /// Settings of the bucket `data_dir` names, by object_store's names
+    /// (`aws_endpoint`, `aws_region`, `aws_allow_http`, …); over `AWS_*`.
+    #[serde(default, deserialize_with = "scalar_map")]
+    pub object_store: BTreeMap<String, String>,
     /// Most rows the writer folds into one Lance commit.
     pub write_batch_max_rows: usize,
     /// Reads see commits made by other loomem processes within this many ms.
@@ -35,6 +41,34 @@ pub struct StorageConfig {
     /// newest this many of those are kept.
     #[serde(default = "default_pre_delete_snapshots")]
     pub pre_delete_snapshots: usize,
+}
+
+/// A table of settings whose values may be written as strings, booleans or
+/// numbers (`aws_allow_http = true`, or `LOOMEM_…=true`), kept as text.
+fn scalar_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Flag(bool),
+        Int(i64),
+        Float(f64),
+    }
+    let raw = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                Scalar::Text(s) => s,
+                Scalar::Flag(b) => b.to_string(),
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+            };
+            (k, text)
+        })
+        .collect())
 }
 
 fn default_pre_delete_snapshots() -> usize {

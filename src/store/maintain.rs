@@ -278,7 +278,9 @@ mod tests {
             compact_every_commits: 8,
             ..Maintenance::off()
         };
-        let store = Store::open_with(tmp.path(), 8, 100, None, m).await.unwrap();
+        let store = Store::open_with(&crate::store::Location::local(tmp.path()), 8, 100, None, m)
+            .await
+            .unwrap();
         for i in 0..40 {
             let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
             store.upsert(vec![c]).await.unwrap();
@@ -290,9 +292,15 @@ mod tests {
         assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 40);
 
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(tmp.path(), 8, 100, None, Maintenance::off())
-            .await
-            .unwrap();
+        let store = Store::open_with(
+            &crate::store::Location::local(tmp.path()),
+            8,
+            100,
+            None,
+            Maintenance::off(),
+        )
+        .await
+        .unwrap();
         for i in 0..12 {
             let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
             store.upsert(vec![c]).await.unwrap();
@@ -306,9 +314,15 @@ mod tests {
     #[tokio::test]
     async fn the_full_pass_merges_and_reports() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(tmp.path(), 8, 100, None, Maintenance::off())
-            .await
-            .unwrap();
+        let store = Store::open_with(
+            &crate::store::Location::local(tmp.path()),
+            8,
+            100,
+            None,
+            Maintenance::off(),
+        )
+        .await
+        .unwrap();
         for i in 0..10 {
             let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
             store.upsert(vec![c]).await.unwrap();
@@ -333,7 +347,9 @@ mod tests {
             max_fragments: 4,
             ..Maintenance::off()
         };
-        let store = Store::open_with(tmp.path(), 8, 100, None, m).await.unwrap();
+        let store = Store::open_with(&crate::store::Location::local(tmp.path()), 8, 100, None, m)
+            .await
+            .unwrap();
         for i in 0..12 {
             store
                 .add_history(vec![crate::store::HistoryRow {

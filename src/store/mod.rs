@@ -13,11 +13,13 @@ pub mod history;
 pub mod hot;
 pub mod job_runs;
 pub mod llm_calls;
+pub mod location;
 pub mod maintain;
 pub mod oauth;
 pub mod relations;
 mod writer;
 
+pub use location::Location;
 pub use writer::{Modifier, WriteBatch};
 
 use std::path::Path;
@@ -58,9 +60,16 @@ async fn open_or_create(
     schema: arrow_schema::SchemaRef,
 ) -> Result<Table> {
     if existing.iter().any(|n| n == name) {
-        Ok(db.open_table(name).execute().await?)
-    } else {
-        Ok(db.create_empty_table(name, schema).execute().await?)
+        return Ok(db.open_table(name).execute().await?);
+    }
+    match db.create_empty_table(name, schema).execute().await {
+        Ok(table) => Ok(table),
+        // Another process sharing the location made it first.
+        Err(created) => db
+            .open_table(name)
+            .execute()
+            .await
+            .map_err(|_| created.into()),
     }
 }
 
@@ -186,7 +195,7 @@ impl Store {
         read_consistency: Option<std::time::Duration>,
     ) -> Result<Store> {
         Store::open_with(
-            data_dir,
+            &Location::local(data_dir),
             dim,
             write_batch_max_rows,
             read_consistency,
@@ -195,22 +204,16 @@ impl Store {
         .await
     }
 
-    /// [`Store::open_shared`] with the given routine maintenance.
+    /// [`Store::open_shared`] at any [`Location`] (a directory or a bucket),
+    /// with the given routine maintenance.
     pub async fn open_with(
-        data_dir: &Path,
+        location: &Location,
         dim: usize,
         write_batch_max_rows: usize,
         read_consistency: Option<std::time::Duration>,
         maintenance: maintain::Maintenance,
     ) -> Result<Store> {
-        std::fs::create_dir_all(data_dir).map_err(|e| lancedb::Error::Runtime {
-            message: format!("cannot create data dir {}: {e}", data_dir.display()),
-        })?;
-        let mut connect = lancedb::connect(&data_dir.to_string_lossy());
-        if let Some(interval) = read_consistency {
-            connect = connect.read_consistency_interval(interval);
-        }
-        let db = connect.execute().await?;
+        let db = location.connect(read_consistency).await?;
         let names = db.table_names().execute().await?;
         let chunks = if names.iter().any(|n| n == CHUNKS) {
             let table = db.open_table(CHUNKS).execute().await?;

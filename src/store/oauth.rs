@@ -5,7 +5,6 @@
 //! are read on a connection that sees every commit and stay outside
 //! snapshots, exports and SQL.
 
-use std::path::Path;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
@@ -103,11 +102,8 @@ async fn read(table: &Table, filter: String) -> Result<Vec<RecordBatch>> {
 }
 
 impl OAuthTables {
-    pub async fn open(data_dir: &Path) -> Result<OAuthTables> {
-        let db = lancedb::connect(&data_dir.to_string_lossy())
-            .read_consistency_interval(Duration::ZERO)
-            .execute()
-            .await?;
+    pub async fn open(location: &super::Location) -> Result<OAuthTables> {
+        let db = location.connect(Some(Duration::ZERO)).await?;
         let names = db.table_names().execute().await?;
         Ok(OAuthTables {
             clients: super::open_or_create(&db, &names, OAUTH_CLIENTS, client_schema()).await?,

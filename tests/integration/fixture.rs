@@ -57,6 +57,11 @@ impl Options {
         self.env.push((key.to_string(), value.to_string()));
         self
     }
+
+    pub fn envs(mut self, vars: Vec<(String, String)>) -> Options {
+        self.env.extend(vars);
+        self
+    }
 }
 
 pub struct Daemon {

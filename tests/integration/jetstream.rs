@@ -302,6 +302,21 @@ async fn the_embedded_bus_has_the_same_semantics() {
     assert_eq!(st["bus"]["kind"], "embedded");
 }
 
+/// Both daemons committed some of the imports (they share one consumer).
+pub(crate) async fn both_wrote(a: &Daemon, b: &Daemon) {
+    let written = |st: &Value| {
+        st["pipelines"]["import"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
+            .and_then(|w| w["records_out"].as_u64())
+            .unwrap_or(0)
+    };
+    let (_, sa) = a.call("GET", "/v1/status", None).await;
+    let (_, sb) = b.call("GET", "/v1/status", None).await;
+    let (wa, wb) = (written(&sa), written(&sb));
+    assert!(wa > 0 && wb > 0, "a wrote {wa}, b wrote {wb}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_daemons_share_the_consumer_and_the_data_dir() {
     const N: usize = 1500;
@@ -323,30 +338,17 @@ async fn two_daemons_share_the_consumer_and_the_data_dir() {
             )
         })
         .collect();
-    let resp = a
-        .http
-        .post(format!("{}/v1/import?format=jsonl&stream=pool", a.url))
-        .body(file)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    let (s, report) = a
+        .post_raw("/v1/import?format=jsonl&stream=pool", file.into_bytes())
+        .await;
+    assert_eq!(s, 200, "{report}");
     // Both processes see all of them (shared data dir) …
     for d in [&a, &b] {
         wait_status(d, 120, "all memories", |st| st["chunks"] == N).await;
     }
     // … and both did part of the work.
-    let written = |st: &Value| {
-        st["pipelines"]["import"]
-            .as_array()
-            .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
-            .and_then(|w| w["records_out"].as_u64())
-            .unwrap_or(0)
-    };
+    both_wrote(&a, &b).await;
     let (_, sa) = a.call("GET", "/v1/status", None).await;
-    let (_, sb) = b.call("GET", "/v1/status", None).await;
-    let (wa, wb) = (written(&sa), written(&sb));
-    assert!(wa > 0 && wb > 0, "a wrote {wa}, b wrote {wb}");
     assert_eq!(sa["dead_letters"], 0);
 }
 

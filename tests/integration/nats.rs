@@ -122,7 +122,7 @@ impl Drop for NatsServer {
 }
 
 /// A free loopback port (bound, then let go).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Daemon, Options};
-use crate::nats::NatsServer;
+use crate::nats::{free_port, NatsServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_keeps_every_stored_memory() {
@@ -32,14 +32,6 @@ async fn a_restart_keeps_every_stored_memory() {
     assert_eq!(found, ids);
     drop(d);
     drop(dir);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,22 +121,42 @@ async fn chunk_count(url: &str) -> u64 {
 async fn kill_9_during_a_20000_memory_import_loses_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let nats = NatsServer::start(&dir.path().join("nats"));
-    kill_9_during_an_import(dir.path(), &nats.url(), Options::default()).await;
+    kill_9_during_an_import(dir.path(), &nats.url(), Options::default(), 20_000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_during_an_import_on_a_three_node_cluster_loses_and_duplicates_nothing() {
+async fn kill_9_during_an_import_on_a_three_node_cluster_and_a_bucket_loses_and_duplicates_nothing()
+{
     let dir = tempfile::tempdir().unwrap();
     let cluster = crate::cluster::NatsCluster::start(&dir.path().join("nats"));
+    let moto = crate::moto::Moto::start().await;
+    moto.bucket("loomem-crash").await;
     cluster.ready().await;
-    let opts = Options::default().env("LOOMEM_BUS__REPLICAS", "3");
-    kill_9_during_an_import(dir.path(), &cluster.urls(), opts).await;
+    // moto is one Python process that lists every key of the bucket to find a
+    // table's latest version: a 20,000-memory import (the node-kill test's,
+    // tests/integration/cluster.rs) outgrows it, so this one imports 5,000 in
+    // batches of 500.
+    let opts = Options::default()
+        .env("LOOMEM_BUS__REPLICAS", "3")
+        .env("LOOMEM_BUS__BATCH_SIZE", "500")
+        .envs(moto.env("s3://loomem-crash/data"));
+    kill_9_during_an_import(dir.path(), &cluster.urls(), opts, 5_000).await;
+    assert!(moto
+        .keys("loomem-crash", "data/chunks.lance/")
+        .await
+        .iter()
+        .any(|k| k.ends_with(".lance")));
+    assert!(!dir.path().join("data").exists());
 }
 
-/// Import 20,000 memories into a loomem process on `nats_url`, kill it -9
+/// Import `total` memories into a loomem process on `nats_url`, kill it -9
 /// part-way, start it again and import the file again: every memory once.
-async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Options) {
-    const N: usize = 20_000;
+async fn kill_9_during_an_import(
+    dir: &std::path::Path,
+    nats_url: &str,
+    opts: Options,
+    total: usize,
+) {
     let data = dir.join("data");
     let (config, mut env) = daemon_env(&data, Some(nats_url), &opts);
     // Redeliver unacknowledged messages soon after the crash, but not so soon
@@ -152,7 +164,7 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
     // redelivered while still in hand: the worker does not extend its ack
     // deadline while it works (yet).
     env.insert("LOOMEM_BUS__ACK_WAIT_MS".into(), "10000".into());
-    let file: String = (0..N)
+    let file: String = (0..total)
         .map(|i| {
             format!(
                 "{{\"content\":\"memory {i}: the heron at pond {} ate {} fish\"}}\n",
@@ -178,7 +190,7 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
     loop {
         let n = chunk_count(&url).await;
         if n >= 1000 {
-            assert!(n < N as u64, "the import finished before the crash");
+            assert!(n < total as u64, "the import finished before the crash");
             break;
         }
         assert!(
@@ -199,7 +211,7 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
         .json()
         .await
         .unwrap();
-    assert_eq!(report["read"], N);
+    assert_eq!(report["read"], total);
     assert_eq!(report["rejected"], json!([]));
     // Recovery must keep making progress, however busy the machine: fail only
     // when the count stands still for four minutes (the count moves a batch of
@@ -208,7 +220,7 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
     let (mut seen, mut moved) = (0, std::time::Instant::now());
     loop {
         let n = chunk_count(&url).await;
-        if n >= N as u64 {
+        if n >= total as u64 {
             break;
         }
         if n > seen {
@@ -237,7 +249,7 @@ async fn kill_9_during_an_import(dir: &std::path::Path, nats_url: &str, opts: Op
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(st["chunks"], N, "{st}");
+    assert_eq!(st["chunks"], total, "{st}");
     assert_eq!(st["dead_letters"], 0, "{st}");
     child.start_kill().unwrap();
     child.wait().await.unwrap();
