@@ -268,6 +268,7 @@ impl Engine {
             jobs: self.cfg.scheduler.jobs.clone(),
             base_dir: self.cfg.base_dir.clone(),
             object_settings: self.cfg.object_settings.clone(),
+            spool_dir: self.cfg.spool_dir(),
         }
     }
 

@@ -108,8 +108,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
                 sql: spec.sql.as_deref(),
             };
             let bytes = if object {
-                let spool = std::env::temp_dir().join("loomem").join(".export-spool");
-                let (file, bytes) = export.write_unlinked(&spool).await?;
+                let (file, bytes) = export.write_unlinked(&ctx.spool_dir).await?;
                 location::upload(file, &path, &ctx.object_settings)
                     .await
                     .map_err(|e| Error::Internal(format!("exporting to {path}: {e}")))?;

@@ -74,6 +74,8 @@ pub struct JobContext {
     pub base_dir: PathBuf,
     /// How `s3://` export targets are reached (`Config::object_settings`).
     pub object_settings: BTreeMap<String, String>,
+    /// Where an export bound for a bucket is written first (`Config::spool_dir`).
+    pub spool_dir: PathBuf,
 }
 
 impl JobContext {
@@ -160,6 +162,7 @@ pub struct JobEnv {
     pub jobs: BTreeMap<String, config::JobConfig>,
     pub base_dir: PathBuf,
     pub object_settings: BTreeMap<String, String>,
+    pub spool_dir: PathBuf,
 }
 
 /// The runner the scheduler and manual runs use: the named job with its
@@ -180,6 +183,7 @@ pub fn runner(env: JobEnv, dry_run: bool) -> scheduler::Runner {
                 params,
                 base_dir: env.base_dir,
                 object_settings: env.object_settings,
+                spool_dir: env.spool_dir,
             };
             run_once(&ctx, &name).await.map_err(|e| e.to_string())
         })
