@@ -194,6 +194,7 @@ impl Engine {
             profiles: Default::default(),
             ids,
             dreams: Default::default(),
+            idle_dreams: Default::default(),
             checkouts: Default::default(),
             workers: Default::default(),
             started: Instant::now(),
@@ -220,6 +221,8 @@ impl Engine {
                 log: Arc::new(crate::jobs::StoreRunLog(self.store.clone())),
                 clock: crate::jobs::scheduler::Clock::system(),
                 pause: self.workers.clone(),
+                lease: self.dream_leases(),
+                tally: self.idle_dreams.clone(),
                 idle: Duration::from_secs(idle),
             }
             .spawn(self.stop_scheduler.subscribe());
@@ -257,6 +260,24 @@ impl Engine {
                 match services.upgrade() {
                     Some(s) => s.bus.claim(&job, slot).await.map_err(|e| e.to_string()),
                     None => Ok(false),
+                }
+            })
+        })
+    }
+
+    /// The idle dream's leases, on the bus every process shares.
+    fn dream_leases(&self) -> crate::jobs::idle::Leaser {
+        let services = Arc::downgrade(&self.services);
+        Arc::new(move |key, window| {
+            let services = services.clone();
+            Box::pin(async move {
+                match services.upgrade() {
+                    Some(s) => s
+                        .bus
+                        .claim_window(&key, window)
+                        .await
+                        .map_err(|e| e.to_string()),
+                    None => Err("the engine has stopped".to_string()),
                 }
             })
         })

@@ -31,9 +31,19 @@ pub struct JetStreamBus {
 }
 
 /// The stream where processes claim a scheduled job's run: one subject a
-/// run (`loomem.claims.<job>.<instant>`), kept a week.
+/// run (`loomem.claims.<job>.<instant>`), kept a week; and leases, one
+/// subject each (`loomem.claims.~lease.<key>`), holding its last claim.
 const CLAIMS_STREAM: &str = "LOOMEM_CLAIMS";
 const CLAIMS_PREFIX: &str = "loomem.claims";
+
+/// What [`JetStreamBus::claim_window`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lease {
+    /// This process claimed it now.
+    Taken,
+    /// A claim made `age` ago stands.
+    Held { age: Duration },
+}
 
 /// `nats_url` as the servers to connect to (a comma-separated list).
 fn servers(url: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
@@ -226,6 +236,51 @@ impl JetStreamBus {
     /// condition that the subject holds none yet, which JetStream checks
     /// atomically, so one process wins each run.
     pub async fn claim(&self, job: &str, slot: i64) -> Result<bool, BusError> {
+        self.claims_stream().await?;
+        let subject = format!("{CLAIMS_PREFIX}.{}.{slot}", subject_token(job));
+        let msg = jetstream::message::PublishMessage::build()
+            .payload("claimed".into())
+            .expected_last_subject_sequence(0);
+        self.publish_claim(&subject, msg).await
+    }
+
+    /// Claim the run `key` names unless a process claimed it less than
+    /// `window` ago: a lease. The subject's last claim is read, and the new
+    /// one is published on the condition that it is still the last, which
+    /// JetStream checks atomically; so of the processes that find the lease
+    /// expired, one takes it.
+    pub async fn claim_window(&self, key: &str, window: Duration) -> Result<Lease, BusError> {
+        let stream = self.claims_stream().await?;
+        // `~` never starts a job's token, so a lease never meets a job's run.
+        let subject = format!("{CLAIMS_PREFIX}.~lease.{}", subject_token(key));
+        let last = match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => Some(m),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => None,
+            Err(e) => return Err(unavailable(&self.url, format!("reading {subject}: {e}"))),
+        };
+        if let Some(m) = &last {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as i128;
+            let age = Duration::from_nanos((now - m.time.unix_timestamp_nanos()).max(0) as u64);
+            if age < window {
+                return Ok(Lease::Held { age });
+            }
+        }
+        let msg = jetstream::message::PublishMessage::build()
+            .payload("claimed".into())
+            .expected_last_subject_sequence(last.map_or(0, |m| m.sequence));
+        match self.publish_claim(&subject, msg).await? {
+            true => Ok(Lease::Taken),
+            false => Ok(Lease::Held {
+                age: Duration::ZERO,
+            }),
+        }
+    }
+
+    /// The stream of claims, made at the first claim.
+    async fn claims_stream(&self) -> Result<&stream::Stream, BusError> {
         self.claims
             .get_or_try_init(|| async {
                 self.js
@@ -241,14 +296,19 @@ impl JetStreamBus {
                     .await
                     .map_err(|e| unavailable(&self.url, format!("job claims stream: {e}")))
             })
-            .await?;
-        let subject = format!("{CLAIMS_PREFIX}.{}.{slot}", subject_token(job));
-        let msg = jetstream::message::PublishMessage::build()
-            .payload("claimed".into())
-            .expected_last_subject_sequence(0);
+            .await
+    }
+
+    /// Publish a conditional claim: false when its condition failed (another
+    /// process claimed first).
+    async fn publish_claim(
+        &self,
+        subject: &str,
+        msg: jetstream::message::PublishMessage,
+    ) -> Result<bool, BusError> {
         let ack = self
             .js
-            .send_publish(subject.clone(), msg)
+            .send_publish(subject.to_string(), msg)
             .await
             .map_err(|e| unavailable(&self.url, format!("claiming {subject}: {e}")))?;
         match tokio::time::timeout(self.publish_timeout, ack).await {

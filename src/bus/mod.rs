@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use embedded::{EmbeddedBus, EmbeddedConsumer};
-pub use jetstream::{JetStreamBus, JetStreamConsumer};
+pub use jetstream::{JetStreamBus, JetStreamConsumer, Lease};
 pub use notify::{LocalWaiters, Notifier, Outcome, Watch};
 
 use crate::core::model::Chunk;
@@ -201,6 +201,16 @@ impl Bus {
         match self {
             Bus::Embedded(_) => Ok(true),
             Bus::JetStream(b) => b.claim(job, slot).await,
+        }
+    }
+
+    /// Take the lease `key` names unless a process took it less than
+    /// `window` ago (see [`JetStreamBus::claim_window`]); the embedded bus has
+    /// one process, which always takes it.
+    pub async fn claim_window(&self, key: &str, window: Duration) -> Result<Lease, BusError> {
+        match self {
+            Bus::Embedded(_) => Ok(Lease::Taken),
+            Bus::JetStream(b) => b.claim_window(key, window).await,
         }
     }
 

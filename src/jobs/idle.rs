@@ -5,6 +5,12 @@
 //! scheduler's clock. Paused workers pause it too. Streams last written before
 //! this process started wait for their next write (or the scheduled `dream`).
 //!
+//! Processes sharing the bus each see the writes they committed, so each may
+//! find a stream quiet. A dream first takes the stream's lease on the bus for
+//! the idle period: one process dreams. Another finds the lease held; since
+//! that process's own last write is older than the idle period, the lease was
+//! taken after it, and the dream covers its writes too.
+//!
 //! The loop takes its parts (where writes are seen, what a dream does, where
 //! runs go, the clock) as handles, so its test runs on paused time.
 
@@ -16,8 +22,9 @@ use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 use super::scheduler::{run_and_record, Clock, Pause, RunLog, Runner, Trigger};
+use crate::bus::Lease;
 use crate::core::Caller;
-use crate::service::dream::{dream, DreamRequest};
+use crate::service::dream::{dream, DreamRequest, IdleTally};
 use crate::service::Services;
 use crate::store::Store;
 
@@ -61,6 +68,16 @@ pub fn dreamer(services: Weak<Services>) -> Dreamer {
     })
 }
 
+/// Takes a stream's dream lease for a period: whether this process took
+/// it, or a claim made some time ago stands (see [`crate::bus::Bus::claim_window`]).
+pub type Leaser =
+    Arc<dyn Fn(String, Duration) -> BoxFuture<'static, Result<Lease, String>> + Send + Sync>;
+
+/// The leaser of one process alone: every lease is its own.
+pub fn sole() -> Leaser {
+    Arc::new(|_, _| Box::pin(async { Ok(Lease::Taken) }))
+}
+
 /// The loop's parts.
 pub struct IdleDream {
     pub activity: Weak<dyn Activity>,
@@ -68,6 +85,9 @@ pub struct IdleDream {
     pub log: Arc<dyn RunLog>,
     pub clock: Clock,
     pub pause: Pause,
+    pub lease: Leaser,
+    /// Counts what the loop settled.
+    pub tally: Arc<IdleTally>,
     /// How long a stream stays quiet before it is dreamed.
     pub idle: Duration,
 }
@@ -94,7 +114,19 @@ impl IdleDream {
                     if at.elapsed() < self.idle || dreamed.get(&stream) == Some(&generation) {
                         continue;
                     }
-                    self.run(&stream).await;
+                    match (self.lease)(format!("idle-dream/{stream}"), self.idle).await {
+                        Ok(Lease::Taken) => {
+                            self.run(&stream).await;
+                            self.tally.dreamed();
+                        }
+                        // Held for less than the idle period, so taken after
+                        // this process's last write: that dream covers it.
+                        Ok(Lease::Held { .. }) => self.tally.covered(),
+                        Err(e) => {
+                            tracing::warn!(%stream, error = %e, "could not take the dream lease; not dreaming it now");
+                            continue;
+                        }
+                    }
                     // The dream's own writes do not call for another dream.
                     dreamed.insert(stream.clone(), activity.generation(&stream));
                 }
@@ -170,6 +202,8 @@ mod tests {
             log: runs.clone(),
             clock: Clock::system(),
             pause: pause.clone(),
+            lease: sole(),
+            tally: Default::default(),
             idle,
         }
         .spawn(stop);
@@ -208,5 +242,80 @@ mod tests {
 
         stop_tx.send(true).unwrap();
         task.await.unwrap();
+    }
+
+    /// Leases as the bus keeps them, shared by the test's "processes".
+    fn shared_leases() -> Leaser {
+        let taken = Arc::new(Mutex::new(HashMap::<String, tokio::time::Instant>::new()));
+        Arc::new(move |key: String, window: Duration| {
+            let mut t = taken.lock().unwrap();
+            let now = tokio::time::Instant::now();
+            let out = match t.get(&key) {
+                Some(at) if now - *at < window => Lease::Held { age: now - *at },
+                _ => {
+                    t.insert(key, now);
+                    Lease::Taken
+                }
+            };
+            Box::pin(async move { Ok(out) })
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn processes_sharing_the_bus_dream_a_stream_once_per_quiet_spell() {
+        let dreamt = Arc::new(Mutex::new(Vec::<String>::new()));
+        let lease = shared_leases();
+        let (stop_tx, stop) = watch::channel(false);
+        let idle = Duration::from_secs(60);
+        let mut writes = Vec::new();
+        let mut tasks = Vec::new();
+        let tally = Arc::new(IdleTally::default());
+        for _ in 0..2 {
+            let w = Arc::new(Writes::default());
+            let activity: Arc<dyn Activity> = w.clone();
+            let dreamt = dreamt.clone();
+            let dreamer: Dreamer = Arc::new(move |stream: String| {
+                dreamt.lock().unwrap().push(stream);
+                Box::pin(async { Ok(serde_json::json!({})) })
+            });
+            tasks.push(
+                IdleDream {
+                    activity: Arc::downgrade(&activity),
+                    dreamer,
+                    log: Arc::new(Runs::default()),
+                    clock: Clock::system(),
+                    pause: Pause::default(),
+                    lease: lease.clone(),
+                    tally: tally.clone(),
+                    idle,
+                }
+                .spawn(stop.clone()),
+            );
+            writes.push((w, activity));
+        }
+        // One burst split between the two processes: one dream.
+        writes[0].0.write("s");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        writes[1].0.write("s");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(*dreamt.lock().unwrap(), vec!["s".to_string()]);
+        // A later burst, written by the one that did not dream: one more.
+        writes[1].0.write("s");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(dreamt.lock().unwrap().len(), 2);
+        // Both write again: still one each spell.
+        writes[1].0.write("s");
+        writes[0].0.write("s");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(dreamt.lock().unwrap().len(), 3);
+        // Each process settled each spell it wrote in: the first and the
+        // third by both, the second by one.
+        let stats = tally.stats();
+        assert_eq!((stats.dreamed, stats.dreamed_elsewhere), (3, 2));
+
+        stop_tx.send(true).unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
     }
 }

@@ -86,6 +86,41 @@ pub struct DreamReport {
     pub contradictions: Vec<Resolved>,
 }
 
+/// Quiet spells the idle dream settled in this process: streams it dreamed,
+/// and streams whose dream another process sharing the bus ran (it held the
+/// stream's lease).
+#[derive(Default)]
+pub struct IdleTally {
+    dreamed: std::sync::atomic::AtomicU64,
+    covered: std::sync::atomic::AtomicU64,
+}
+
+/// [`IdleTally`]'s counts.
+#[derive(schemars::JsonSchema, Debug, Serialize, Clone, Copy, PartialEq, Eq)]
+pub struct IdleStats {
+    pub dreamed: u64,
+    pub dreamed_elsewhere: u64,
+}
+
+impl IdleTally {
+    pub fn dreamed(&self) {
+        self.dreamed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn covered(&self) {
+        self.covered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn stats(&self) -> IdleStats {
+        IdleStats {
+            dreamed: self.dreamed.load(std::sync::atomic::Ordering::Relaxed),
+            dreamed_elsewhere: self.covered.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
 /// Streams with a dream running (one at a time per stream).
 #[derive(Default)]
 pub struct Running(Mutex<HashSet<String>>);

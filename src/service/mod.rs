@@ -93,6 +93,8 @@ pub struct Services {
     pub profiles: context::ProfileCache,
     /// Streams a dream is running on.
     pub dreams: dream::Running,
+    /// What the idle dream settled in this process.
+    pub idle_dreams: Arc<dream::IdleTally>,
     /// The branch each key has checked out (Memoria's checkout).
     pub checkouts: branch::Checkouts,
     /// Pauses background maintenance (`/admin/workers/pause`; not persisted).

@@ -23,6 +23,10 @@ pub struct Status {
     /// Requests this process refused for a rate limit (admins only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limits: Option<crate::service::limits::LimitStats>,
+    /// Quiet streams this process dreamed, and those another process sharing
+    /// the bus dreamed for it (admins only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_dreams: Option<crate::service::dream::IdleStats>,
     /// Cumulative per-stage counts and timings, by pipeline (daemon-wide, so
     /// empty for a caller that is not an admin).
     pub pipelines: BTreeMap<String, Vec<StageStatsSnapshot>>,
@@ -145,6 +149,7 @@ pub async fn status(engine: &Services, caller: &Caller) -> Result<Status> {
             ner: engine.ner.as_ref().filter(|_| admin).map(|q| q.stats()),
         },
         rate_limits: admin.then(|| engine.limits.stats()),
+        idle_dreams: admin.then(|| engine.idle_dreams.stats()),
         pipelines: if admin {
             engine
                 .pipelines

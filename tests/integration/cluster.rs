@@ -1,7 +1,8 @@
 //! loomem on a three-node NATS JetStream cluster, the stream at three
 //! replicas: an import of 20,000 memories during which one node is killed -9
 //! and then the stream's leader stores every memory exactly once, and writes
-//! go on without restarting loomem.
+//! go on without restarting loomem. And processes sharing one bus run each
+//! scheduled instant, and each quiet stream's dream, once.
 
 use std::time::{Duration, Instant};
 
@@ -198,4 +199,86 @@ async fn two_processes_sharing_the_bus_run_each_scheduled_instant_once() {
         );
     }
     assert!(runs.iter().all(|r| r["status"] == "succeeded"), "{runs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_sharing_the_bus_dream_a_quiet_stream_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let nats = crate::nats::NatsServer::start(&dir.path().join("nats"));
+    let url = nats.url();
+    let opts = Options::default()
+        .env("LOOMEM_SCHEDULER__DREAM_AFTER_IDLE_SECS", "1")
+        .env("LOOMEM_BUS__BATCH_SIZE", "20")
+        .env("LOOMEM_STORAGE__READ_CONSISTENCY_MS", "0");
+    let a = Daemon::start_with(&data, Some(nats), opts.clone()).await;
+    let b = Daemon::start_with(&data, Some(crate::nats::NatsServer::external(&url)), opts).await;
+    // Each burst is split between the two (one consumer); each process finds
+    // the stream quiet a second after its own last write, and settles it:
+    // dreams it, or finds that the other took the stream's lease and dreamed.
+    let ds = [&a, &b];
+    let mut wrote_both = false;
+    for round in 1..=4usize {
+        let before = [tallies(&a).await, tallies(&b).await];
+        let file: String = (0..200)
+            .map(|i| format!("{{\"content\":\"round {round} note {i} about the quiet stream\"}}\n"))
+            .collect();
+        let (s, report) = a
+            .post_raw("/v1/import?format=jsonl&stream=quiet", file.into_bytes())
+            .await;
+        assert_eq!(s, 200, "{report}");
+        let started = Instant::now();
+        loop {
+            let now = [tallies(&a).await, tallies(&b).await];
+            // (The dream's own memories do not go through the import.)
+            if now[0].0 + now[1].0 < 200 * round as u64 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(90),
+                    "burst {round} not stored: {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            // Every process that wrote in this burst has settled it.
+            let settled = (0..2).all(|p| now[p].0 == before[p].0 || now[p].1 > before[p].1);
+            if settled && idle_dreams(&a).await >= round {
+                wrote_both |= (0..2).all(|p| now[p].0 > before[p].0);
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "burst {round} never settled: {before:?} → {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(idle_dreams(ds[round % 2]).await, round, "one dream a burst");
+    }
+    assert!(wrote_both, "no burst was split between the processes");
+}
+
+/// A daemon's memories written by its import pipeline, and the quiet spells
+/// its idle dream settled (dreamed here or elsewhere).
+async fn tallies(d: &Daemon) -> (u64, u64) {
+    let (s, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(s, 200, "{st}");
+    let written = st["pipelines"]["import"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
+        .and_then(|w| w["records_out"].as_u64())
+        .unwrap_or(0);
+    let idle = &st["idle_dreams"];
+    let settled = idle["dreamed"].as_u64().unwrap() + idle["dreamed_elsewhere"].as_u64().unwrap();
+    (written, settled)
+}
+
+/// How many dreams the daemon's run log holds that were set off by quiet.
+async fn idle_dreams(d: &Daemon) -> usize {
+    let (s, body) = d.call("GET", "/v1/jobs?job=dream&limit=100", None).await;
+    assert_eq!(s, 200, "{body}");
+    body["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["trigger"] == "idle")
+        .count()
 }
