@@ -344,7 +344,22 @@ fn spawn_vector_indexer(store: Arc<Store>, min_rows: usize) {
         loop {
             tick.tick().await;
             let Some(store) = weak.upgrade() else { break };
-            match store.ensure_vector_index(min_rows).await {
+            // Training the index is minutes of computation inside its
+            // futures: on a runtime of its own, on a blocking thread, it
+            // cannot hold up the workers that serve requests and commit
+            // writes (on the engine's runtime it stalled ingestion ~25x).
+            let building = store.clone();
+            let built = tokio::task::spawn_blocking(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .block_on(building.ensure_vector_index(min_rows))
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            match built {
                 Ok(_) if store.has_vector_index().await => break,
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "vector index not built; will retry"),
