@@ -271,6 +271,21 @@ mod tests {
         table.stats().await.unwrap().fragment_stats.num_fragments
     }
 
+    /// A store of 8-dimensional vectors in `dir`, kept up by `m`.
+    async fn open(dir: &std::path::Path, m: Maintenance) -> Store {
+        Store::open_with(&crate::store::Location::local(dir), 8, 100, None, m)
+            .await
+            .unwrap()
+    }
+
+    /// `n` memories, one commit each.
+    async fn commit_one_by_one(store: &Store, n: usize) {
+        for i in 0..n {
+            let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
+            store.upsert(vec![c]).await.unwrap();
+        }
+    }
+
     #[tokio::test]
     async fn the_writer_merges_small_fragments_as_it_commits() {
         let tmp = tempfile::tempdir().unwrap();
@@ -278,13 +293,8 @@ mod tests {
             compact_every_commits: 8,
             ..Maintenance::off()
         };
-        let store = Store::open_with(&crate::store::Location::local(tmp.path()), 8, 100, None, m)
-            .await
-            .unwrap();
-        for i in 0..40 {
-            let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-            store.upsert(vec![c]).await.unwrap();
-        }
+        let store = open(tmp.path(), m).await;
+        commit_one_by_one(&store, 40).await;
         // The merged fragment plus at most one interval of fresh ones (the last
         // merge may still be running when the last write returns).
         let n = fragments(store.chunks_table()).await;
@@ -292,19 +302,8 @@ mod tests {
         assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 40);
 
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(
-            &crate::store::Location::local(tmp.path()),
-            8,
-            100,
-            None,
-            Maintenance::off(),
-        )
-        .await
-        .unwrap();
-        for i in 0..12 {
-            let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-            store.upsert(vec![c]).await.unwrap();
-        }
+        let store = open(tmp.path(), Maintenance::off()).await;
+        commit_one_by_one(&store, 12).await;
         assert!(
             fragments(store.chunks_table()).await >= 12,
             "maintenance off merges nothing"
@@ -314,19 +313,8 @@ mod tests {
     #[tokio::test]
     async fn the_full_pass_merges_and_reports() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(
-            &crate::store::Location::local(tmp.path()),
-            8,
-            100,
-            None,
-            Maintenance::off(),
-        )
-        .await
-        .unwrap();
-        for i in 0..10 {
-            let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-            store.upsert(vec![c]).await.unwrap();
-        }
+        let store = open(tmp.path(), Maintenance::off()).await;
+        commit_one_by_one(&store, 10).await;
         let dry = full_pass(store.chunks_table(), None, true).await.unwrap();
         assert_eq!(
             (dry.rows, dry.fragments_before, dry.fragments_after),
@@ -347,9 +335,7 @@ mod tests {
             max_fragments: 4,
             ..Maintenance::off()
         };
-        let store = Store::open_with(&crate::store::Location::local(tmp.path()), 8, 100, None, m)
-            .await
-            .unwrap();
+        let store = open(tmp.path(), m).await;
         for i in 0..12 {
             store
                 .add_history(vec![crate::store::HistoryRow {

@@ -261,11 +261,7 @@ async fn two_processes_sharing_the_bus_dream_a_quiet_stream_once() {
 async fn tallies(d: &Daemon) -> (u64, u64) {
     let (s, st) = d.call("GET", "/v1/status", None).await;
     assert_eq!(s, 200, "{st}");
-    let written = st["pipelines"]["import"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
-        .and_then(|w| w["records_out"].as_u64())
-        .unwrap_or(0);
+    let written = crate::jetstream::import_written(&st);
     let idle = &st["idle_dreams"];
     let settled = idle["dreamed"].as_u64().unwrap() + idle["dreamed_elsewhere"].as_u64().unwrap();
     (written, settled)

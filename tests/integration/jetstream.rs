@@ -302,18 +302,20 @@ async fn the_embedded_bus_has_the_same_semantics() {
     assert_eq!(st["bus"]["kind"], "embedded");
 }
 
+/// How many memories a daemon's import pipeline wrote, from its status.
+pub(crate) fn import_written(status: &Value) -> u64 {
+    status["pipelines"]["import"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
+        .and_then(|w| w["records_out"].as_u64())
+        .unwrap_or(0)
+}
+
 /// Both daemons committed some of the imports (they share one consumer).
 pub(crate) async fn both_wrote(a: &Daemon, b: &Daemon) {
-    let written = |st: &Value| {
-        st["pipelines"]["import"]
-            .as_array()
-            .and_then(|s| s.iter().find(|s| s["stage"] == "write"))
-            .and_then(|w| w["records_out"].as_u64())
-            .unwrap_or(0)
-    };
     let (_, sa) = a.call("GET", "/v1/status", None).await;
     let (_, sb) = b.call("GET", "/v1/status", None).await;
-    let (wa, wb) = (written(&sa), written(&sb));
+    let (wa, wb) = (import_written(&sa), import_written(&sb));
     assert!(wa > 0 && wb > 0, "a wrote {wa}, b wrote {wb}");
 }
 
