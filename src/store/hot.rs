@@ -248,6 +248,12 @@ impl StreamIndex {
         }
     }
 
+    /// A memory's vector, of unit length, if it has one here.
+    pub fn vector(&self, id: &str) -> Option<&[f32]> {
+        let &i = self.pos.get(id)?;
+        self.vectors.get(i * self.dim..(i + 1) * self.dim)
+    }
+
     /// Take a memory out of the vector matrix: the last row takes its place.
     fn remove(&mut self, id: &str) {
         let Some(i) = self.pos.remove(id) else {
@@ -1157,6 +1163,29 @@ mod against_lance {
                         h.score,
                         l.score
                     );
+                }
+                // The vectors of the hits, as a search's feedback reads them.
+                let mut named = ids(&hot);
+                named.push("no-such-memory".into());
+                let unit = |vs: Vec<Vec<f32>>| {
+                    vs.into_iter()
+                        .map(|mut v| {
+                            crate::core::vector::l2_normalize(&mut v);
+                            v
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let from_hot = unit(store.vectors_of(None, filter, &named).await.unwrap());
+                let from_lance = unit(
+                    store
+                        .vectors_of(Some(&store.chunks), filter, &named)
+                        .await
+                        .unwrap(),
+                );
+                assert_eq!(from_hot.len(), hot.len(), "{round}: one vector a hit");
+                assert_eq!(from_hot.len(), from_lance.len());
+                for (h, l) in from_hot.iter().zip(&from_lance) {
+                    assert!(h.iter().zip(l).all(|(a, b)| (a - b).abs() < 1e-5));
                 }
             }
         }

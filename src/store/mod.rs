@@ -734,6 +734,44 @@ impl Store {
         self.search_vector_lance(at, vector, filter, limit).await
     }
 
+    /// The vectors of the memories named by `ids` (those that have one), in
+    /// the order of `ids`: from the hot index when it holds the streams
+    /// `filter` names, from Lance otherwise (`at`, or the live table).
+    pub async fn vectors_of(
+        &self,
+        at: Option<&Table>,
+        filter: &Filter,
+        ids: &[String],
+    ) -> Result<Vec<Vec<f32>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        if at.is_none() {
+            if let Some(indexes) = self.hot_indexes(filter).await? {
+                let guards: Vec<_> = indexes
+                    .iter()
+                    .map(|ix| ix.read().expect("stream index lock"))
+                    .collect();
+                return Ok(ids
+                    .iter()
+                    .filter_map(|id| guards.iter().find_map(|ix| ix.vector(id)))
+                    .map(<[f32]>::to_vec)
+                    .collect());
+            }
+        }
+        let found = read_chunks(
+            at.unwrap_or(&self.chunks),
+            filter.clone().ids(ids).predicate(),
+            Some(ids.len()),
+        )
+        .await?;
+        let mut by_id: std::collections::HashMap<String, Vec<f32>> = found
+            .into_iter()
+            .filter_map(|c| Some((c.id, c.embedding?)))
+            .collect();
+        Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
+    }
+
     /// [`Store::search_vector`] always through Lance.
     pub async fn search_vector_lance(
         &self,

@@ -515,3 +515,30 @@ async fn near_identical_results_collapse_into_one() {
     assert_eq!(resp["results"].as_array().unwrap().len(), 1, "{resp}");
     assert_eq!(resp["trace_metadata"]["dedup_removed"], 1);
 }
+
+/// The vector leg's feedback (`search.vector_feedback`): a memory that shares
+/// nothing with the question but much with its best match is found through
+/// the match; with the feedback off it is not, and a memory like neither
+/// stays out either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vector_feedback_finds_what_the_best_match_is_like() {
+    let query = json!({"query": "zebra quokka", "stream": "v", "mode": "vector",
+        "min_similarity": 0.1, "top_k": 5});
+    let mut found = Vec::new();
+    for feedback in ["0.35", "0"] {
+        let d = Daemon::start(Options::embedded().env("LOOMEM_SEARCH__VECTOR_FEEDBACK", feedback))
+            .await;
+        let best = put(&d, json!({"content": "zebra quokka wombat", "stream": "v"})).await;
+        let alike = put(&d, json!({"content": "wombat", "stream": "v"})).await;
+        put(
+            &d,
+            json!({"content": "heron pelican osprey", "stream": "v"}),
+        )
+        .await;
+        found.push((ids(&search(&d, query.clone()).await), best, alike));
+    }
+    let (with_feedback, best, alike) = &found[0];
+    assert_eq!(with_feedback, &vec![best.clone(), alike.clone()]);
+    let (without, best, _) = &found[1];
+    assert_eq!(without, &vec![best.clone()]);
+}

@@ -50,6 +50,16 @@ pub struct SearchConfig {
     /// scores `1 + time_weight` times as much; 0 = off.
     #[serde(default = "default_time_weight")]
     pub time_weight: f32,
+    /// Pseudo-relevance feedback for the vector leg: the query vector moves
+    /// toward the mean of its first `vector_feedback_docs` hits by this much
+    /// (`q + w * mean`, normalised) and the leg searches again, so memories
+    /// like the best matches but unlike the question's wording are found
+    /// too. 0 = off.
+    #[serde(default = "default_vector_feedback")]
+    pub vector_feedback: f32,
+    /// How many of the vector leg's first hits the feedback averages.
+    #[serde(default = "default_vector_feedback_docs")]
+    pub vector_feedback_docs: usize,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -111,6 +121,14 @@ fn default_assistant_weight() -> f32 {
 
 fn default_time_weight() -> f32 {
     0.15
+}
+
+fn default_vector_feedback() -> f32 {
+    0.35
+}
+
+fn default_vector_feedback_docs() -> usize {
+    5
 }
 
 fn default_near_duplicate() -> f32 {

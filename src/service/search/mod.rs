@@ -655,6 +655,23 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 .store
                 .search_vector(at, &v, &filter, candidates)
                 .await?;
+            if s.vector_feedback > 0.0 && s.vector_feedback_docs > 0 {
+                // Only hits similar enough to be returned steer the query: one
+                // that matches nothing still finds nothing.
+                let best: Vec<String> = hits
+                    .iter()
+                    .take_while(|h| 1.0 - h.score >= min_similarity)
+                    .take(s.vector_feedback_docs)
+                    .map(|h| h.id.clone())
+                    .collect();
+                let near = engine.store.vectors_of(at, &filter, &best).await?;
+                if let Some(moved) = rank::feedback_query(&v, &near, s.vector_feedback) {
+                    hits = engine
+                        .store
+                        .search_vector(at, &moved, &filter, candidates)
+                        .await?;
+                }
+            }
             // `_distance` is cosine distance: similarity = 1 - distance.
             hits.retain(|h| 1.0 - h.score >= min_similarity);
             Ok::<_, Error>((hits, embedded, micros_since(started)))

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::core::model::{Chunk, Micros};
 use crate::core::time::DAY_MICROS;
+use crate::core::vector::l2_normalize;
 use crate::service::facts::Role;
 use crate::service::feedback::Tally;
 use crate::service::search::config::SearchConfig;
@@ -139,6 +140,25 @@ pub fn time_factor(cfg: &SearchConfig, chunk: &Chunk, windows: &[(Micros, Micros
     } else {
         1.0
     }
+}
+
+/// The query vector moved toward the mean of `near` (the vector leg's first
+/// hits) by `weight`, normalised: `q/|q| + weight * mean(near)`. None when
+/// `near` is empty or holds vectors of another dimension.
+pub fn feedback_query(query: &[f32], near: &[Vec<f32>], weight: f32) -> Option<Vec<f32>> {
+    if near.is_empty() || near.iter().any(|v| v.len() != query.len()) {
+        return None;
+    }
+    let mut q = query.to_vec();
+    l2_normalize(&mut q);
+    let share = weight / near.len() as f32;
+    for v in near {
+        let mut v = v.clone();
+        l2_normalize(&mut v);
+        q.iter_mut().zip(&v).for_each(|(a, b)| *a += share * b);
+    }
+    l2_normalize(&mut q);
+    Some(q)
 }
 
 /// `(1 - w) + w * 0.5^(age / half_life)`; 1 for pinned memories and for
@@ -291,6 +311,29 @@ mod tests {
             proptest::prop_assert_eq!(jaccard(&a, &b), expected);
             proptest::prop_assert_eq!(jaccard(&b, &a), expected);
         }
+    }
+
+    #[test]
+    fn feedback_moves_the_query_toward_its_first_hits() {
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        let q = [2.0, 0.0, 0.0];
+        let near = vec![vec![0.0, 3.0, 0.0], vec![0.0, 0.0, 1.0]];
+        let moved = feedback_query(&q, &near, 0.5).unwrap();
+        // q/|q| + 0.5 * mean = (1, 0.25, 0.25), normalised.
+        let n = (1.0f32 + 0.0625 + 0.0625).sqrt();
+        for (got, want) in moved.iter().zip([1.0 / n, 0.25 / n, 0.25 / n]) {
+            assert!((got - want).abs() < 1e-6, "{moved:?}");
+        }
+        assert!((dot(&moved, &moved) - 1.0).abs() < 1e-6);
+        // Closer to each hit than the question was, still nearest the question.
+        assert!(dot(&moved, &[0.0, 1.0, 0.0]) > 0.0);
+        assert!(dot(&moved, &[1.0, 0.0, 0.0]) > 0.8);
+        assert_eq!(feedback_query(&q, &[], 0.5), None);
+        assert_eq!(
+            feedback_query(&q, &[vec![1.0, 0.0]], 0.5),
+            None,
+            "another dimension"
+        );
     }
 
     #[test]
