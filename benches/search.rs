@@ -6,7 +6,8 @@
 //! `cargo bench --bench search` (scenarios: `LOOMEM_BENCH_SIZES=10000,100000,1000000x1000`,
 //! where `ROWSxSTREAMS` spreads the rows over streams with Zipf-distributed
 //! sizes, the largest ~13% of the rows, and asks each query of a random
-//! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables).
+//! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables). Other `LOOMEM_*`
+//! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
 //! The memories are synthetic: 12 words each from a 4,000-word Zipf-distributed
 //! vocabulary, with random unit vectors (embedding 1M texts with MiniLM would
@@ -262,12 +263,13 @@ fn bench_search(c: &mut Criterion) {
     for scenario in scenarios {
         let name = scenario.name();
         let dir = data_dir(scenario);
-        let mut env: HashMap<String, String> = HashMap::new();
+        // The caller's `LOOMEM_*` overrides (e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`)
+        // apply; the data directory and the bus are the bench's.
+        let mut env: HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("LOOMEM_") && k.contains("__"))
+            .collect();
         env.insert("LOOMEM_STORAGE__DATA_DIR".into(), dir.display().to_string());
         env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
-        if let Ok(m) = std::env::var("LOOMEM_EMBED__MODEL_DIR") {
-            env.insert("LOOMEM_EMBED__MODEL_DIR".into(), m);
-        }
         let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
         let index_min_rows = cfg.search.vector_index_min_rows;
         rt.block_on(build(&dir, scenario, index_min_rows));

@@ -734,17 +734,17 @@ impl Store {
         self.search_vector_lance(at, vector, filter, limit).await
     }
 
-    /// The vectors of the memories named by `ids` (those that have one), in
-    /// the order of `ids`: from the hot index when it holds the streams
-    /// `filter` names, from Lance otherwise (`at`, or the live table).
+    /// The vectors of the memories named by `ids` that have one, by id: from
+    /// the hot index when it holds the streams `filter` names, from Lance
+    /// otherwise (`at`, or the live table).
     pub async fn vectors_of(
         &self,
         at: Option<&Table>,
         filter: &Filter,
         ids: &[String],
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<std::collections::HashMap<String, Vec<f32>>> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         }
         if at.is_none() {
             if let Some(indexes) = self.hot_indexes(filter).await? {
@@ -754,8 +754,10 @@ impl Store {
                     .collect();
                 return Ok(ids
                     .iter()
-                    .filter_map(|id| guards.iter().find_map(|ix| ix.vector(id)))
-                    .map(<[f32]>::to_vec)
+                    .filter_map(|id| {
+                        let v = guards.iter().find_map(|ix| ix.vector(id))?;
+                        Some((id.clone(), v.to_vec()))
+                    })
                     .collect());
             }
         }
@@ -765,11 +767,10 @@ impl Store {
             Some(ids.len()),
         )
         .await?;
-        let mut by_id: std::collections::HashMap<String, Vec<f32>> = found
+        Ok(found
             .into_iter()
             .filter_map(|c| Some((c.id, c.embedding?)))
-            .collect();
-        Ok(ids.iter().filter_map(|id| by_id.remove(id)).collect())
+            .collect())
     }
 
     /// [`Store::search_vector`] always through Lance.

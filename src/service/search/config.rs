@@ -52,9 +52,9 @@ pub struct SearchConfig {
     pub time_weight: f32,
     /// Pseudo-relevance feedback for the vector leg: the query vector moves
     /// toward the mean of its first `vector_feedback_docs` hits by this much
-    /// (`q + w * mean`, normalised) and the leg searches again, so memories
-    /// like the best matches but unlike the question's wording are found
-    /// too. 0 = off.
+    /// (`q + w * mean`, normalised) and re-scores the leg's pool (8 ×
+    /// `candidates` nearest), so memories like the best matches but unlike
+    /// the question's wording are found too. 0 = off.
     #[serde(default = "default_vector_feedback")]
     pub vector_feedback: f32,
     /// How many of the vector leg's first hits the feedback averages.

@@ -22,7 +22,7 @@ use crate::core::model::{now_micros, Chunk, Micros};
 use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 use crate::core::Caller;
 use crate::service::Services;
-use crate::store::{AsOf, AsOfError, Filter, Hit};
+use crate::store::{AsOf, AsOfError, Filter, Hit, Scored};
 use config::Fusion;
 use rank::Factors;
 
@@ -651,27 +651,17 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 .embed(engine.embedder.as_ref(), &query)
                 .await?;
             let embedded = micros_since(started);
-            let mut hits = engine
-                .store
-                .search_vector(at, &v, &filter, candidates)
-                .await?;
-            if s.vector_feedback > 0.0 && s.vector_feedback_docs > 0 {
-                // Only hits similar enough to be returned steer the query: one
-                // that matches nothing still finds nothing.
-                let best: Vec<String> = hits
-                    .iter()
-                    .take_while(|h| 1.0 - h.score >= min_similarity)
-                    .take(s.vector_feedback_docs)
-                    .map(|h| h.id.clone())
-                    .collect();
-                let near = engine.store.vectors_of(at, &filter, &best).await?;
-                if let Some(moved) = rank::feedback_query(&v, &near, s.vector_feedback) {
-                    hits = engine
-                        .store
-                        .search_vector(at, &moved, &filter, candidates)
-                        .await?;
-                }
+            let feedback = s.vector_feedback > 0.0 && s.vector_feedback_docs > 0;
+            let pool = if feedback {
+                candidates * FEEDBACK_POOL
+            } else {
+                candidates
+            };
+            let mut hits = engine.store.search_vector(at, &v, &filter, pool).await?;
+            if feedback {
+                hits = look_again(engine, at, &filter, &v, hits, min_similarity).await?;
             }
+            hits.truncate(candidates);
             // `_distance` is cosine distance: similarity = 1 - distance.
             hits.retain(|h| 1.0 - h.score >= min_similarity);
             Ok::<_, Error>((hits, embedded, micros_since(started)))
@@ -719,7 +709,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     }
     timings.fetch = micros_since(phase);
     let phase = Instant::now();
-    let as_hits = |leg: Vec<crate::store::Scored>| -> Vec<Hit> {
+    let as_hits = |leg: Vec<Scored>| -> Vec<Hit> {
         leg.into_iter()
             .filter_map(|x| {
                 rows.get(&x.id).map(|c| Hit {
@@ -821,6 +811,56 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         as_of_version: snapshot.map(|(_, v)| v),
         timings,
     })
+}
+
+/// How many times `search.candidates` the vector leg's first search returns
+/// when its feedback is on: the pool the moved query re-scores.
+const FEEDBACK_POOL: usize = 8;
+
+/// The vector leg's second look (`search.vector_feedback`): the query moved
+/// toward the first `vector_feedback_docs` hits that pass `min_similarity`
+/// re-scores the first search's pool (`candidates × FEEDBACK_POOL` nearest),
+/// nearest first. Without such hits the pool stays as it was.
+async fn look_again(
+    engine: &Services,
+    at: Option<&lancedb::Table>,
+    filter: &Filter,
+    query: &[f32],
+    pool: Vec<Scored>,
+    min_similarity: f32,
+) -> Result<Vec<Scored>> {
+    let s = &engine.cfg.search;
+    let best: Vec<&str> = pool
+        .iter()
+        .take_while(|h| 1.0 - h.score >= min_similarity)
+        .take(s.vector_feedback_docs)
+        .map(|h| h.id.as_str())
+        .collect();
+    if best.is_empty() {
+        return Ok(pool);
+    }
+    let ids: Vec<String> = pool.iter().map(|h| h.id.clone()).collect();
+    let vectors = engine.store.vectors_of(at, filter, &ids).await?;
+    let near: Vec<Vec<f32>> = best
+        .iter()
+        .filter_map(|id| vectors.get(*id).cloned())
+        .collect();
+    let Some(moved) = rank::feedback_query(query, &near, s.vector_feedback) else {
+        return Ok(pool);
+    };
+    let mut rescored: Vec<Scored> = pool
+        .into_iter()
+        .filter_map(|h| {
+            let v = vectors.get(&h.id)?;
+            let norm = crate::core::vector::dot(v, v).sqrt();
+            (norm > 0.0).then(|| Scored {
+                score: 1.0 - crate::core::vector::dot(v, &moved) / norm,
+                id: h.id,
+            })
+        })
+        .collect();
+    rescored.sort_by(|a, b| a.score.total_cmp(&b.score).then_with(|| a.id.cmp(&b.id)));
+    Ok(rescored)
 }
 
 fn result(r: Ranked, trace: bool) -> SearchResult {
