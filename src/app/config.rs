@@ -104,10 +104,6 @@ pub struct Config {
     /// The directory the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
-    /// Where the tables live: `storage.data_dir` resolved (a directory, or a
-    /// bucket with its settings from `[storage.object_store]` and `AWS_*`).
-    #[serde(skip)]
-    location: Option<crate::store::Location>,
     /// The object store settings buckets are opened with (the data's and
     /// exports'): `[storage.object_store]` over the `AWS_*` environment.
     #[serde(skip)]
@@ -148,14 +144,8 @@ impl Config {
         cfg.validate()?;
         cfg.object_settings = crate::store::location::settings(&cfg.storage.object_store, env)
             .map_err(|e| invalid("storage.object_store", e.to_string()))?;
-        cfg.location = Some(
-            crate::store::Location::parse(
-                &cfg.storage.data_dir.to_string_lossy(),
-                &cfg.base_dir,
-                &cfg.object_settings,
-            )
-            .map_err(|e| invalid("storage.data_dir", e.to_string()))?,
-        );
+        cfg.parse_data_dir()
+            .map_err(|e| invalid("storage.data_dir", e.to_string()))?;
         Ok(cfg)
     }
 
@@ -351,11 +341,23 @@ impl Config {
         }
     }
 
-    /// Where the tables live.
+    /// Where the tables live: `storage.data_dir` as it is now (a caller
+    /// may point it elsewhere after loading, as `bench-recall` does for its
+    /// scratch store), resolved to a directory or a bucket with its settings
+    /// from `[storage.object_store]` and `AWS_*`.
     pub fn data_location(&self) -> crate::store::Location {
-        self.location
-            .clone()
-            .unwrap_or_else(|| crate::store::Location::Local(self.resolve(&self.storage.data_dir)))
+        self.parse_data_dir()
+            .unwrap_or_else(|_| crate::store::Location::Local(self.resolve(&self.storage.data_dir)))
+    }
+
+    fn parse_data_dir(
+        &self,
+    ) -> Result<crate::store::Location, crate::store::location::LocationError> {
+        crate::store::Location::parse(
+            &self.storage.data_dir.to_string_lossy(),
+            &self.base_dir,
+            &self.object_settings,
+        )
     }
 
     /// A local directory for files on their way out (exports): inside the
@@ -542,6 +544,14 @@ mod tests {
             crate::store::Location::Local(PathBuf::from("/etc/loomem/./data"))
         );
         assert_eq!(cfg.pipelines_dir(), PathBuf::from("/etc/loomem/pipelines"));
+        // A data directory set after loading (bench-recall's scratch store) is
+        // where the tables go, not the one the file named.
+        let mut scratch = cfg.clone();
+        scratch.storage.data_dir = PathBuf::from("/tmp/scratch");
+        assert_eq!(
+            scratch.data_location(),
+            crate::store::Location::Local(PathBuf::from("/tmp/scratch"))
+        );
     }
 
     #[test]

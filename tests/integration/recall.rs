@@ -250,3 +250,53 @@ async fn the_qa_mode_answers_from_the_retrieved_memories_and_judges_by_type() {
     assert!(err.to_string().contains("[llm]"), "{err}");
     plain.shutdown().await;
 }
+
+/// `loomem bench-recall run` stores the haystacks in a scratch directory
+/// beside its results and removes it: the configured data directory (a
+/// daemon's own store) is never written, and two runs at once do not share
+/// a store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (config, env) = daemon_env(&data, None, &Options::embedded());
+    let file = dir.path().join("set.json");
+    std::fs::write(&file, dataset()).unwrap();
+    let out_dir = dir.path().join("results");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+        .arg("bench-recall")
+        .arg("run")
+        .arg(&file)
+        .arg("--config")
+        .arg(&config)
+        .args(["--modes", "hybrid", "--out"])
+        .arg(&out_dir)
+        .envs(&env)
+        .env("LOOMEM_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        written
+            .iter()
+            .any(|f| f.starts_with("recall-") && f.ends_with(".json")),
+        "{written:?}"
+    );
+    assert!(
+        !written.iter().any(|f| f.starts_with(".data-")),
+        "the scratch store is removed: {written:?}"
+    );
+    assert!(
+        !data.join("chunks.lance").exists(),
+        "the configured data directory holds no tables"
+    );
+}
