@@ -518,8 +518,8 @@ async fn near_identical_results_collapse_into_one() {
 
 /// The vector leg's feedback (`search.vector_feedback`): a memory that shares
 /// nothing with the question but much with its best match is found through
-/// the match; with the feedback off it is not, and a memory like neither
-/// stays out either way.
+/// the match; with the feedback off (in the config or by the request) it is
+/// not, and a memory like neither stays out either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vector_feedback_finds_what_the_best_match_is_like() {
     let query = json!({"query": "zebra quokka", "stream": "v", "mode": "vector",
@@ -535,6 +535,9 @@ async fn vector_feedback_finds_what_the_best_match_is_like() {
             json!({"content": "heron pelican osprey", "stream": "v"}),
         )
         .await;
+        // A request can turn it off: its scores are then cosines to the query.
+        let literal = search(&d, with(&query, json!({"vector_feedback": false}))).await;
+        assert_eq!(ids(&literal), vec![best.clone()], "feedback {feedback}");
         found.push((ids(&search(&d, query.clone()).await), best, alike));
     }
     let (with_feedback, best, alike) = &found[0];

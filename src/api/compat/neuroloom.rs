@@ -441,6 +441,8 @@ async fn related(
             stream: source["stream"].as_str().map(str::to_string),
             mode: Some("vector".into()),
             min_similarity: Some(threshold),
+            // The cosine of the two memories' embeddings, nothing moved.
+            vector_feedback: Some(false),
             dry_run: true,
             ..Default::default()
         },

@@ -88,6 +88,10 @@ pub struct SearchRequest {
     /// `search.min_similarity`).
     #[schemars(range(min = 0.0, max = 1.0))]
     pub min_similarity: Option<f32>,
+    /// Whether the vector leg moves the query toward its first hits and looks
+    /// again (default: on when `search.vector_feedback` > 0). Off, the leg's
+    /// scores are the hits' cosine to the query itself.
+    pub vector_feedback: Option<bool>,
     /// Each result lists its links to other memories (`POST /v1/relations`).
     #[serde(default)]
     pub include_relations: bool,
@@ -651,7 +655,9 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 .embed(engine.embedder.as_ref(), &query)
                 .await?;
             let embedded = micros_since(started);
-            let feedback = s.vector_feedback > 0.0 && s.vector_feedback_docs > 0;
+            let feedback = req.vector_feedback.unwrap_or(true)
+                && s.vector_feedback > 0.0
+                && s.vector_feedback_docs > 0;
             let pool = if feedback {
                 candidates * FEEDBACK_POOL
             } else {

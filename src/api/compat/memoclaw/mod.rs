@@ -547,6 +547,8 @@ async fn recall(
             session_id: req.session_id,
             agent_id: req.agent_id,
             min_similarity: Some(min_similarity),
+            // `similarity` is the cosine to the query itself.
+            vector_feedback: Some(false),
             ..Default::default()
         },
     )
