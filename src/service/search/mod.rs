@@ -659,7 +659,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 && s.vector_feedback > 0.0
                 && s.vector_feedback_docs > 0;
             let pool = if feedback {
-                candidates * FEEDBACK_POOL
+                (candidates * FEEDBACK_POOL).min(MAX_FEEDBACK_POOL.max(candidates))
             } else {
                 candidates
             };
@@ -822,6 +822,11 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
 /// How many times `search.candidates` the vector leg's first search returns
 /// when its feedback is on: the pool the moved query re-scores.
 const FEEDBACK_POOL: usize = 8;
+
+/// The pool's size at most (unless `candidates` alone is more): a large
+/// `top_k` re-scores its own candidates rather than reading thousands of
+/// vectors.
+const MAX_FEEDBACK_POOL: usize = 1000;
 
 /// The vector leg's second look (`search.vector_feedback`): the query moved
 /// toward the first `vector_feedback_docs` hits that pass `min_similarity`
