@@ -79,6 +79,34 @@ pub struct Daemon {
 
 /// The environment a daemon is started with, and the config file it reads.
 /// `nats_url` is the JetStream server to use (None = the embedded bus).
+/// Run the `loomem` binary on `config` with its environment (logs at
+/// `warn`); its output, once it has exited successfully.
+pub async fn cli_ok<I, S>(
+    config: &Path,
+    env: &HashMap<String, String>,
+    args: I,
+) -> std::process::Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .envs(env)
+        .env("LOOMEM_LOG", "warn")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn daemon_env(
     data_dir: &Path,
     nats_url: Option<&str>,

@@ -232,20 +232,7 @@ async fn the_cli_runs_a_job_against_a_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let (config, env) =
         crate::fixture::daemon_env(&dir.path().join("data"), None, &Options::embedded());
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
-        .arg("--config")
-        .arg(&config)
-        .args(["job", "run", "compact", "--dry-run"])
-        .envs(&env)
-        .env("LOOMEM_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = crate::fixture::cli_ok(&config, &env, ["job", "run", "compact", "--dry-run"]).await;
     let run: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(run["job"], "compact");
     assert_eq!(run["status"], "succeeded");

@@ -263,24 +263,16 @@ async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
     let file = dir.path().join("set.json");
     std::fs::write(&file, dataset()).unwrap();
     let out_dir = dir.path().join("results");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
-        .arg("bench-recall")
-        .arg("run")
-        .arg(&file)
-        .arg("--config")
-        .arg(&config)
-        .args(["--modes", "hybrid", "--out"])
-        .arg(&out_dir)
-        .envs(&env)
-        .env("LOOMEM_LOG", "warn")
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args: Vec<std::ffi::OsString> = vec![
+        "bench-recall".into(),
+        "run".into(),
+        file.into(),
+        "--modes".into(),
+        "hybrid".into(),
+        "--out".into(),
+        out_dir.clone().into(),
+    ];
+    crate::fixture::cli_ok(&config, &env, args).await;
     let written: Vec<String> = std::fs::read_dir(&out_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
