@@ -77,8 +77,6 @@ pub struct Daemon {
     _dir: Option<tempfile::TempDir>,
 }
 
-/// The environment a daemon is started with, and the config file it reads.
-/// `nats_url` is the JetStream server to use (None = the embedded bus).
 /// Run the `loomem` binary on `config` with its environment (logs at
 /// `warn`); its output, once it has exited successfully.
 pub async fn cli_ok<I, S>(
@@ -107,6 +105,8 @@ where
     out
 }
 
+/// The environment a daemon is started with, and the config file it reads.
+/// `nats_url` is the JetStream server to use (None = the embedded bus).
 pub fn daemon_env(
     data_dir: &Path,
     nats_url: Option<&str>,
