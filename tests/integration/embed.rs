@@ -55,14 +55,22 @@ async fn minilm_matches_sentence_transformers() {
     let model = minilm();
     let cases = golden();
     let texts: Vec<String> = cases.iter().map(|c| c.text.clone()).collect();
-    // All at once (padded together, sorted by length) and one by one (no padding).
+    // All at once (padded together, sorted by length), one by one (no
+    // padding) and as queries.
     let batched = model.embed(&texts).await.unwrap();
     for (i, case) in cases.iter().enumerate() {
         let single = model.embed(&texts[i..=i]).await.unwrap().remove(0);
+        // The query thread: its kernels over every CPU, and short texts
+        // multiplied straight from the weights.
+        let query = model.embed_query(&texts[i]).await.unwrap();
         assert_eq!(batched[i].len(), 384);
         let norm: f32 = batched[i].iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "not unit length: {norm}");
-        for (how, v) in [("batched", &batched[i]), ("single", &single)] {
+        for (how, v) in [
+            ("batched", &batched[i]),
+            ("single", &single),
+            ("query", &query),
+        ] {
             let cos = dot(v, &case.vector);
             assert!(cos >= 0.999, "{how} cosine {cos} for {:?}", case.text);
         }

@@ -17,8 +17,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Storage, Tensor};
 use candle_nn::{embedding, layer_norm, linear, Embedding, LayerNorm, Linear, VarBuilder};
+use rayon::prelude::*;
+
+use crate::core::vector;
 use futures::future::BoxFuture;
 use tokenizers::{Tokenizer, TruncationParams};
 use tokio::sync::oneshot;
@@ -47,14 +50,82 @@ struct BertConfig {
 }
 
 struct Layer {
-    query: Linear,
-    key: Linear,
-    value: Linear,
-    attn_out: Linear,
+    query: Dense,
+    key: Dense,
+    value: Dense,
+    attn_out: Dense,
     attn_norm: LayerNorm,
-    intermediate: Linear,
-    out: Linear,
+    intermediate: Dense,
+    out: Dense,
     out_norm: LayerNorm,
+}
+
+/// Most rows (tokens of a pass) a dense layer multiplies itself; above it,
+/// candle's blocked matrix multiply. A query is a handful of tokens, and
+/// for it candle spent half its time copying each weight matrix into the
+/// multiply's blocked layout (`perf`, the search bench at 100k memories):
+/// [`vector::linear_t`] reads the weights where they lie.
+const SMALL_ROWS: usize = 48;
+
+/// A BERT dense layer, optionally followed by its GELU.
+struct Dense {
+    linear: Linear,
+    outputs: usize,
+}
+
+impl Dense {
+    fn load(inputs: usize, outputs: usize, vb: VarBuilder) -> CandleResult<Dense> {
+        let l = linear(inputs, outputs, vb)?;
+        let bias = l.bias().map(|b| b.contiguous()).transpose()?;
+        Ok(Dense {
+            linear: Linear::new(l.weight().contiguous()?, bias),
+            outputs,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> CandleResult<Tensor> {
+        let inputs = x.dims().last().copied().unwrap_or(0);
+        let rows = x.elem_count() / inputs.max(1);
+        if rows > SMALL_ROWS || inputs == 0 {
+            return self.linear.forward(x);
+        }
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let (w, w_layout) = self.linear.weight().storage_and_layout();
+        let bias = self.linear.bias().map(Tensor::storage_and_layout);
+        let (Storage::Cpu(w), Some((Storage::Cpu(b), b_layout))) =
+            (&*w, bias.as_ref().map(|(s, l)| (&**s, l)))
+        else {
+            return self.linear.forward(x);
+        };
+        let n = self.outputs;
+        let w = &w.as_slice::<f32>()?[w_layout.start_offset()..][..n * inputs];
+        let b = &b.as_slice::<f32>()?[b_layout.start_offset()..][..n];
+        // The weight rows split over the pass's kernel threads.
+        let per = n.div_ceil(rayon::current_num_threads()).next_multiple_of(4);
+        let mut out_t = vec![0.0f32; n * rows];
+        out_t
+            .par_chunks_mut(per * rows)
+            .zip(w.par_chunks(per * inputs))
+            .zip(b.par_chunks(per))
+            .for_each(|((out, w), b)| vector::linear_t(&xs, inputs, w, b, out));
+        let mut out = vec![0.0f32; rows * n];
+        for (o, column) in out_t.chunks_exact(rows).enumerate() {
+            for (r, v) in column.iter().enumerate() {
+                out[r * n + o] = *v;
+            }
+        }
+        let mut dims = x.dims().to_vec();
+        *dims.last_mut().expect("a dimension") = n;
+        Tensor::from_vec(out, dims, x.device())
+    }
+
+    /// The layer, then GELU ([`vector::gelu_erf`]).
+    fn forward_gelu(&self, x: &Tensor) -> CandleResult<Tensor> {
+        let y = self.forward(x)?;
+        let mut values = y.flatten_all()?.to_vec1::<f32>()?;
+        vector::gelu_erf(&mut values);
+        Tensor::from_vec(values, y.dims(), y.device())
+    }
 }
 
 /// The BERT encoder, loaded from safetensors.
@@ -87,13 +158,17 @@ impl Encoder {
                 let l = vb.pp(format!("encoder.layer.{i}"));
                 let attn = l.pp("attention");
                 Ok(Layer {
-                    query: linear(h, h, attn.pp("self.query"))?,
-                    key: linear(h, h, attn.pp("self.key"))?,
-                    value: linear(h, h, attn.pp("self.value"))?,
-                    attn_out: linear(h, h, attn.pp("output.dense"))?,
+                    query: Dense::load(h, h, attn.pp("self.query"))?,
+                    key: Dense::load(h, h, attn.pp("self.key"))?,
+                    value: Dense::load(h, h, attn.pp("self.value"))?,
+                    attn_out: Dense::load(h, h, attn.pp("output.dense"))?,
                     attn_norm: layer_norm(h, eps, attn.pp("output.LayerNorm"))?,
-                    intermediate: linear(h, cfg.intermediate_size, l.pp("intermediate.dense"))?,
-                    out: linear(cfg.intermediate_size, h, l.pp("output.dense"))?,
+                    intermediate: Dense::load(
+                        h,
+                        cfg.intermediate_size,
+                        l.pp("intermediate.dense"),
+                    )?,
+                    out: Dense::load(cfg.intermediate_size, h, l.pp("output.dense"))?,
                     out_norm: layer_norm(h, eps, l.pp("output.LayerNorm"))?,
                 })
             })
@@ -138,7 +213,7 @@ impl Encoder {
         let bias = ((mask.clone() - 1.0)? * 1e9)?.reshape((batch, 1, 1, len))?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         for layer in &self.layers {
-            let heads = |lin: &Linear| -> CandleResult<Tensor> {
+            let heads = |lin: &Dense| -> CandleResult<Tensor> {
                 lin.forward(&x)?
                     .reshape((batch, len, self.heads, self.head_dim))?
                     .transpose(1, 2)?
@@ -157,7 +232,7 @@ impl Encoder {
             let attended = layer
                 .attn_norm
                 .forward(&(layer.attn_out.forward(&context)? + &x)?)?;
-            let inner = layer.intermediate.forward(&attended)?.gelu_erf()?;
+            let inner = layer.intermediate.forward_gelu(&attended)?;
             x = layer
                 .out_norm
                 .forward(&(layer.out.forward(&inner)? + &attended)?)?;
