@@ -266,8 +266,23 @@ impl TextIndex {
         let order =
             |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then_with(|| id(a.1).cmp(id(b.1)));
         if hits.len() > k {
-            hits.select_nth_unstable_by(k - 1, order);
-            hits.truncate(k);
+            // By score alone first: comparing ids (a lookup and a string
+            // compare each) is needed only among the hits that tie with the
+            // k-th, and equal scores are common (one shared word, equal lengths).
+            hits.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+            let kth = hits[k - 1].0;
+            let mut ties: Vec<(f32, u32)> = hits
+                .iter()
+                .filter(|h| h.0.total_cmp(&kth).is_eq())
+                .copied()
+                .collect();
+            hits.retain(|h| h.0.total_cmp(&kth).is_gt());
+            let wanted = k - hits.len();
+            if ties.len() > wanted {
+                ties.select_nth_unstable_by(wanted - 1, order);
+                ties.truncate(wanted);
+            }
+            hits.extend(ties);
         }
         hits.sort_by(order);
         out.extend(
@@ -355,7 +370,7 @@ mod tests {
         let mut all = Vec::new();
         ix.score(&terms, &df, ix.stats(), &[], usize::MAX, &mut all);
         assert_eq!(all.len(), 300);
-        for k in [1, 7, 40] {
+        for k in [1, 7, 40, 100, 150, 299] {
             let mut top = Vec::new();
             ix.score(&terms, &df, ix.stats(), &[], k, &mut top);
             assert_eq!(top, all[..k], "k = {k}");
