@@ -66,6 +66,10 @@ async fn minilm_matches_sentence_transformers() {
         assert_eq!(batched[i].len(), 384);
         let norm: f32 = batched[i].iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "not unit length: {norm}");
+        // The short passes' own multiply against candle's (the batch pads
+        // these texts to the longest): the same vector to within rounding.
+        let same = dot(&query, &batched[i]);
+        assert!(same >= 0.9999, "query against batched: cosine {same}");
         for (how, v) in [
             ("batched", &batched[i]),
             ("single", &single),
