@@ -399,6 +399,7 @@ pub fn route_paths() -> Vec<&'static str> {
 }
 
 pub fn router(engine: Arc<Engine>) -> Router {
+    let max_body = engine.cfg.server.max_body_bytes;
     let protected = routes()
         .into_iter()
         .fold(Router::new(), |r, (path, handler)| r.route(path, handler))
@@ -438,9 +439,35 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/oauth/revoke", post(oauth::revoke))
         .merge(protected)
         .fallback(not_found)
+        .layer(middleware::from_fn(move |req, next| {
+            refuse_declared_oversize(max_body, req, next)
+        }))
         .layer(middleware::from_fn(count_request))
-        .layer(DefaultBodyLimit::max(engine.cfg.server.max_body_bytes))
+        .layer(DefaultBodyLimit::max(max_body))
         .with_state(engine)
+}
+
+/// A body whose declared length (`Content-Length`) passes
+/// `server.max_body_bytes` is a 413 before a byte of it is read; a body sent
+/// without a length is cut off at the limit while it is read.
+async fn refuse_declared_oversize(
+    max: usize,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > max as u64 => Error::TooLarge(format!(
+            "request body is too large: {n} bytes, the limit is {max} (server.max_body_bytes)"
+        ))
+        .into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 /// Count every request and its latency by method, matched route (the route's

@@ -291,6 +291,11 @@ impl Daemon {
         .await
     }
 
+    /// The admin token requests carry (None without auth).
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// Any request: token, content type, extra headers and raw body as given.
     pub async fn send(
         &self,
