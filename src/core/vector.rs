@@ -145,7 +145,7 @@ pub fn linear_t(x: &[f32], k: usize, w: &[f32], bias: &[f32], out_t: &mut [f32])
         "one output per weight row and row of x"
     );
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
         return unsafe { linear_t_avx2(x, k, w, bias, out_t) };
     }
@@ -154,6 +154,12 @@ pub fn linear_t(x: &[f32], k: usize, w: &[f32], bias: &[f32], out_t: &mut [f32])
             out_t[o * rows + r] = b + dot_lanes(&x[r * k..(r + 1) * k], wo);
         }
     }
+}
+
+/// Whether the CPU has AVX2 and FMA (the dense-layer kernels need both).
+#[cfg(target_arch = "x86_64")]
+fn avx2_fma() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
 }
 
 /// Tiles of four weight rows by three rows of `x`: twelve accumulators, three
@@ -255,7 +261,7 @@ impl Tile<'_> {
 /// at a time, was a tenth of MiniLM's time.
 pub fn gelu_erf(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if avx2_fma() {
         // SAFETY: the CPU supports AVX2 and FMA (checked just above).
         return unsafe { gelu_erf_avx2(v) };
     }

@@ -70,36 +70,64 @@ const SMALL_ROWS: usize = 48;
 /// A BERT dense layer, optionally followed by its GELU.
 struct Dense {
     linear: Linear,
-    outputs: usize,
 }
 
 impl Dense {
     fn load(inputs: usize, outputs: usize, vb: VarBuilder) -> CandleResult<Dense> {
         let l = linear(inputs, outputs, vb)?;
+        // Contiguous, so the short passes can read the rows in place.
         let bias = l.bias().map(|b| b.contiguous()).transpose()?;
         Ok(Dense {
             linear: Linear::new(l.weight().contiguous()?, bias),
-            outputs,
         })
     }
 
     fn forward(&self, x: &Tensor) -> CandleResult<Tensor> {
+        self.apply(x, false)
+    }
+
+    /// The layer, then GELU ([`vector::gelu_erf`]).
+    fn forward_gelu(&self, x: &Tensor) -> CandleResult<Tensor> {
+        self.apply(x, true)
+    }
+
+    fn apply(&self, x: &Tensor, gelu: bool) -> CandleResult<Tensor> {
         let inputs = x.dims().last().copied().unwrap_or(0);
         let rows = x.elem_count() / inputs.max(1);
-        if rows > SMALL_ROWS || inputs == 0 {
-            return self.linear.forward(x);
+        let Some(mut out) = self.small_pass(x, inputs, rows)? else {
+            let y = self.linear.forward(x)?;
+            if !gelu {
+                return Ok(y);
+            }
+            let mut values = y.flatten_all()?.to_vec1::<f32>()?;
+            vector::gelu_erf(&mut values);
+            return Tensor::from_vec(values, y.dims(), y.device());
+        };
+        if gelu {
+            vector::gelu_erf(&mut out);
         }
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let mut dims = x.dims().to_vec();
+        *dims.last_mut().expect("a dimension") = out.len() / rows;
+        Tensor::from_vec(out, dims, x.device())
+    }
+
+    /// The layer's output for a pass of at most [`SMALL_ROWS`] rows, row-major,
+    /// multiplied by [`vector::linear_t`]; None for larger passes (candle's).
+    fn small_pass(&self, x: &Tensor, inputs: usize, rows: usize) -> CandleResult<Option<Vec<f32>>> {
+        if rows > SMALL_ROWS || inputs == 0 {
+            return Ok(None);
+        }
         let (w, w_layout) = self.linear.weight().storage_and_layout();
         let bias = self.linear.bias().map(Tensor::storage_and_layout);
         let (Storage::Cpu(w), Some((Storage::Cpu(b), b_layout))) =
             (&*w, bias.as_ref().map(|(s, l)| (&**s, l)))
         else {
-            return self.linear.forward(x);
+            return Ok(None);
         };
-        let n = self.outputs;
+        let n = w_layout.dims()[0];
         let w = &w.as_slice::<f32>()?[w_layout.start_offset()..][..n * inputs];
         let b = &b.as_slice::<f32>()?[b_layout.start_offset()..][..n];
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
         // The weight rows split over the pass's kernel threads.
         let per = n.div_ceil(rayon::current_num_threads()).next_multiple_of(4);
         let mut out_t = vec![0.0f32; n * rows];
@@ -114,17 +142,7 @@ impl Dense {
                 out[r * n + o] = *v;
             }
         }
-        let mut dims = x.dims().to_vec();
-        *dims.last_mut().expect("a dimension") = n;
-        Tensor::from_vec(out, dims, x.device())
-    }
-
-    /// The layer, then GELU ([`vector::gelu_erf`]).
-    fn forward_gelu(&self, x: &Tensor) -> CandleResult<Tensor> {
-        let y = self.forward(x)?;
-        let mut values = y.flatten_all()?.to_vec1::<f32>()?;
-        vector::gelu_erf(&mut values);
-        Tensor::from_vec(values, y.dims(), y.device())
+        Ok(Some(out))
     }
 }
 
