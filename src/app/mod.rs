@@ -344,21 +344,13 @@ fn spawn_vector_indexer(store: Arc<Store>, min_rows: usize) {
         loop {
             tick.tick().await;
             let Some(store) = weak.upgrade() else { break };
-            // Training the index is minutes of computation inside its
-            // futures: on a runtime of its own, on a blocking thread, it
-            // cannot hold up the workers that serve requests and commit
-            // writes (on the engine's runtime it stalled ingestion ~25x).
+            // Training the index is minutes of computation: apart from the
+            // workers that serve requests and commit writes.
             let building = store.clone();
-            let built = tokio::task::spawn_blocking(move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?
-                    .block_on(building.ensure_vector_index(min_rows))
-                    .map_err(|e| e.to_string())
+            let built = crate::store::maintain::apart(async move {
+                building.ensure_vector_index(min_rows).await
             })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
+            .await;
             match built {
                 Ok(_) if store.has_vector_index().await => break,
                 Ok(_) => {}

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use std::sync::Arc;
 
 use super::hot::HotIndex;
-use super::maintain::{merge_small_fragments, refresh_indexes, Maintenance};
+use super::maintain::{apart, merge_small_fragments, refresh_indexes_routinely, Maintenance};
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
 
@@ -431,7 +431,7 @@ impl Refresher {
         let (table, running) = (table.clone(), self.running.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            match refresh_indexes(&table).await {
+            match apart(async move { refresh_indexes_routinely(&table).await }).await {
                 Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
                 Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
             }
