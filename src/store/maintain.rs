@@ -197,25 +197,42 @@ pub(super) async fn fold_vector_index(table: &Table, name: &str, fold: VectorFol
     Ok(())
 }
 
-/// Run maintenance work on a runtime of its own, on a blocking thread. An
-/// index build computes inside its futures for seconds to minutes; on the
-/// engine's runtime it holds up the workers that serve requests and commit
-/// writes (a first vector index build stalled ingestion ~25x that way).
+/// The runtime index builds run on: one worker thread, started on first
+/// use and kept for the life of the process.
+fn builds() -> std::io::Result<&'static tokio::runtime::Runtime> {
+    static BUILDS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = BUILDS.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("loomem-index-build")
+        .enable_all()
+        .build()?;
+    // A racing first call builds a second runtime; the loser is dropped
+    // before it has run anything.
+    Ok(BUILDS.get_or_init(|| rt))
+}
+
+/// Run an index build on a runtime of its own. A build computes inside its
+/// futures for seconds to minutes; on the engine's runtime it holds up the
+/// workers that serve requests and commit writes (a first vector index
+/// build stalled ingestion ~25x that way). That runtime lives as long as
+/// the process. Lance keeps what a build opened, most likely with I/O tasks
+/// on the runtime that opened it: while index refreshes ran on a runtime
+/// made for each and dropped after it, the ingest bench hung, idle, in 3 of
+/// 5 runs (none in 3 with the refreshes on the engine's runtime).
 pub async fn apart<T, F>(work: F) -> Result<T>
 where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T>> + Send + 'static,
 {
     let failed = |message: String| super::StoreError::from(lancedb::Error::Runtime { message });
-    tokio::task::spawn_blocking(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| failed(e.to_string()))?
-            .block_on(work)
-    })
-    .await
-    .map_err(|e| failed(e.to_string()))?
+    builds()
+        .map_err(|e| failed(e.to_string()))?
+        .spawn(work)
+        .await
+        .map_err(|e| failed(e.to_string()))?
 }
 
 /// Drop every version of `table` but the latest that no tag holds (a
@@ -469,6 +486,44 @@ mod tests {
             .await
             .unwrap();
         assert!(hits.first().is_some_and(|h| h.score < 1e-3), "{hits:?}");
+    }
+
+    /// Work run `apart` leaves nothing behind that later reads on the
+    /// caller's runtime wait on: after an index build and a refresh there,
+    /// merges on `id` and a vector search through Lance answer.
+    #[tokio::test]
+    async fn reads_after_builds_apart_answer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(open(tmp.path(), Maintenance::off()).await);
+        let rows = |from: usize, n: usize| -> Vec<Chunk> {
+            (from..from + n)
+                .map(|i| {
+                    let mut c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
+                    c.embedding = Some((0..8).map(|d| ((i * 7 + d * 13) % 29) as f32 - 14.0).collect());
+                    c
+                })
+                .collect()
+        };
+        store.upsert(rows(0, 600)).await.unwrap();
+        let s = store.clone();
+        assert!(apart(async move { s.ensure_vector_index(256).await }).await.unwrap());
+        store.upsert(rows(600, 300)).await.unwrap();
+        let table = store.chunks_table().clone();
+        apart(async move { refresh_indexes(&table).await }).await.unwrap();
+        let minute = std::time::Duration::from_secs(60);
+        // A merge on `id` (the ids are stored), then a vector search.
+        tokio::time::timeout(minute, store.upsert(rows(100, 50)))
+            .await
+            .expect("the merge still waiting after 60 s")
+            .unwrap();
+        let own: Vec<f32> = (0..8).map(|d| ((700 * 7 + d * 13) % 29) as f32 - 14.0).collect();
+        let filter = crate::store::Filter::new();
+        let hits = tokio::time::timeout(minute, store.search_vector_lance(None, &own, &filter, 3))
+            .await
+            .expect("the vector search still waiting after 60 s")
+            .unwrap();
+        assert!(hits.first().is_some_and(|h| h.score < 1e-3), "{hits:?}");
+        assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 900);
     }
 
     async fn fragments(table: &Table) -> usize {

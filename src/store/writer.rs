@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use std::sync::Arc;
 
 use super::hot::HotIndex;
-use super::maintain::{apart, merge_small_fragments, refresh_indexes_routinely, Maintenance};
+use super::maintain::{merge_small_fragments, refresh_indexes_routinely, Maintenance};
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
 
@@ -431,7 +431,13 @@ impl Refresher {
         let (table, running) = (table.clone(), self.running.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            match apart(async move { refresh_indexes_routinely(&table).await }).await {
+            // On the engine's runtime, not `apart`: a refresh opens the
+            // scalar indexes that every merge on `id` reads, and reads
+            // through what Lance keeps of them would then wait on the build
+            // runtime's one thread while it builds a vector index. The
+            // vector index's appends build only the new rows (see
+            // `vector_fold`).
+            match refresh_indexes_routinely(&table).await {
                 Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
                 Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
             }
