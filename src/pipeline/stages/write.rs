@@ -111,20 +111,14 @@ impl Stage for Write {
             let history: Vec<_> = settled(batch)
                 .flat_map(|r| r.history.iter().cloned())
                 .collect();
+            self.store.add_history(history).await.map_err(fail)?;
             let relations: Vec<_> = batch
                 .iter()
                 .filter(|r| r.is_kept())
                 .flat_map(|r| r.relations.iter().cloned())
                 .collect();
-            // Three tables, three commits that do not wait on each other.
-            let (history, relations, graph) = tokio::join!(
-                self.store.add_history(history),
-                self.store.add_relations(relations),
-                crate::pipeline::settle(batch, "write"),
-            );
-            history.map_err(fail)?;
-            relations.map_err(fail)?;
-            graph?;
+            self.store.add_relations(relations).await.map_err(fail)?;
+            crate::pipeline::settle(batch, "write").await?;
             // A record dropped or failed after its entities were recorded
             // (a near-duplicate, a refused id) leaves no trace in the graph,
             // unless its id names a memory that is stored.
