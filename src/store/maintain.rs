@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use lancedb::table::{CompactionOptions, OptimizeAction};
+use lancedb::table::{CompactionOptions, OptimizeAction, OptimizeOptions};
 use lancedb::Table;
 
 use super::Result;
@@ -104,8 +104,13 @@ pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<
 /// Fold rows written since the last refresh into the table's indexes, each
 /// index merged into one piece (the `compact` job's pass).
 pub async fn refresh_indexes(table: &Table) -> Result<()> {
-    retrying("index", || {
-        table.optimize(OptimizeAction::Index(Default::default()))
+    optimize_indexes(table, "index", OptimizeOptions::default()).await
+}
+
+/// One index optimisation, its commit conflicts retried.
+async fn optimize_indexes(table: &Table, what: &str, options: OptimizeOptions) -> Result<()> {
+    retrying(what, || {
+        table.optimize(OptimizeAction::Index(options.clone()))
     })
     .await?;
     Ok(())
@@ -133,9 +138,8 @@ pub(super) enum VectorFold {
 /// The vector index's refresh policy. Merging new rows into an IVF-HNSW
 /// index rebuilds the graphs of every row it holds, so folding 10k rows into
 /// a 300k-row index that way costs as much as building it anew; done every
-/// 10k rows, a bulk import's cost grows with the square of the table (an
-/// import of 310k rows ran 3.3× slower with the index than without). New
-/// rows are indexed as a delta once they are a quarter of the indexed ones,
+/// 10k rows, the index work of a bulk import grows with the square of the
+/// table (~150 builds a row over a load to 3M rows). New rows are indexed as a delta once they are a quarter of the indexed ones,
 /// and the pieces merged once there are eight: each row is rebuilt a bounded
 /// number of times as the table grows geometrically.
 pub(super) fn vector_fold(indexed: usize, unindexed: usize, pieces: u32) -> VectorFold {
@@ -152,7 +156,6 @@ pub(super) fn vector_fold(indexed: usize, unindexed: usize, pieces: u32) -> Vect
 /// new rows as they are written (merged, cheaply), the vector index by
 /// [`vector_fold`].
 pub async fn refresh_indexes_routinely(table: &Table) -> Result<()> {
-    use lancedb::table::OptimizeOptions;
     let indices = table.list_indices().await?;
     let (vector, other): (Vec<_>, Vec<_>) = indices
         .into_iter()
@@ -161,10 +164,7 @@ pub async fn refresh_indexes_routinely(table: &Table) -> Result<()> {
         let names: Vec<String> = other.into_iter().map(|i| i.name).collect();
         let mut options = OptimizeOptions::default();
         options.index_names = Some(names);
-        retrying("index", || {
-            table.optimize(OptimizeAction::Index(options.clone()))
-        })
-        .await?;
+        optimize_indexes(table, "index", options).await?;
     }
     for index in vector {
         let Some(stats) = table.index_stats(&index.name).await? else {
@@ -183,18 +183,13 @@ pub async fn refresh_indexes_routinely(table: &Table) -> Result<()> {
 
 /// Fold the vector index's new rows in as `fold` says.
 pub(super) async fn fold_vector_index(table: &Table, name: &str, fold: VectorFold) -> Result<()> {
-    use lancedb::table::OptimizeOptions;
     let mut options = match fold {
         VectorFold::Wait => return Ok(()),
         VectorFold::Append => OptimizeOptions::append(),
         VectorFold::Merge(n) => OptimizeOptions::merge(n),
     };
     options.index_names = Some(vec![name.to_string()]);
-    retrying("vector index", || {
-        table.optimize(OptimizeAction::Index(options.clone()))
-    })
-    .await?;
-    Ok(())
+    optimize_indexes(table, "vector index", options).await
 }
 
 /// The runtime index builds run on: one worker thread, started on first
@@ -403,7 +398,10 @@ mod tests {
         let mut built = indexed;
         while indexed + unindexed < 3_000_000 {
             unindexed += 10_000;
-            assert!(unindexed <= 10_000 + indexed / 4, "{unindexed} of {indexed} unindexed");
+            assert!(
+                unindexed <= 10_000 + indexed / 4,
+                "{unindexed} of {indexed} unindexed"
+            );
             match vector_fold(indexed, unindexed, pieces) {
                 VectorFold::Wait => continue,
                 VectorFold::Append => {
@@ -432,21 +430,7 @@ mod tests {
         let store = open(tmp.path(), Maintenance::off()).await;
         let write = |from: usize, n: usize| {
             let store = &store;
-            async move {
-                let rows = (from..from + n)
-                    .map(|i| {
-                        let mut c =
-                            Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-                        c.embedding = Some(
-                            (0..8)
-                                .map(|d| (((i * 31 + d * 17) % 97) as f32 - 48.0) / 48.0)
-                                .collect(),
-                        );
-                        c
-                    })
-                    .collect();
-                store.upsert(rows).await.unwrap();
-            }
+            async move { store.upsert(memories_with_vectors(from, n)).await.unwrap() }
         };
         write(0, 1_000).await;
         assert!(store.ensure_vector_index(256).await.unwrap());
@@ -464,25 +448,28 @@ mod tests {
         write(1_000, 300).await;
         refresh_indexes_routinely(table).await.unwrap();
         assert_eq!(stats().await.num_unindexed_rows, 300);
-        fold_vector_index(table, &name, VectorFold::Append).await.unwrap();
+        fold_vector_index(table, &name, VectorFold::Append)
+            .await
+            .unwrap();
         let s = stats().await;
         assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (1_300, 0));
         assert_eq!(s.num_indices, Some(2), "appended as a piece");
         write(1_300, 300).await;
-        fold_vector_index(table, &name, VectorFold::Append).await.unwrap();
+        fold_vector_index(table, &name, VectorFold::Append)
+            .await
+            .unwrap();
         assert_eq!(stats().await.num_indices, Some(3));
         write(1_600, 300).await;
-        fold_vector_index(table, &name, VectorFold::Merge(3)).await.unwrap();
+        fold_vector_index(table, &name, VectorFold::Merge(3))
+            .await
+            .unwrap();
         let s = stats().await;
         assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (1_900, 0));
         assert_eq!(s.num_indices, Some(1), "merged into one");
         // The merged index answers: a row's own vector finds a row at no
         // distance (the vectors repeat every 97 rows).
-        let own: Vec<f32> = (0..8)
-            .map(|d| (((1_750 * 31 + d * 17) % 97) as f32 - 48.0) / 48.0)
-            .collect();
         let hits = store
-            .search_vector_lance(None, &own, &crate::store::Filter::new(), 5)
+            .search_vector_lance(None, &vector_of(1_750), &crate::store::Filter::new(), 5)
             .await
             .unwrap();
         assert!(hits.first().is_some_and(|h| h.score < 1e-3), "{hits:?}");
@@ -495,35 +482,52 @@ mod tests {
     async fn reads_after_builds_apart_answer() {
         let tmp = tempfile::tempdir().unwrap();
         let store = std::sync::Arc::new(open(tmp.path(), Maintenance::off()).await);
-        let rows = |from: usize, n: usize| -> Vec<Chunk> {
-            (from..from + n)
-                .map(|i| {
-                    let mut c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-                    c.embedding = Some((0..8).map(|d| ((i * 7 + d * 13) % 29) as f32 - 14.0).collect());
-                    c
-                })
-                .collect()
-        };
+        let rows = memories_with_vectors;
         store.upsert(rows(0, 600)).await.unwrap();
         let s = store.clone();
-        assert!(apart(async move { s.ensure_vector_index(256).await }).await.unwrap());
+        assert!(apart(async move { s.ensure_vector_index(256).await })
+            .await
+            .unwrap());
         store.upsert(rows(600, 300)).await.unwrap();
         let table = store.chunks_table().clone();
-        apart(async move { refresh_indexes(&table).await }).await.unwrap();
+        apart(async move { refresh_indexes(&table).await })
+            .await
+            .unwrap();
         let minute = std::time::Duration::from_secs(60);
         // A merge on `id` (the ids are stored), then a vector search.
         tokio::time::timeout(minute, store.upsert(rows(100, 50)))
             .await
             .expect("the merge still waiting after 60 s")
             .unwrap();
-        let own: Vec<f32> = (0..8).map(|d| ((700 * 7 + d * 13) % 29) as f32 - 14.0).collect();
+        let own = vector_of(700);
         let filter = crate::store::Filter::new();
         let hits = tokio::time::timeout(minute, store.search_vector_lance(None, &own, &filter, 3))
             .await
             .expect("the vector search still waiting after 60 s")
             .unwrap();
         assert!(hits.first().is_some_and(|h| h.score < 1e-3), "{hits:?}");
-        assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 900);
+        assert_eq!(
+            store.count(&crate::store::Filter::new()).await.unwrap(),
+            900
+        );
+    }
+
+    /// Memory `i`'s 8-dimensional vector; the vectors repeat every 97 rows.
+    fn vector_of(i: usize) -> Vec<f32> {
+        (0..8)
+            .map(|d| (((i * 31 + d * 17) % 97) as f32 - 48.0) / 48.0)
+            .collect()
+    }
+
+    /// Memories `from..from + n` of stream `s`, each with [`vector_of`].
+    fn memories_with_vectors(from: usize, n: usize) -> Vec<Chunk> {
+        (from..from + n)
+            .map(|i| {
+                let mut c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
+                c.embedding = Some(vector_of(i));
+                c
+            })
+            .collect()
     }
 
     async fn fragments(table: &Table) -> usize {
