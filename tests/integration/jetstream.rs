@@ -403,7 +403,8 @@ async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivere
 
 /// The worker holds two batches at once (the next one embeds while the one
 /// before is written); the stages that read the store still see every batch
-/// before theirs, and writes land in the order they were published.
+/// before theirs, duplicates and updates included, and writes land in the
+/// order they were published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
     let d = Daemon::start(Options::default().env("LOOMEM_BUS__BATCH_SIZE", "2")).await;
@@ -424,6 +425,12 @@ async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
         // The same id rewritten: the later text must win.
         store(json!({"id": "plan", "content": format!("The plan is revision {i}"), "stream": "g", "wait": false})).await;
     }
+    // A fact and its update a batch or two apart: the update supersedes it.
+    store(json!({"content": "Alice uses VSCode as her editor", "stream": "g", "wait": false}))
+        .await;
+    store(json!({"content": "The shed door sticks in the rain", "stream": "g", "wait": false}))
+        .await;
+    store(json!({"content": "Alice switched from VSCode to Cursor as her editor", "stream": "g", "wait": false})).await;
     // Published last and stored in order: once it is stored, so is everything before.
     let last = store(json!({"content": "The sentinel is stored last", "stream": "g"})).await;
     assert_eq!(last["status"], "stored", "{last}");
@@ -433,6 +440,14 @@ async fn overlapping_batches_dedupe_against_each_other_and_land_in_order() {
     assert_eq!(rows[0]["n"], 15, "one memory per note");
     let plan = d.sql("SELECT content FROM chunks WHERE id = 'plan'").await;
     assert_eq!(plan[0]["content"], "The plan is revision 14");
+    let old = d
+        .sql("SELECT superseded_by FROM chunks WHERE content = 'Alice uses VSCode as her editor'")
+        .await;
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert!(
+        old[0]["superseded_by"].is_string(),
+        "the update superseded it: {old:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
