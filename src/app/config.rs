@@ -272,6 +272,8 @@ impl Config {
             ("search.importance_weight", self.search.importance_weight),
             ("search.feedback_weight", self.search.feedback_weight),
             ("search.access_boost", self.search.access_boost),
+            ("search.time_weight", self.search.time_weight),
+            ("search.time_weight_day", self.search.time_weight_day),
         ] {
             if w < 0.0 || !w.is_finite() {
                 return Err(invalid(key, "must be >= 0"));

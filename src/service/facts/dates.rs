@@ -167,13 +167,15 @@ impl DateResolver {
                 Kind::Named,
                 re(r"\b(?P<named>the\s+day\s+before\s+yesterday|the\s+day\s+after\s+tomorrow|yesterday|today|tonight|tomorrow|this\s+(?:morning|afternoon|evening))\b".into()),
             ),
-            (
-                Kind::InOffset,
-                re(format!(r"\bin\s+(?P<n>{NUMBER})\s+(?P<unit>{UNITS})\b")),
-            ),
+            // Before `in N days`: "the wedding I was in a week ago" is a
+            // week back, not ahead (an earlier pattern's span wins).
             (
                 Kind::Ago,
                 re(format!(r"\b(?P<n>{NUMBER})\s+(?P<unit>{UNITS})\s+ago\b")),
+            ),
+            (
+                Kind::InOffset,
+                re(format!(r"\bin\s+(?P<n>{NUMBER})\s+(?P<unit>{UNITS})\b")),
             ),
             (
                 Kind::RelUnit,
@@ -522,6 +524,12 @@ mod tests {
         assert_eq!(resolve("in 3 weeks", b), ["2026-04-23"]);
         assert_eq!(resolve("two weeks ago", b), ["2026-03-19"]);
         assert_eq!(resolve("in a couple of days", b), ["2026-04-04"]);
+        // "in" belongs to the verb here, and the span is in the past.
+        assert_eq!(
+            resolve("the wedding I took part in a week ago", b),
+            ["2026-03-26"]
+        );
+        assert_eq!(resolve("I ran in 10 days ago", b), ["2026-03-23"]);
     }
 
     #[test]

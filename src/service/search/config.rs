@@ -45,11 +45,15 @@ pub struct SearchConfig {
     /// recommended", "our previous chat"); then the user's. 1 turns it off.
     #[serde(default = "default_assistant_weight")]
     pub assistant_weight: f32,
-    /// A memory recorded within a date the query names ("last Saturday",
-    /// "two weeks ago", "in March", resolved against the request's `now`)
-    /// scores `1 + time_weight` times as much; 0 = off.
+    /// A memory recorded within a month or a year the query names ("in
+    /// March", "last year", resolved against the request's `now`) scores
+    /// `1 + time_weight` times as much; 0 = off.
     #[serde(default = "default_time_weight")]
     pub time_weight: f32,
+    /// The same for a day the query names ("last Saturday", "two weeks
+    /// ago"; the day with a day either side): `1 + time_weight_day`.
+    #[serde(default = "default_time_weight_day")]
+    pub time_weight_day: f32,
     /// Pseudo-relevance feedback for the vector leg: the query vector moves
     /// toward the mean of its first `vector_feedback_docs` hits by this much
     /// (`q + w * mean`, normalised) and re-scores the leg's pool (8 ×
@@ -121,6 +125,10 @@ fn default_assistant_weight() -> f32 {
 
 fn default_time_weight() -> f32 {
     0.15
+}
+
+fn default_time_weight_day() -> f32 {
+    0.5
 }
 
 fn default_vector_feedback() -> f32 {

@@ -752,7 +752,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     let total_before_top_k = fused.len();
 
     let about_assistant = rank::asks_about_assistant(&query);
-    let windows = if s.time_weight > 0.0 {
+    let windows = if s.time_weight > 0.0 || s.time_weight_day > 0.0 {
         rank::time_windows(&query, now)
     } else {
         Vec::new()

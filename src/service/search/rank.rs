@@ -87,11 +87,20 @@ pub fn speaker_factor(cfg: &SearchConfig, chunk: &Chunk, about_assistant: bool) 
     }
 }
 
+/// A span of time a query names, `from..to`; `day` when the query names a
+/// single day ("last Saturday", "ten days ago"), not a month or a year.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeWindow {
+    pub from: Micros,
+    pub to: Micros,
+    pub day: bool,
+}
+
 /// The spans of time a query names, resolved against `now` as the
 /// conversation extractor resolves them ("last Saturday", "two weeks ago",
 /// "in March", "2023"): a day with a day either side (a conversation's date
 /// and the day it speaks of drift by one), a month, a year.
-pub fn time_windows(query: &str, now: Micros) -> Vec<(Micros, Micros)> {
+pub fn time_windows(query: &str, now: Micros) -> Vec<TimeWindow> {
     use crate::service::facts::{DateResolver, Granularity};
     use chrono::{Duration, Months, NaiveDate};
     static RESOLVER: OnceLock<DateResolver> = OnceLock::new();
@@ -125,21 +134,30 @@ pub fn time_windows(query: &str, now: Micros) -> Vec<(Micros, Micros)> {
                     )
                 }
             };
-            Some((at(from)?, at(to)?))
+            Some(TimeWindow {
+                from: at(from)?,
+                to: at(to)?,
+                day: d.granularity == Granularity::Day,
+            })
         })
         .collect()
 }
 
-/// `1 + time_weight` for a memory recorded within one of `windows`.
-pub fn time_factor(cfg: &SearchConfig, chunk: &Chunk, windows: &[(Micros, Micros)]) -> f32 {
-    if windows
+/// For a memory recorded within one of `windows`: `1 + time_weight_day`
+/// when that window is a day the query names, else `1 + time_weight` (a
+/// month, a year); the larger when it is within several.
+pub fn time_factor(cfg: &SearchConfig, chunk: &Chunk, windows: &[TimeWindow]) -> f32 {
+    windows
         .iter()
-        .any(|(from, to)| (*from..*to).contains(&chunk.created_at))
-    {
-        1.0 + cfg.time_weight
-    } else {
-        1.0
-    }
+        .filter(|w| (w.from..w.to).contains(&chunk.created_at))
+        .map(|w| {
+            1.0 + if w.day {
+                cfg.time_weight_day
+            } else {
+                cfg.time_weight
+            }
+        })
+        .fold(1.0, f32::max)
 }
 
 /// The query vector moved toward the mean of `near` (the vector leg's first
@@ -359,15 +377,21 @@ mod tests {
             "Saturday 2023-05-27 ± 1 day holds no 05-20"
         );
         c.created_at = on(2023, 5, 27);
-        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight_day);
         c.created_at = on(2023, 5, 20);
         let w = time_windows("Where did I go two weeks ago?", now);
         assert_eq!(time_factor(&cfg, &c, &w), 1.0);
         c.created_at = on(2023, 5, 16);
-        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight_day);
+        // A month or a year lifts less than a day.
         let w = time_windows("What happened in March?", now);
         c.created_at = on(2023, 3, 31);
         assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight);
+        assert!(cfg.time_weight < cfg.time_weight_day);
+        // A day within the month named: the day's lift.
+        let w = time_windows("What did I do in March, ten days ago?", on(2023, 3, 25));
+        c.created_at = on(2023, 3, 15);
+        assert_eq!(time_factor(&cfg, &c, &w), 1.0 + cfg.time_weight_day);
         assert!(time_windows("What is my favourite colour?", now).is_empty());
     }
 }
