@@ -139,9 +139,10 @@ pub(super) enum VectorFold {
 /// index rebuilds the graphs of every row it holds, so folding 10k rows into
 /// a 300k-row index that way costs as much as building it anew; done every
 /// 10k rows, the index work of a bulk import grows with the square of the
-/// table (~150 builds a row over a load to 3M rows). New rows are indexed as a delta once they are a quarter of the indexed ones,
-/// and the pieces merged once there are eight: each row is rebuilt a bounded
-/// number of times as the table grows geometrically.
+/// table (~150 builds a row over a load to 3M rows). New rows are indexed as
+/// a delta once they are a quarter of the indexed ones, and the pieces
+/// merged once there are eight: each row is rebuilt a bounded number of
+/// times as the table grows geometrically.
 pub(super) fn vector_fold(indexed: usize, unindexed: usize, pieces: u32) -> VectorFold {
     if unindexed < VECTOR_DELTA_MIN_ROWS.max(indexed / VECTOR_DELTA_SHARE) {
         VectorFold::Wait
