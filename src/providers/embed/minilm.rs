@@ -315,14 +315,17 @@ impl Model {
             .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
             .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
         // Shortest first, so each sub-batch pads to a length close to its
-        // members'; small passes are cut so that every thread gets a share.
+        // members'; the cuts balance the threads' work (see [`sub_batches`]).
         let mut order: Vec<usize> = (0..texts.len()).collect();
         order.sort_by_key(|&i| encodings[i].get_ids().len());
-        let size = self
-            .batch_size
-            .min(texts.len().div_ceil(pools.len()))
-            .max(1);
-        let groups: Vec<&[usize]> = order.chunks(size).collect();
+        let lens: Vec<usize> = order
+            .iter()
+            .map(|&i| encodings[i].get_ids().len())
+            .collect();
+        let groups: Vec<&[usize]> = sub_batches(&lens, pools.len(), self.batch_size)
+            .into_iter()
+            .map(|r| &order[r])
+            .collect();
         type Vectors = Result<Vec<Vec<f32>>, EmbedError>;
         let run = |group: &[usize]| -> Vectors {
             let len = group
@@ -384,6 +387,66 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// What a forward pass of `rows` texts padded to `len` tokens costs, in
+/// MiniLM's multiply-adds per layer over 768: each token's projections and
+/// feed-forward (4·384² + 2·384·1536 ≈ 2,304 · 768) plus its attention over
+/// the `len` tokens of its row (2·384·len = len · 768).
+fn pass_cost(rows: usize, len: usize) -> u64 {
+    (rows * len * (2_304 + len)) as u64
+}
+
+/// How a pass's texts, their token counts sorted ascending in `lens`, are cut
+/// into sub-batches: contiguous runs of at most `cap` texts, each padded to
+/// its longest, listed costliest first (the threads take them in this order).
+///
+/// A pass that fits in one sub-batch per thread is cut into exactly that many
+/// runs so that the costliest run is as cheap as it can be: equal counts
+/// would give the thread with the long texts most of the work while the
+/// other waits (8 chat turns of 20–150 tokens cut 4 + 4 cost about three
+/// times as much on the long side). A larger pass is cut every `cap` texts;
+/// with many runs, taking the costliest first keeps the threads' ends close.
+fn sub_batches(lens: &[usize], threads: usize, cap: usize) -> Vec<std::ops::Range<usize>> {
+    let n = lens.len();
+    let cap = cap.max(1);
+    let cost = |r: &std::ops::Range<usize>| pass_cost(r.len(), lens[r.end - 1]);
+    let mut runs: Vec<std::ops::Range<usize>> = if n == 0 {
+        Vec::new()
+    } else if n <= threads.max(1) * cap {
+        // best[g][i]: the cheapest costliest run cutting the first i texts
+        // into g runs; cut[g][i] where its last run starts.
+        let groups = threads.max(1).min(n);
+        let mut best = vec![vec![u64::MAX; n + 1]; groups + 1];
+        let mut cut = vec![vec![0usize; n + 1]; groups + 1];
+        best[0][0] = 0;
+        for g in 1..=groups {
+            for i in g..=n {
+                for k in i.saturating_sub(cap).max(g - 1)..i {
+                    if best[g - 1][k] == u64::MAX {
+                        continue;
+                    }
+                    let worst = best[g - 1][k].max(cost(&(k..i)));
+                    if worst < best[g][i] {
+                        best[g][i] = worst;
+                        cut[g][i] = k;
+                    }
+                }
+            }
+        }
+        let mut runs = Vec::with_capacity(groups);
+        let mut end = n;
+        for g in (1..=groups).rev() {
+            let start = cut[g][end];
+            runs.push(start..end);
+            end = start;
+        }
+        runs
+    } else {
+        (0..n).step_by(cap).map(|s| s..(s + cap).min(n)).collect()
+    };
+    runs.sort_by_key(|r| std::cmp::Reverse(cost(r)));
+    runs
 }
 
 /// candle splits every matrix multiply into RAYON_NUM_THREADS pieces (else
@@ -705,4 +768,81 @@ async fn run(
     let (reply, rx) = oneshot::channel();
     thread.send(Job { texts, reply }).map_err(|_| stopped())?;
     rx.await.map_err(|_| stopped())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every text in exactly one run, runs contiguous and at most `cap` long.
+    fn check_cover(lens: &[usize], runs: &[std::ops::Range<usize>], cap: usize) {
+        let mut sorted = runs.to_vec();
+        sorted.sort_by_key(|r| r.start);
+        let mut next = 0;
+        for r in &sorted {
+            assert_eq!(r.start, next, "runs leave a gap or overlap: {runs:?}");
+            assert!(!r.is_empty() && r.len() <= cap, "run {r:?} over cap {cap}");
+            next = r.end;
+        }
+        assert_eq!(next, lens.len());
+    }
+
+    fn worst(lens: &[usize], runs: &[std::ops::Range<usize>]) -> u64 {
+        runs.iter()
+            .map(|r| pass_cost(r.len(), lens[r.end - 1]))
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn a_small_pass_is_cut_where_the_threads_work_alike() {
+        // Eight chat turns, short to long: equal counts would put 4 × 150
+        // tokens on one thread against 4 × 40 on the other.
+        let lens = [20, 25, 30, 40, 50, 60, 90, 150];
+        let runs = sub_batches(&lens, 2, 32);
+        check_cover(&lens, &runs, 32);
+        assert_eq!(runs.len(), 2);
+        let halves = [0..4, 4..8];
+        assert!(worst(&lens, &runs) < worst(&lens, &halves));
+        // The cut is the best of every possible one.
+        let best = (1..lens.len())
+            .map(|k| worst(&lens, &[0..k, k..lens.len()]))
+            .min()
+            .unwrap();
+        assert_eq!(worst(&lens, &runs), best);
+        // Costliest first.
+        assert!(
+            pass_cost(runs[0].len(), lens[runs[0].end - 1])
+                >= pass_cost(runs[1].len(), lens[runs[1].end - 1])
+        );
+    }
+
+    #[test]
+    fn cuts_respect_the_cap_and_cover_every_text() {
+        for (n, threads, cap) in [
+            (0, 2, 32),
+            (1, 2, 32),
+            (3, 4, 32),
+            (8, 2, 3),
+            (64, 2, 32),
+            (65, 2, 32),
+            (200, 2, 32),
+            (7, 1, 32),
+        ] {
+            let lens: Vec<usize> = (0..n).map(|i| 5 + (i * 37) % 250).collect::<Vec<_>>();
+            let mut lens = lens;
+            lens.sort();
+            let runs = sub_batches(&lens, threads, cap);
+            check_cover(&lens, &runs, cap);
+            if n > 0 && n <= threads * cap {
+                assert_eq!(runs.len(), threads.min(n), "n {n} threads {threads}");
+            }
+            for w in runs.windows(2) {
+                assert!(
+                    worst(&lens, &w[..1]) >= worst(&lens, &w[1..]),
+                    "not costliest first: {runs:?}"
+                );
+            }
+        }
+    }
 }
