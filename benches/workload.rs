@@ -149,7 +149,7 @@ fn main() {
     let provider = cfg.embed.provider.clone();
     // The ceiling a store rate is judged against: the embedder alone on these
     // turns, a batch per round of the writers, on an idle machine.
-    let ceiling = rt.block_on(async {
+    let (ceiling, query_alone) = rt.block_on(async {
         let embedder = loomem::providers::embed::from_config(&cfg.embed, &env).unwrap();
         let sample: Vec<String> = turns.iter().take(256).map(|(_, t)| t.clone()).collect();
         embedder.embed(&sample[..8]).await.unwrap();
@@ -169,7 +169,6 @@ fn main() {
         alone.sort();
         (rate, alone)
     });
-    let (ceiling, query_alone) = ceiling;
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();

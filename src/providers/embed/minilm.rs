@@ -404,19 +404,19 @@ fn pass_cost(rows: usize, len: usize) -> u64 {
 /// A pass that fits in one sub-batch per thread is cut into exactly that many
 /// runs so that the costliest run is as cheap as it can be: equal counts
 /// would give the thread with the long texts most of the work while the
-/// other waits (8 chat turns of 20–150 tokens cut 4 + 4 cost about three
+/// other waits (8 chat turns of 20–150 tokens cut 4 + 4 cost about four
 /// times as much on the long side). A larger pass is cut every `cap` texts;
 /// with many runs, taking the costliest first keeps the threads' ends close.
 fn sub_batches(lens: &[usize], threads: usize, cap: usize) -> Vec<std::ops::Range<usize>> {
     let n = lens.len();
-    let cap = cap.max(1);
+    let (threads, cap) = (threads.max(1), cap.max(1));
     let cost = |r: &std::ops::Range<usize>| pass_cost(r.len(), lens[r.end - 1]);
     let mut runs: Vec<std::ops::Range<usize>> = if n == 0 {
         Vec::new()
-    } else if n <= threads.max(1) * cap {
+    } else if n <= threads * cap {
         // best[g][i]: the cheapest costliest run cutting the first i texts
         // into g runs; cut[g][i] where its last run starts.
-        let groups = threads.max(1).min(n);
+        let groups = threads.min(n);
         let mut best = vec![vec![u64::MAX; n + 1]; groups + 1];
         let mut cut = vec![vec![0usize; n + 1]; groups + 1];
         best[0][0] = 0;
@@ -811,10 +811,7 @@ mod tests {
             .unwrap();
         assert_eq!(worst(&lens, &runs), best);
         // Costliest first.
-        assert!(
-            pass_cost(runs[0].len(), lens[runs[0].end - 1])
-                >= pass_cost(runs[1].len(), lens[runs[1].end - 1])
-        );
+        assert!(worst(&lens, &runs[..1]) >= worst(&lens, &runs[1..]));
     }
 
     #[test]
@@ -829,8 +826,7 @@ mod tests {
             (200, 2, 32),
             (7, 1, 32),
         ] {
-            let lens: Vec<usize> = (0..n).map(|i| 5 + (i * 37) % 250).collect::<Vec<_>>();
-            let mut lens = lens;
+            let mut lens: Vec<usize> = (0..n).map(|i| 5 + (i * 37) % 250).collect();
             lens.sort();
             let runs = sub_batches(&lens, threads, cap);
             check_cover(&lens, &runs, cap);
