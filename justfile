@@ -27,7 +27,7 @@ cluster CMD="start":
 # and the console's in headless Chromium (installs chromium and playwright-core when missing).
 test:
     bash scripts/setup-tests.sh
-    cargo test --locked
+    cargo test --locked --workspace
 
 # Run the criterion benchmarks (release build; needs nats-server and the model).
 bench *ARGS:

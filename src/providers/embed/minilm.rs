@@ -26,6 +26,8 @@ use futures::future::BoxFuture;
 use tokenizers::{Tokenizer, TruncationParams};
 use tokio::sync::oneshot;
 
+use loomem_kernels::bf16;
+
 use super::{EmbedError, Embedder};
 
 /// The files a model directory must hold.
@@ -70,6 +72,9 @@ const SMALL_ROWS: usize = 48;
 /// A BERT dense layer, optionally followed by its GELU.
 struct Dense {
     linear: Linear,
+    /// The weights in bf16 panels, where the CPU runs them ([`bf16`]): every
+    /// pass then takes this path.
+    packed: Option<bf16::Linear>,
 }
 
 impl Dense {
@@ -77,8 +82,17 @@ impl Dense {
         let l = linear(inputs, outputs, vb)?;
         // Contiguous, so the short passes can read the rows in place.
         let bias = l.bias().map(|b| b.contiguous()).transpose()?;
+        let weight = l.weight().contiguous()?;
+        let packed = match &bias {
+            Some(b) => bf16::Linear::new(
+                &weight.flatten_all()?.to_vec1::<f32>()?,
+                &b.to_vec1::<f32>()?,
+            ),
+            None => None,
+        };
         Ok(Dense {
-            linear: Linear::new(l.weight().contiguous()?, bias),
+            linear: Linear::new(weight, bias),
+            packed,
         })
     }
 
@@ -94,7 +108,11 @@ impl Dense {
     fn apply(&self, x: &Tensor, gelu: bool) -> CandleResult<Tensor> {
         let inputs = x.dims().last().copied().unwrap_or(0);
         let rows = x.elem_count() / inputs.max(1);
-        let Some(mut out) = self.small_pass(x, inputs, rows)? else {
+        let out = match &self.packed {
+            Some(packed) => Some(packed.forward(&x.flatten_all()?.to_vec1::<f32>()?)),
+            None => self.small_pass(x, inputs, rows)?,
+        };
+        let Some(mut out) = out else {
             let y = self.linear.forward(x)?;
             if !gelu {
                 return Ok(y);
