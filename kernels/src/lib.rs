@@ -7,3 +7,4 @@
 //! knows about memories, streams or models; the embedding providers call in.
 
 pub mod bf16;
+pub mod nn;

@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 use tokenizers::{Tokenizer, TruncationParams};
 use tokio::sync::oneshot;
 
-use loomem_kernels::bf16;
+use loomem_kernels::{bf16, nn};
 
 use super::{EmbedError, Embedder};
 
@@ -100,7 +100,7 @@ impl Dense {
         self.apply(x, false)
     }
 
-    /// The layer, then GELU ([`vector::gelu_erf`]).
+    /// The layer, then GELU ([`nn::gelu_erf`]).
     fn forward_gelu(&self, x: &Tensor) -> CandleResult<Tensor> {
         self.apply(x, true)
     }
@@ -118,11 +118,11 @@ impl Dense {
                 return Ok(y);
             }
             let mut values = y.flatten_all()?.to_vec1::<f32>()?;
-            vector::gelu_erf(&mut values);
+            nn::gelu_erf(&mut values);
             return Tensor::from_vec(values, y.dims(), y.device());
         };
         if gelu {
-            vector::gelu_erf(&mut out);
+            nn::gelu_erf(&mut out);
         }
         let mut dims = x.dims().to_vec();
         *dims.last_mut().expect("a dimension") = out.len() / rows;
@@ -175,9 +175,46 @@ struct Encoder {
     head_dim: usize,
     hidden: usize,
     device: Device,
+    native: Option<Native>,
 }
 
 type CandleResult<T> = candle_core::Result<T>;
+
+/// A layer norm's scale and shift.
+struct Norm {
+    gamma: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+impl Norm {
+    fn load(h: usize, vb: VarBuilder) -> CandleResult<Norm> {
+        Ok(Norm {
+            gamma: vb.get(h, "weight")?.to_vec1()?,
+            beta: vb.get(h, "bias")?.to_vec1()?,
+        })
+    }
+}
+
+/// One encoder layer in bf16 panels: the query, key and value projections
+/// as one layer of 3 × hidden outputs.
+struct NativeLayer {
+    qkv: bf16::Linear,
+    attn_out: bf16::Linear,
+    attn_norm: Norm,
+    intermediate: bf16::Linear,
+    out: bf16::Linear,
+    out_norm: Norm,
+}
+
+/// The encoder without candle, where the CPU runs the bf16 kernels
+/// ([`bf16`], [`nn`]). A pass lays its texts' tokens end to end, with no
+/// padding: the dense layers and norms work token by token, and attention
+/// keeps to each text's own tokens.
+struct Native {
+    layers: Vec<NativeLayer>,
+    embed_norm: Norm,
+    eps: f32,
+}
 
 impl Encoder {
     fn load(dir: &Path, cfg: &BertConfig) -> CandleResult<Encoder> {
@@ -189,6 +226,7 @@ impl Encoder {
         let eps = cfg.layer_norm_eps;
         let emb = vb.pp("embeddings");
         let token_types = embedding(cfg.type_vocab_size, h, emb.pp("token_type_embeddings"))?;
+        let native = Native::load(&vb, cfg)?;
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let l = vb.pp(format!("encoder.layer.{i}"));
@@ -224,6 +262,7 @@ impl Encoder {
             head_dim: h / cfg.num_attention_heads,
             hidden: h,
             device,
+            native,
         })
     }
 
@@ -279,6 +318,109 @@ impl Encoder {
         let mean = summed.broadcast_div(&counts)?;
         let norms = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
         mean.broadcast_div(&norms)?.to_vec2::<f32>()
+    }
+}
+
+/// A weight tensor's values, row-major.
+fn values(t: &Tensor) -> CandleResult<Vec<f32>> {
+    t.flatten_all()?.to_vec1()
+}
+
+impl Native {
+    /// The layers packed for the bf16 kernels, or None when the CPU lacks them.
+    fn load(vb: &VarBuilder, cfg: &BertConfig) -> CandleResult<Option<Native>> {
+        let (h, inner) = (cfg.hidden_size, cfg.intermediate_size);
+        let dense = |inputs: usize, outputs: usize, vb: VarBuilder| -> CandleResult<_> {
+            Ok((
+                values(&vb.get((outputs, inputs), "weight")?)?,
+                vb.get(outputs, "bias")?.to_vec1::<f32>()?,
+            ))
+        };
+        let pack = |(w, b): (Vec<f32>, Vec<f32>)| bf16::Linear::new(&w, &b);
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let l = vb.pp(format!("encoder.layer.{i}"));
+            let attn = l.pp("attention");
+            let (mut w, mut b) = (Vec::new(), Vec::new());
+            for part in ["query", "key", "value"] {
+                let (pw, pb) = dense(h, h, attn.pp("self").pp(part))?;
+                w.extend(pw);
+                b.extend(pb);
+            }
+            let layer = (|| {
+                Some(NativeLayer {
+                    qkv: bf16::Linear::new(&w, &b)?,
+                    attn_out: pack(dense(h, h, attn.pp("output.dense")).ok()?)?,
+                    attn_norm: Norm::load(h, attn.pp("output.LayerNorm")).ok()?,
+                    intermediate: pack(dense(h, inner, l.pp("intermediate.dense")).ok()?)?,
+                    out: pack(dense(inner, h, l.pp("output.dense")).ok()?)?,
+                    out_norm: Norm::load(h, l.pp("output.LayerNorm")).ok()?,
+                })
+            })();
+            let Some(layer) = layer else {
+                return Ok(None);
+            };
+            layers.push(layer);
+        }
+        Ok(Some(Native {
+            layers,
+            embed_norm: Norm::load(h, vb.pp("embeddings.LayerNorm"))?,
+            eps: cfg.layer_norm_eps as f32,
+        }))
+    }
+}
+
+impl Encoder {
+    /// Unit-length sentence vectors for texts given as token ids, run by the
+    /// [`Native`] kernels: the tokens end to end, no padding.
+    fn embed_native(&self, native: &Native, texts: &[&[u32]]) -> CandleResult<Vec<Vec<f32>>> {
+        let h = self.hidden;
+        let mut spans = Vec::with_capacity(texts.len());
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        for t in texts {
+            spans.push(ids.len()..ids.len() + t.len());
+            ids.extend_from_slice(t);
+            positions.extend(0..t.len() as u32);
+        }
+        let tokens = ids.len();
+        let words = self
+            .words
+            .forward(&Tensor::from_vec(ids, tokens, &self.device)?)?;
+        let at = self
+            .positions
+            .forward(&Tensor::from_vec(positions, tokens, &self.device)?)?;
+        let mut x = values(&words.broadcast_add(&self.token_type0)?)?;
+        let at = values(&at)?;
+        let norm = |x: &mut [f32], add: &[f32], n: &Norm| {
+            nn::add_layer_norm(x, add, &n.gamma, &n.beta, native.eps)
+        };
+        norm(&mut x, &at, &native.embed_norm);
+        let mut context = vec![0.0f32; tokens * h];
+        for layer in &native.layers {
+            let qkv = layer.qkv.forward(&x);
+            nn::attention(&qkv, h, self.heads, &spans, &mut context);
+            let mut attended = layer.attn_out.forward(&context);
+            norm(&mut attended, &x, &layer.attn_norm);
+            let mut inner = layer.intermediate.forward(&attended);
+            nn::gelu_erf(&mut inner);
+            x = layer.out.forward(&inner);
+            norm(&mut x, &attended, &layer.out_norm);
+        }
+        // Mean over each text's tokens, then L2 normalisation.
+        Ok(spans
+            .iter()
+            .map(|span| {
+                let mut mean = vec![0.0f32; h];
+                for row in x[span.start * h..span.end * h].chunks_exact(h) {
+                    for (m, v) in mean.iter_mut().zip(row) {
+                        *m += v;
+                    }
+                }
+                vector::l2_normalize(&mut mean);
+                mean
+            })
+            .collect())
     }
 }
 
@@ -346,6 +488,13 @@ impl Model {
             .collect();
         type Vectors = Result<Vec<Vec<f32>>, EmbedError>;
         let run = |group: &[usize]| -> Vectors {
+            if let Some(native) = &self.encoder.native {
+                let texts: Vec<&[u32]> = group.iter().map(|&i| encodings[i].get_ids()).collect();
+                return self
+                    .encoder
+                    .embed_native(native, &texts)
+                    .map_err(|e| EmbedError::Provider(format!("minilm: {e}")));
+            }
             let len = group
                 .iter()
                 .map(|&i| encodings[i].get_ids().len())
