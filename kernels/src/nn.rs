@@ -20,23 +20,23 @@ fn avx512() -> bool {
     false
 }
 
-/// Runs `$body` (an expression over the function's arguments) compiled with
-/// AVX-512 where the CPU has it, else as plain code.
-macro_rules! dispatch {
-    ($body:expr) => {{
-        #[cfg(target_arch = "x86_64")]
-        {
-            #[target_feature(enable = "avx512f")]
-            unsafe fn wide<R>(f: impl FnOnce() -> R) -> R {
-                f()
-            }
-            if avx512() {
-                // SAFETY: the CPU supports AVX-512 F (checked just above).
-                return unsafe { wide(|| $body) };
-            }
-        }
-        $body
-    }};
+/// Runs `body` compiled with AVX-512 where the CPU has it (the closure is
+/// inlined into [`wide`], whose target features it then takes), else as
+/// plain code.
+#[inline(always)]
+fn dispatch<R>(body: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU supports AVX-512 F (checked just above).
+        return unsafe { wide(body) };
+    }
+    body()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn wide<R>(body: impl FnOnce() -> R) -> R {
+    body()
 }
 
 /// Σ a·b over lanes of 16 partial sums.
@@ -77,7 +77,7 @@ pub fn add_layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], e
     assert_eq!(x.len(), add.len(), "one residual per value");
     assert_eq!(gamma.len(), beta.len(), "one shift per scale");
     let width = gamma.len();
-    dispatch!({
+    dispatch(|| {
         for (row, add) in x.chunks_exact_mut(width).zip(add.chunks_exact(width)) {
             for (v, a) in row.iter_mut().zip(add) {
                 *v += a;
@@ -98,12 +98,14 @@ pub fn add_layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], e
 /// e^x for x ≤ 0 (softmax's shifted scores), to ~2 ulp: x = n·ln 2 + r with
 /// |r| ≤ ln 2 / 2 (ln 2 in two parts, the first exact in few bits, so n·ln 2
 /// loses nothing), e^r by its Taylor series to r⁷, 2^n put in the exponent.
+/// n is rounded by adding and taking away 1.5·2²³, which vectorises.
 #[inline(always)]
 fn exp_neg(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
+    const ROUND: f32 = 12_582_912.0;
     let x = x.max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.0 / 5040.0;
     for c in [
@@ -120,10 +122,14 @@ fn exp_neg(x: f32) -> f32 {
     p * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// The head sizes [`attention`] runs (a head's values are kept in registers).
+pub const HEAD_DIMS: [usize; 2] = [32, 64];
+
 /// Multi-head self-attention: `qkv` holds one row per token, its query, key
 /// and value (`hidden` values each, heads side by side); each text (a range
 /// of rows) attends over its own tokens only, so no padding enters. Writes
 /// each token's attended values (`hidden`, heads side by side) to `out`.
+/// Heads must be one of [`HEAD_DIMS`] values wide.
 pub fn attention(
     qkv: &[f32],
     hidden: usize,
@@ -133,53 +139,92 @@ pub fn attention(
 ) {
     let dim = hidden / heads;
     assert_eq!(dim * heads, hidden, "heads split the hidden size");
-    let tokens = qkv.len() / (3 * hidden);
-    assert_eq!(out.len(), tokens * hidden, "one output row per token");
-    let scale = 1.0 / (dim as f32).sqrt();
-    dispatch!({
-        let mut keys_t = Vec::new();
-        let mut scores = Vec::new();
-        for text in texts {
-            let len = text.len();
-            let row = |t: usize| &qkv[(text.start + t) * 3 * hidden..][..3 * hidden];
-            for h in 0..heads {
-                // This head's keys transposed (dim × len): the scores of a
-                // query are then a sum of rows scaled by its values.
-                keys_t.clear();
-                keys_t.resize(dim * len, 0.0);
-                for t in 0..len {
-                    for (d, k) in row(t)[hidden + h * dim..][..dim].iter().enumerate() {
-                        keys_t[d * len + t] = *k;
-                    }
-                }
-                for i in 0..len {
-                    let q = &row(i)[h * dim..][..dim];
-                    scores.clear();
-                    scores.resize(len, 0.0);
-                    for (d, &qd) in q.iter().enumerate() {
-                        for (s, k) in scores.iter_mut().zip(&keys_t[d * len..][..len]) {
-                            *s += qd * k;
-                        }
-                    }
-                    let max = scores.iter().fold(f32::MIN, |m, &s| m.max(s));
-                    for s in scores.iter_mut() {
-                        *s = exp_neg((*s - max) * scale);
-                    }
-                    let norm = 1.0 / sum(&scores);
-                    let o = &mut out[(text.start + i) * hidden + h * dim..][..dim];
-                    o.fill(0.0);
-                    for (t, &p) in scores.iter().enumerate() {
-                        for (o, v) in o.iter_mut().zip(&row(t)[2 * hidden + h * dim..][..dim]) {
-                            *o += p * v;
-                        }
-                    }
-                    for o in o.iter_mut() {
-                        *o *= norm;
-                    }
-                }
+    assert_eq!(out.len() * 3, qkv.len(), "one output row per token");
+    let mut scratch = Scratch::default();
+    for text in texts {
+        for h in 0..heads {
+            match dim {
+                32 => dispatch(|| scratch.head::<32>(qkv, hidden, h, text.clone(), out)),
+                64 => dispatch(|| scratch.head::<64>(qkv, hidden, h, text.clone(), out)),
+                _ => panic!("attention runs heads of {HEAD_DIMS:?} values, not {dim}"),
             }
         }
-    })
+    }
+}
+
+/// [`attention`]'s buffers, reused from head to head.
+#[derive(Default)]
+struct Scratch {
+    /// One head's keys transposed (`D` rows of the text's length rounded up
+    /// to whole lanes, zero beyond it).
+    keys_t: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl Scratch {
+    /// Head `h` of the tokens `text`.
+    #[inline(always)]
+    fn head<const D: usize>(
+        &mut self,
+        qkv: &[f32],
+        hidden: usize,
+        h: usize,
+        text: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let len = text.len();
+        let wide = len.next_multiple_of(LANES);
+        let scale = 1.0 / (D as f32).sqrt();
+        let part = |t: usize, which: usize| -> &[f32; D] {
+            let at = (text.start + t) * 3 * hidden + which * hidden + h * D;
+            qkv[at..at + D].try_into().expect("D values")
+        };
+        self.keys_t.clear();
+        self.keys_t.resize(D * wide, 0.0);
+        for t in 0..len {
+            for (d, k) in part(t, 1).iter().enumerate() {
+                self.keys_t[d * wide + t] = *k;
+            }
+        }
+        self.scores.resize(wide, 0.0);
+        for i in 0..len {
+            let q = part(i, 0);
+            // Sixteen keys at a time: their scores stay in one register
+            // while the query's values are broadcast against the keys' rows.
+            for (block, scores) in self.scores.chunks_exact_mut(LANES).enumerate() {
+                let mut acc = [0.0f32; LANES];
+                for (d, &qd) in q.iter().enumerate() {
+                    let k = &self.keys_t[d * wide + block * LANES..][..LANES];
+                    for l in 0..LANES {
+                        acc[l] += qd * k[l];
+                    }
+                }
+                scores.copy_from_slice(&acc);
+            }
+            let scores = &mut self.scores[..len];
+            let mut top = [f32::MIN; LANES];
+            for chunk in scores.chunks(LANES) {
+                for (t, s) in top.iter_mut().zip(chunk) {
+                    *t = if *s > *t { *s } else { *t };
+                }
+            }
+            let max = top.iter().fold(f32::MIN, |m, &t| if t > m { t } else { m });
+            for s in scores.iter_mut() {
+                *s = exp_neg((*s - max) * scale);
+            }
+            let norm = 1.0 / sum(scores);
+            let mut o = [0.0f32; D];
+            for (t, &p) in scores.iter().enumerate() {
+                for (o, v) in o.iter_mut().zip(part(t, 2)) {
+                    *o += p * v;
+                }
+            }
+            let dst = &mut out[(text.start + i) * hidden + h * D..][..D];
+            for (d, o) in dst.iter_mut().zip(o) {
+                *d = o * norm;
+            }
+        }
+    }
 }
 
 /// BERT's GELU, `x/2 · (1 + erf(x/√2))`, in place. erf is a rational
@@ -187,7 +232,7 @@ pub fn attention(
 /// under 5·10⁻⁷, so the loop vectorises; the C library's `erff`, one value
 /// at a time, was a tenth of MiniLM's time.
 pub fn gelu_erf(v: &mut [f32]) {
-    dispatch!({
+    dispatch(|| {
         for x in v.iter_mut() {
             *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
         }
@@ -274,40 +319,45 @@ mod tests {
         }
     }
 
-    /// Two texts of 3 and 18 tokens, two heads of 20: each token's output is
-    /// the softmax-weighted mean of its own text's values (in f64).
+    /// Two texts of 3 and 18 tokens, two heads of each supported size: each
+    /// token's output is the softmax-weighted mean of its own text's values
+    /// (in f64).
     #[test]
     fn attention_keeps_to_each_texts_tokens() {
-        let (hidden, heads, dim) = (40, 2, 20);
-        let texts = [0..3, 3..21];
-        let qkv = values(21 * 3 * hidden, 5);
-        let mut out = vec![f32::NAN; 21 * hidden];
-        attention(&qkv, hidden, heads, &texts, &mut out);
-        for text in &texts {
-            for i in text.clone() {
-                for h in 0..heads {
-                    let q = &qkv[i * 3 * hidden + h * dim..][..dim];
-                    let weights: Vec<f64> = text
-                        .clone()
-                        .map(|t| {
-                            let k = &qkv[t * 3 * hidden + hidden + h * dim..][..dim];
-                            let s: f64 = q.iter().zip(k).map(|(a, b)| (a * b) as f64).sum();
-                            (s / (dim as f64).sqrt()).exp()
-                        })
-                        .collect();
-                    let total: f64 = weights.iter().sum();
-                    for d in 0..dim {
-                        let want: f64 = text
+        for dim in HEAD_DIMS {
+            let (heads, texts) = (2, [0..3, 3..21]);
+            let hidden = heads * dim;
+            let qkv = values(21 * 3 * hidden, dim as u64);
+            let mut out = vec![f32::NAN; 21 * hidden];
+            attention(&qkv, hidden, heads, &texts, &mut out);
+            let at = |t: usize, which: usize, h: usize, d: usize| {
+                f64::from(qkv[t * 3 * hidden + which * hidden + h * dim + d])
+            };
+            for text in &texts {
+                for i in text.clone() {
+                    for h in 0..heads {
+                        let weights: Vec<f64> = text
                             .clone()
-                            .zip(&weights)
-                            .map(|(t, w)| w * qkv[t * 3 * hidden + 2 * hidden + h * dim + d] as f64)
-                            .sum::<f64>()
-                            / total;
-                        let got = out[i * hidden + h * dim + d] as f64;
-                        assert!(
-                            (got - want).abs() < 1e-4,
-                            "token {i} head {h}: {got} against {want}"
-                        );
+                            .map(|t| {
+                                let s: f64 =
+                                    (0..dim).map(|d| at(i, 0, h, d) * at(t, 1, h, d)).sum();
+                                (s / (dim as f64).sqrt()).exp()
+                            })
+                            .collect();
+                        let total: f64 = weights.iter().sum();
+                        for d in 0..dim {
+                            let want: f64 = text
+                                .clone()
+                                .zip(&weights)
+                                .map(|(t, w)| w * at(t, 2, h, d))
+                                .sum::<f64>()
+                                / total;
+                            let got = f64::from(out[i * hidden + h * dim + d]);
+                            assert!(
+                                (got - want).abs() < 1e-4,
+                                "token {i} head {h}: {got} against {want}"
+                            );
+                        }
                     }
                 }
             }

@@ -330,6 +330,9 @@ impl Native {
     /// The layers packed for the bf16 kernels, or None when the CPU lacks them.
     fn load(vb: &VarBuilder, cfg: &BertConfig) -> CandleResult<Option<Native>> {
         let (h, inner) = (cfg.hidden_size, cfg.intermediate_size);
+        if !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1))) {
+            return Ok(None);
+        }
         let dense = |inputs: usize, outputs: usize, vb: VarBuilder| -> CandleResult<_> {
             Ok((
                 values(&vb.get((outputs, inputs), "weight")?)?,
