@@ -20,25 +20,10 @@ fn avx512() -> bool {
     false
 }
 
-/// Runs `body` compiled with AVX-512 where the CPU has it (the closure is
-/// inlined into [`wide`], whose target features it then takes), else as
-/// plain code.
-#[inline(always)]
-fn dispatch<R>(body: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU supports AVX-512 F (checked just above).
-        return unsafe { wide(body) };
-    }
-    body()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn wide<R>(body: impl FnOnce() -> R) -> R {
-    body()
-}
-
+/// Each public step below runs its `…_lanes` body through a `…_wide` copy
+/// compiled with AVX-512 where the CPU has it: the body is inlined into that
+/// copy and vectorised with its features (a closure handed to one generic
+/// wrapper was not always inlined, and then ran as SSE code).
 /// Σ a·b over lanes of 16 partial sums.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -76,23 +61,37 @@ fn sum(a: &[f32]) -> f32 {
 pub fn add_layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
     assert_eq!(x.len(), add.len(), "one residual per value");
     assert_eq!(gamma.len(), beta.len(), "one shift per scale");
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU supports AVX-512 F (checked just above).
+        return unsafe { add_layer_norm_wide(x, add, gamma, beta, eps) };
+    }
+    add_layer_norm_lanes(x, add, gamma, beta, eps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_layer_norm_wide(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    add_layer_norm_lanes(x, add, gamma, beta, eps)
+}
+
+#[inline(always)]
+fn add_layer_norm_lanes(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
     let width = gamma.len();
-    dispatch(|| {
-        for (row, add) in x.chunks_exact_mut(width).zip(add.chunks_exact(width)) {
-            for (v, a) in row.iter_mut().zip(add) {
-                *v += a;
-            }
-            let mean = sum(row) / width as f32;
-            for v in row.iter_mut() {
-                *v -= mean;
-            }
-            let var = dot(row, row) / width as f32;
-            let inv = 1.0 / (var + eps).sqrt();
-            for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
-                *v = *v * inv * g + b;
-            }
+    for (row, add) in x.chunks_exact_mut(width).zip(add.chunks_exact(width)) {
+        for (v, a) in row.iter_mut().zip(add) {
+            *v += a;
         }
-    })
+        let mean = sum(row) / width as f32;
+        for v in row.iter_mut() {
+            *v -= mean;
+        }
+        let var = dot(row, row) / width as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+            *v = *v * inv * g + b;
+        }
+    }
 }
 
 /// e^x for x ≤ 0 (softmax's shifted scores), to ~2 ulp: x = n·ln 2 + r with
@@ -143,9 +142,10 @@ pub fn attention(
     let mut scratch = Scratch::default();
     for text in texts {
         for h in 0..heads {
+            let text = text.clone();
             match dim {
-                32 => dispatch(|| scratch.head::<32>(qkv, hidden, h, text.clone(), out)),
-                64 => dispatch(|| scratch.head::<64>(qkv, hidden, h, text.clone(), out)),
+                32 => scratch.head::<32>(qkv, hidden, h, text, out),
+                64 => scratch.head::<64>(qkv, hidden, h, text, out),
                 _ => panic!("attention runs heads of {HEAD_DIMS:?} values, not {dim}"),
             }
         }
@@ -163,8 +163,37 @@ struct Scratch {
 
 impl Scratch {
     /// Head `h` of the tokens `text`.
-    #[inline(always)]
     fn head<const D: usize>(
+        &mut self,
+        qkv: &[f32],
+        hidden: usize,
+        h: usize,
+        text: Range<usize>,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if avx512() {
+            // SAFETY: the CPU supports AVX-512 F (checked just above).
+            return unsafe { self.head_wide::<D>(qkv, hidden, h, text, out) };
+        }
+        self.head_lanes::<D>(qkv, hidden, h, text, out)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn head_wide<const D: usize>(
+        &mut self,
+        qkv: &[f32],
+        hidden: usize,
+        h: usize,
+        text: Range<usize>,
+        out: &mut [f32],
+    ) {
+        self.head_lanes::<D>(qkv, hidden, h, text, out)
+    }
+
+    #[inline(always)]
+    fn head_lanes<const D: usize>(
         &mut self,
         qkv: &[f32],
         hidden: usize,
@@ -232,11 +261,25 @@ impl Scratch {
 /// under 5·10⁻⁷, so the loop vectorises; the C library's `erff`, one value
 /// at a time, was a tenth of MiniLM's time.
 pub fn gelu_erf(v: &mut [f32]) {
-    dispatch(|| {
-        for x in v.iter_mut() {
-            *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
-        }
-    })
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU supports AVX-512 F (checked just above).
+        return unsafe { gelu_erf_wide(v) };
+    }
+    gelu_erf_lanes(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_erf_wide(v: &mut [f32]) {
+    gelu_erf_lanes(v)
+}
+
+#[inline(always)]
+fn gelu_erf_lanes(v: &mut [f32]) {
+    for x in v.iter_mut() {
+        *x = 0.5 * *x * (1.0 + erf(*x * std::f32::consts::FRAC_1_SQRT_2));
+    }
 }
 
 /// erf(x) as the ratio of an odd polynomial of degree 13 and an even one of
