@@ -158,8 +158,14 @@ struct Scratch {
     /// One head's keys transposed (`D` rows of the text's length rounded up
     /// to whole lanes, zero beyond it).
     keys_t: Vec<f32>,
+    /// One head's values, a row of `D` per token.
+    values: Vec<f32>,
+    /// The scores of [`QUERIES`] queries, a row of the padded length each.
     scores: Vec<f32>,
 }
+
+/// Queries whose attention is computed together.
+const QUERIES: usize = 4;
 
 impl Scratch {
     /// Head `h` of the tokens `text`.
@@ -179,8 +185,11 @@ impl Scratch {
         self.head_lanes::<D>(qkv, hidden, h, text, out)
     }
 
+    /// With FMA: the body's `mul_add`s become single instructions (without
+    /// it they call the C library, which is why only this copy is used
+    /// where speed matters; the plain one is correct, and slow).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,fma")]
     unsafe fn head_wide<const D: usize>(
         &mut self,
         qkv: &[f32],
@@ -210,47 +219,67 @@ impl Scratch {
         };
         self.keys_t.clear();
         self.keys_t.resize(D * wide, 0.0);
+        self.values.clear();
         for t in 0..len {
             for (d, k) in part(t, 1).iter().enumerate() {
                 self.keys_t[d * wide + t] = *k;
             }
+            self.values.extend_from_slice(part(t, 2));
         }
-        self.scores.resize(wide, 0.0);
-        for i in 0..len {
-            let q = part(i, 0);
-            // Sixteen keys at a time: their scores stay in one register
-            // while the query's values are broadcast against the keys' rows.
-            for (block, scores) in self.scores.chunks_exact_mut(LANES).enumerate() {
-                let mut acc = [0.0f32; LANES];
-                for (d, &qd) in q.iter().enumerate() {
-                    let k = &self.keys_t[d * wide + block * LANES..][..LANES];
-                    for l in 0..LANES {
-                        acc[l] += qd * k[l];
+        self.scores.resize(QUERIES * wide, 0.0);
+        // QUERIES queries at a time: each key row and value row loaded is
+        // used for all of them, and their sums are independent chains.
+        for first in (0..len).step_by(QUERIES) {
+            let mut q = [[0.0f32; D]; QUERIES];
+            for (r, q) in q.iter_mut().enumerate().take(len - first) {
+                *q = *part(first + r, 0);
+            }
+            for block in 0..wide / LANES {
+                let mut acc = [[0.0f32; LANES]; QUERIES];
+                for d in 0..D {
+                    let k: &[f32; LANES] = self.keys_t[d * wide + block * LANES..][..LANES]
+                        .try_into()
+                        .expect("a lane");
+                    for (acc, q) in acc.iter_mut().zip(&q) {
+                        for l in 0..LANES {
+                            acc[l] = q[d].mul_add(k[l], acc[l]);
+                        }
                     }
                 }
-                scores.copy_from_slice(&acc);
-            }
-            let scores = &mut self.scores[..len];
-            let mut top = [f32::MIN; LANES];
-            for chunk in scores.chunks(LANES) {
-                for (t, s) in top.iter_mut().zip(chunk) {
-                    *t = if *s > *t { *s } else { *t };
+                for (r, acc) in acc.iter().enumerate() {
+                    self.scores[r * wide + block * LANES..][..LANES].copy_from_slice(acc);
                 }
             }
-            let max = top.iter().fold(f32::MIN, |m, &t| if t > m { t } else { m });
-            for s in scores.iter_mut() {
-                *s = exp_neg((*s - max) * scale);
+            let mut norm = [0.0f32; QUERIES];
+            for (r, norm) in norm.iter_mut().enumerate() {
+                let scores = &mut self.scores[r * wide..][..len];
+                let mut top = [f32::MIN; LANES];
+                for chunk in scores.chunks(LANES) {
+                    for (t, s) in top.iter_mut().zip(chunk) {
+                        *t = if *s > *t { *s } else { *t };
+                    }
+                }
+                let max = top.iter().fold(f32::MIN, |m, &t| if t > m { t } else { m });
+                for s in scores.iter_mut() {
+                    *s = exp_neg((*s - max) * scale);
+                }
+                *norm = 1.0 / sum(scores);
             }
-            let norm = 1.0 / sum(scores);
-            let mut o = [0.0f32; D];
-            for (t, &p) in scores.iter().enumerate() {
-                for (o, v) in o.iter_mut().zip(part(t, 2)) {
-                    *o += p * v;
+            let mut o = [[0.0f32; D]; QUERIES];
+            for (t, v) in self.values.chunks_exact(D).enumerate() {
+                let v: &[f32; D] = v.try_into().expect("D values");
+                for (r, o) in o.iter_mut().enumerate() {
+                    let p = self.scores[r * wide + t];
+                    for d in 0..D {
+                        o[d] = p.mul_add(v[d], o[d]);
+                    }
                 }
             }
-            let dst = &mut out[(text.start + i) * hidden + h * D..][..D];
-            for (d, o) in dst.iter_mut().zip(o) {
-                *d = o * norm;
+            for (r, (o, norm)) in o.iter().zip(norm).enumerate().take(len - first) {
+                let dst = &mut out[(text.start + first + r) * hidden + h * D..][..D];
+                for (d, o) in dst.iter_mut().zip(o) {
+                    *d = o * norm;
+                }
             }
         }
     }
