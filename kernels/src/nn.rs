@@ -136,10 +136,20 @@ pub fn attention(
     texts: &[Range<usize>],
     out: &mut [f32],
 ) {
+    attention_with(Scratch::default(), qkv, hidden, heads, texts, out)
+}
+
+fn attention_with(
+    mut scratch: Scratch,
+    qkv: &[f32],
+    hidden: usize,
+    heads: usize,
+    texts: &[Range<usize>],
+    out: &mut [f32],
+) {
     let dim = hidden / heads;
     assert_eq!(dim * heads, hidden, "heads split the hidden size");
     assert_eq!(out.len() * 3, qkv.len(), "one output row per token");
-    let mut scratch = Scratch::default();
     for text in texts {
         for h in 0..heads {
             let text = text.clone();
@@ -162,6 +172,8 @@ struct Scratch {
     values: Vec<f32>,
     /// The scores of [`QUERIES`] queries, a row of the padded length each.
     scores: Vec<f32>,
+    /// Plain code even where AVX-512 runs (the tests check both).
+    plain: bool,
 }
 
 /// Queries whose attention is computed together.
@@ -177,42 +189,8 @@ impl Scratch {
         text: Range<usize>,
         out: &mut [f32],
     ) {
-        #[cfg(target_arch = "x86_64")]
-        if avx512() {
-            // SAFETY: the CPU supports AVX-512 F (checked just above).
-            return unsafe { self.head_wide::<D>(qkv, hidden, h, text, out) };
-        }
-        self.head_lanes::<D>(qkv, hidden, h, text, out)
-    }
-
-    /// With FMA: the body's `mul_add`s become single instructions (without
-    /// it they call the C library, which is why only this copy is used
-    /// where speed matters; the plain one is correct, and slow).
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,fma")]
-    unsafe fn head_wide<const D: usize>(
-        &mut self,
-        qkv: &[f32],
-        hidden: usize,
-        h: usize,
-        text: Range<usize>,
-        out: &mut [f32],
-    ) {
-        self.head_lanes::<D>(qkv, hidden, h, text, out)
-    }
-
-    #[inline(always)]
-    fn head_lanes<const D: usize>(
-        &mut self,
-        qkv: &[f32],
-        hidden: usize,
-        h: usize,
-        text: Range<usize>,
-        out: &mut [f32],
-    ) {
         let len = text.len();
         let wide = len.next_multiple_of(LANES);
-        let scale = 1.0 / (D as f32).sqrt();
         let part = |t: usize, which: usize| -> &[f32; D] {
             let at = (text.start + t) * 3 * hidden + which * hidden + h * D;
             qkv[at..at + D].try_into().expect("D values")
@@ -227,58 +205,119 @@ impl Scratch {
             self.values.extend_from_slice(part(t, 2));
         }
         self.scores.resize(QUERIES * wide, 0.0);
-        // QUERIES queries at a time: each key row and value row loaded is
-        // used for all of them, and their sums are independent chains.
         for first in (0..len).step_by(QUERIES) {
             let mut q = [[0.0f32; D]; QUERIES];
             for (r, q) in q.iter_mut().enumerate().take(len - first) {
                 *q = *part(first + r, 0);
             }
-            for block in 0..wide / LANES {
-                let mut acc = [[0.0f32; LANES]; QUERIES];
-                for d in 0..D {
-                    let k: &[f32; LANES] = self.keys_t[d * wide + block * LANES..][..LANES]
-                        .try_into()
-                        .expect("a lane");
-                    for (acc, q) in acc.iter_mut().zip(&q) {
-                        for l in 0..LANES {
-                            acc[l] = q[d].mul_add(k[l], acc[l]);
-                        }
-                    }
-                }
-                for (r, acc) in acc.iter().enumerate() {
-                    self.scores[r * wide + block * LANES..][..LANES].copy_from_slice(acc);
+            let rows = (len - first).min(QUERIES);
+            let dst = |r: usize| (text.start + first + r) * hidden + h * D;
+            #[cfg(target_arch = "x86_64")]
+            if !self.plain && avx512() {
+                // SAFETY: the CPU supports AVX-512 F (checked just above);
+                // the buffers hold what `queries_avx512` reads.
+                unsafe { self.queries_avx512::<D>(&q, len, rows, dst, out) };
+                continue;
+            }
+            self.queries_plain::<D>(&q, len, rows, dst, out);
+        }
+    }
+
+    /// The scores of `q` against the keys (rows of `self.scores`), each row
+    /// turned into its softmax, unnormalised; returns each row's 1 / sum.
+    #[inline(always)]
+    fn softmax<const D: usize>(&mut self, len: usize) -> [f32; QUERIES] {
+        let wide = len.next_multiple_of(LANES);
+        let scale = 1.0 / (D as f32).sqrt();
+        let mut norm = [0.0f32; QUERIES];
+        for (r, norm) in norm.iter_mut().enumerate() {
+            let scores = &mut self.scores[r * wide..][..len];
+            let mut top = [f32::MIN; LANES];
+            for chunk in scores.chunks(LANES) {
+                for (t, s) in top.iter_mut().zip(chunk) {
+                    *t = if *s > *t { *s } else { *t };
                 }
             }
-            let mut norm = [0.0f32; QUERIES];
-            for (r, norm) in norm.iter_mut().enumerate() {
-                let scores = &mut self.scores[r * wide..][..len];
-                let mut top = [f32::MIN; LANES];
-                for chunk in scores.chunks(LANES) {
-                    for (t, s) in top.iter_mut().zip(chunk) {
-                        *t = if *s > *t { *s } else { *t };
-                    }
-                }
-                let max = top.iter().fold(f32::MIN, |m, &t| if t > m { t } else { m });
-                for s in scores.iter_mut() {
-                    *s = exp_neg((*s - max) * scale);
-                }
-                *norm = 1.0 / sum(scores);
+            let max = top.iter().fold(f32::MIN, |m, &t| if t > m { t } else { m });
+            for s in scores.iter_mut() {
+                *s = exp_neg((*s - max) * scale);
             }
-            let mut o = [[0.0f32; D]; QUERIES];
+            *norm = 1.0 / sum(scores);
+        }
+        norm
+    }
+
+    /// [`QUERIES`] queries (`rows` of them real) attended over the text:
+    /// each key row and value row loaded serves all of them, and their sums
+    /// are independent chains of fused multiply-adds in registers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn queries_avx512<const D: usize>(
+        &mut self,
+        q: &[[f32; D]; QUERIES],
+        len: usize,
+        rows: usize,
+        dst: impl Fn(usize) -> usize,
+        out: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let wide = len.next_multiple_of(LANES);
+        let (keys, scores) = (self.keys_t.as_ptr(), self.scores.as_mut_ptr());
+        for block in 0..wide / LANES {
+            let mut acc = [_mm512_setzero_ps(); QUERIES];
+            for d in 0..D {
+                let k = _mm512_loadu_ps(keys.add(d * wide + block * LANES));
+                for (acc, q) in acc.iter_mut().zip(q) {
+                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), k, *acc);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(scores.add(r * wide + block * LANES), *acc);
+            }
+        }
+        let norm = self.softmax::<D>(len);
+        // Up to four registers of 16 values per query (heads of 64).
+        let mut o = [[_mm512_setzero_ps(); 4]; QUERIES];
+        let (values, scores) = (self.values.as_ptr(), self.scores.as_ptr());
+        for t in 0..len {
+            for (r, o) in o.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(*scores.add(r * wide + t));
+                for (j, o) in o.iter_mut().enumerate().take(D / LANES) {
+                    *o = _mm512_fmadd_ps(p, _mm512_loadu_ps(values.add(t * D + j * LANES)), *o);
+                }
+            }
+        }
+        for (r, (o, norm)) in o.iter().zip(norm).enumerate().take(rows) {
+            let at = out[dst(r)..][..D].as_mut_ptr();
+            for (j, o) in o.iter().enumerate().take(D / LANES) {
+                _mm512_storeu_ps(at.add(j * LANES), _mm512_mul_ps(*o, _mm512_set1_ps(norm)));
+            }
+        }
+    }
+
+    /// What [`Scratch::queries_avx512`] computes, in plain code.
+    fn queries_plain<const D: usize>(
+        &mut self,
+        q: &[[f32; D]; QUERIES],
+        len: usize,
+        rows: usize,
+        dst: impl Fn(usize) -> usize,
+        out: &mut [f32],
+    ) {
+        let wide = len.next_multiple_of(LANES);
+        for (r, q) in q.iter().enumerate() {
+            for t in 0..len {
+                self.scores[r * wide + t] = (0..D).map(|d| q[d] * self.keys_t[d * wide + t]).sum();
+            }
+        }
+        let norm = self.softmax::<D>(len);
+        for (r, norm) in norm.iter().enumerate().take(rows) {
+            let o = &mut out[dst(r)..][..D];
+            o.fill(0.0);
             for (t, v) in self.values.chunks_exact(D).enumerate() {
-                let v: &[f32; D] = v.try_into().expect("D values");
-                for (r, o) in o.iter_mut().enumerate() {
-                    let p = self.scores[r * wide + t];
-                    for d in 0..D {
-                        o[d] = p.mul_add(v[d], o[d]);
-                    }
-                }
-            }
-            for (r, (o, norm)) in o.iter().zip(norm).enumerate().take(len - first) {
-                let dst = &mut out[(text.start + first + r) * hidden + h * D..][..D];
-                for (d, o) in dst.iter_mut().zip(o) {
-                    *d = o * norm;
+                let p = self.scores[r * wide + t] * norm;
+                for (o, v) in o.iter_mut().zip(v) {
+                    *o += p * v;
                 }
             }
         }
@@ -391,17 +430,21 @@ mod tests {
         }
     }
 
-    /// Two texts of 3 and 18 tokens, two heads of each supported size: each
-    /// token's output is the softmax-weighted mean of its own text's values
-    /// (in f64).
+    /// Two texts of 3 and 18 tokens, two heads of each supported size, the
+    /// vector code and the plain: each token's output is the softmax-weighted
+    /// mean of its own text's values (in f64).
     #[test]
     fn attention_keeps_to_each_texts_tokens() {
-        for dim in HEAD_DIMS {
+        for (dim, plain) in HEAD_DIMS.into_iter().flat_map(|d| [(d, false), (d, true)]) {
             let (heads, texts) = (2, [0..3, 3..21]);
             let hidden = heads * dim;
             let qkv = values(21 * 3 * hidden, dim as u64);
             let mut out = vec![f32::NAN; 21 * hidden];
-            attention(&qkv, hidden, heads, &texts, &mut out);
+            let scratch = Scratch {
+                plain,
+                ..Scratch::default()
+            };
+            attention_with(scratch, &qkv, hidden, heads, &texts, &mut out);
             let at = |t: usize, which: usize, h: usize, d: usize| {
                 f64::from(qkv[t * 3 * hidden + which * hidden + h * dim + d])
             };
