@@ -203,18 +203,7 @@ unsafe fn pairs_of(_: &[f32], _: &mut [u32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
+    use crate::testing::values;
 
     #[test]
     fn bf16_rounds_to_nearest_even() {

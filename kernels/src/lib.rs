@@ -8,3 +8,19 @@
 
 pub mod bf16;
 pub mod nn;
+
+#[cfg(test)]
+mod testing {
+    /// `n` pseudo-random values in [-0.5, 0.5), the same for the same `seed`.
+    pub fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+}

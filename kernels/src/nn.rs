@@ -374,18 +374,7 @@ fn erf(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-            })
-            .collect()
-    }
+    use crate::testing::values;
 
     #[test]
     fn exp_follows_the_library_exp() {
@@ -438,7 +427,11 @@ mod tests {
         for (dim, plain) in HEAD_DIMS.into_iter().flat_map(|d| [(d, false), (d, true)]) {
             let (heads, texts) = (2, [0..3, 3..21]);
             let hidden = heads * dim;
-            let qkv = values(21 * 3 * hidden, dim as u64);
+            // Scores of a few units: softmaxes neither flat nor one-hot.
+            let qkv: Vec<f32> = values(21 * 3 * hidden, dim as u64)
+                .iter()
+                .map(|v| v * 4.0)
+                .collect();
             let mut out = vec![f32::NAN; 21 * hidden];
             let scratch = Scratch {
                 plain,
