@@ -1,16 +1,22 @@
-//! sentence-transformers all-MiniLM-L6-v2 run in-process with candle.
+//! sentence-transformers all-MiniLM-L6-v2 run in-process.
 //!
 //! The model is a 6-layer BERT encoder (384 hidden, 12 heads). A sentence vector
 //! is the mean of the last hidden states over the real (non-padding) tokens,
 //! scaled to unit length — exactly what sentence-transformers' `Pooling` +
 //! `Normalize` modules compute.
 //!
+//! Where the CPU has AVX-512 BF16 the encoder runs on `loomem_kernels`
+//! ([`Native`]): bf16 dense layers with f32 sums, a pass's texts end to end
+//! with no padding. Elsewhere it runs on candle in f32, each sub-batch padded
+//! to its longest text. The safetensors file is read once either way; the
+//! candle layers are loaded only where they run.
+//!
 //! Inference runs on dedicated threads, never on the async runtime: one for
 //! the pipeline's batches, one for search queries (a query does not wait for a
 //! batch pass to end). Calls that arrive while a thread is busy are merged
-//! into its next pass, and each
-//! pass sorts its texts by token count and pads per sub-batch to the longest
-//! member, so short texts do not pay for long ones. A pipeline pass runs its
+//! into its next pass, and each pass sorts its texts by token count and cuts
+//! them into sub-batches (on candle each padded to its longest member, so
+//! short texts do not pay for long ones). A pipeline pass runs its
 //! sub-batches on every CPU side by side, each with single-threaded kernels;
 //! a query runs its kernels over every CPU (see [`kernel_threads`]).
 
@@ -72,9 +78,6 @@ const SMALL_ROWS: usize = 48;
 /// A BERT dense layer, optionally followed by its GELU.
 struct Dense {
     linear: Linear,
-    /// The weights in bf16 panels, where the CPU runs them ([`bf16`]): every
-    /// pass then takes this path.
-    packed: Option<bf16::Linear>,
 }
 
 impl Dense {
@@ -82,17 +85,8 @@ impl Dense {
         let l = linear(inputs, outputs, vb)?;
         // Contiguous, so the short passes can read the rows in place.
         let bias = l.bias().map(|b| b.contiguous()).transpose()?;
-        let weight = l.weight().contiguous()?;
-        let packed = match &bias {
-            Some(b) => bf16::Linear::new(
-                &weight.flatten_all()?.to_vec1::<f32>()?,
-                &b.to_vec1::<f32>()?,
-            ),
-            None => None,
-        };
         Ok(Dense {
-            linear: Linear::new(weight, bias),
-            packed,
+            linear: Linear::new(l.weight().contiguous()?, bias),
         })
     }
 
@@ -108,11 +102,7 @@ impl Dense {
     fn apply(&self, x: &Tensor, gelu: bool) -> CandleResult<Tensor> {
         let inputs = x.dims().last().copied().unwrap_or(0);
         let rows = x.elem_count() / inputs.max(1);
-        let out = match &self.packed {
-            Some(packed) => Some(packed.forward(&x.flatten_all()?.to_vec1::<f32>()?)),
-            None => self.small_pass(x, inputs, rows)?,
-        };
-        let Some(mut out) = out else {
+        let Some(mut out) = self.small_pass(x, inputs, rows)? else {
             let y = self.linear.forward(x)?;
             if !gelu {
                 return Ok(y);
@@ -227,7 +217,8 @@ impl Encoder {
         let emb = vb.pp("embeddings");
         let token_types = embedding(cfg.type_vocab_size, h, emb.pp("token_type_embeddings"))?;
         let native = Native::load(&vb, cfg)?;
-        let layers = (0..cfg.num_hidden_layers)
+        // candle's layers only where the native encoder cannot run.
+        let layers = (0..cfg.num_hidden_layers * usize::from(native.is_none()))
             .map(|i| {
                 let l = vb.pp(format!("encoder.layer.{i}"));
                 let attn = l.pp("attention");
