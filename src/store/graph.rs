@@ -197,6 +197,9 @@ pub struct Graph {
     pub edges: Table,
     /// Rows upserted since the `id` indexes were last refreshed.
     unindexed: std::sync::atomic::AtomicUsize,
+    /// Commits to either table, and the tidy passes' state.
+    commits: std::sync::atomic::AtomicUsize,
+    tidy: Arc<Tidy>,
     /// Held by each read-merge-write of rows (the pipeline's batches, which
     /// overlap, and the LLM entity queue), so no merge loses another's counts.
     merging: tokio::sync::Mutex<()>,
@@ -277,6 +280,20 @@ impl Known {
 /// since the last refresh are looked up by a scan).
 const GRAPH_INDEX_REFRESH_ROWS: usize = 10_000;
 
+/// Whether a tidy pass runs, and whether one was asked for since it began.
+#[derive(Default)]
+struct Tidy {
+    running: std::sync::atomic::AtomicBool,
+    again: std::sync::atomic::AtomicBool,
+}
+
+/// Graph commits between two tidy passes (see [`Graph::written`]). Each
+/// pipeline batch commits a fragment to each table, and every read-merge-
+/// write of a batch opens every fragment not yet indexed: left to the
+/// store's maintainer (every 10 s, above 32 fragments), the graph merge
+/// took as long as a store's embedding under 8 writers.
+const GRAPH_TIDY_COMMITS: usize = 16;
+
 async fn read_where<T>(
     table: &Table,
     filter: String,
@@ -335,6 +352,8 @@ impl Graph {
             entities,
             edges,
             unindexed: Default::default(),
+            commits: Default::default(),
+            tidy: Default::default(),
             merging: Default::default(),
             gate,
             known: Default::default(),
@@ -342,22 +361,48 @@ impl Graph {
         })
     }
 
-    /// Count written rows; past the threshold, fold them into the indexes.
+    /// Count a commit of `rows` rows. Every [`GRAPH_TIDY_COMMITS`] commits,
+    /// or past [`GRAPH_INDEX_REFRESH_ROWS`] rows, a tidy pass in the
+    /// background merges both tables' small fragments and folds the new rows
+    /// into their indexes (one pass at a time; the batches do not wait).
     async fn written(&self, rows: usize) {
         use std::sync::atomic::Ordering;
         let total = self.unindexed.fetch_add(rows, Ordering::Relaxed) + rows;
-        if total < GRAPH_INDEX_REFRESH_ROWS {
+        let commits = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
+        if total < GRAPH_INDEX_REFRESH_ROWS && commits % GRAPH_TIDY_COMMITS != 0 {
             return;
         }
         self.unindexed.store(0, Ordering::Relaxed);
-        for table in [&self.entities, &self.edges] {
-            if let Err(e) = table
-                .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
-                .await
-            {
-                tracing::warn!(error = %e, "graph index refresh failed; will retry");
-            }
+        // A pass asked for while one runs makes that one go round again.
+        self.tidy.again.store(true, Ordering::Release);
+        if self.tidy.running.swap(true, Ordering::AcqRel) {
+            return;
         }
+        let tables = [self.entities.clone(), self.edges.clone()];
+        let tidy = self.tidy.clone();
+        let target = super::maintain::Maintenance::default().target_rows_per_fragment;
+        tokio::spawn(async move {
+            loop {
+                tidy.again.store(false, Ordering::Release);
+                for table in &tables {
+                    if let Err(e) = super::maintain::merge_small_fragments(table, target).await {
+                        tracing::warn!(error = %e, "graph fragment merge failed; will retry");
+                    }
+                    if let Err(e) = table
+                        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
+                        .await
+                    {
+                        tracing::warn!(error = %e, "graph index refresh failed; will retry");
+                    }
+                }
+                tidy.running.store(false, Ordering::Release);
+                // Asked again meanwhile, and no other pass took it up.
+                if !tidy.again.load(Ordering::Acquire) || tidy.running.swap(true, Ordering::AcqRel)
+                {
+                    return;
+                }
+            }
+        });
     }
 
     /// Fold a batch's mentions and relations into the tables (one commit each).
@@ -795,6 +840,50 @@ mod tests {
 
     /// The entities held in memory answer as a fresh read of the table does,
     /// after every kind of write.
+    /// With the store's maintainer off, a long run of one-mention batches
+    /// (a fragment each) still ends in a few fragments, merged by the tidy
+    /// passes the graph starts itself.
+    #[tokio::test]
+    async fn many_small_graph_commits_are_merged_as_they_come() {
+        let tmp = tempfile::tempdir().unwrap();
+        let location = crate::store::Location::local(tmp.path());
+        let off = crate::store::maintain::Maintenance::off();
+        let store = crate::store::Store::open_with(&location, 4, 100, None, off)
+            .await
+            .unwrap();
+        let graph = &store.graph;
+        let commits = 4 * GRAPH_TIDY_COMMITS;
+        for i in 0..commits {
+            let name = format!("person{i}");
+            graph
+                .record(&[mention("a", &name, &format!("c{i}"))], &[])
+                .await
+                .unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let fragments = graph
+                .entities
+                .stats()
+                .await
+                .unwrap()
+                .fragment_stats
+                .num_fragments;
+            if fragments <= 2 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{fragments} fragments after {commits} commits"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let rows = read_where(&graph.entities, "stream = 'a'".to_string(), entity_rows)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), commits, "every entity kept through the merges");
+    }
+
     #[tokio::test]
     async fn known_entities_follow_every_write() {
         let tmp = tempfile::tempdir().unwrap();
