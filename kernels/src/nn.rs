@@ -4,7 +4,11 @@
 //! Each is a plain loop over lanes of 16 values, compiled once more with
 //! AVX-512 enabled and chosen at run time, so the compiler vectorises it
 //! (sums are kept in 16 partial lanes: a float sum in one accumulator does
-//! not vectorise).
+//! not vectorise). A public step runs its `…_lanes` body through a `…_wide`
+//! copy with the AVX-512 target feature: the body is inlined into that copy
+//! and vectorised with its features (a closure handed to one generic wrapper
+//! was not always inlined, and then ran as SSE code). Attention's inner
+//! loops, which the compiler did not keep in registers, are intrinsics.
 
 use std::ops::Range;
 
@@ -20,10 +24,6 @@ fn avx512() -> bool {
     false
 }
 
-/// Each public step below runs its `…_lanes` body through a `…_wide` copy
-/// compiled with AVX-512 where the CPU has it: the body is inlined into that
-/// copy and vectorised with its features (a closure handed to one generic
-/// wrapper was not always inlined, and then ran as SSE code).
 /// Σ a·b over lanes of 16 partial sums.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -223,8 +223,9 @@ impl Scratch {
         }
     }
 
-    /// The scores of `q` against the keys (rows of `self.scores`), each row
-    /// turned into its softmax, unnormalised; returns each row's 1 / sum.
+    /// Each of the [`QUERIES`] rows of raw scores in `self.scores` turned
+    /// into its softmax, unnormalised (e^(scaled score − max)); returns each
+    /// row's 1 / sum.
     #[inline(always)]
     fn softmax<const D: usize>(&mut self, len: usize) -> [f32; QUERIES] {
         let wide = len.next_multiple_of(LANES);

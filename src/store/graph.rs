@@ -388,10 +388,7 @@ impl Graph {
                     if let Err(e) = super::maintain::merge_small_fragments(table, target).await {
                         tracing::warn!(error = %e, "graph fragment merge failed; will retry");
                     }
-                    if let Err(e) = table
-                        .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
-                        .await
-                    {
+                    if let Err(e) = super::maintain::refresh_indexes(table).await {
                         tracing::warn!(error = %e, "graph index refresh failed; will retry");
                     }
                 }

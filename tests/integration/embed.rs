@@ -55,19 +55,19 @@ async fn minilm_matches_sentence_transformers() {
     let model = minilm();
     let cases = golden();
     let texts: Vec<String> = cases.iter().map(|c| c.text.clone()).collect();
-    // All at once (padded together, sorted by length), one by one (no
-    // padding) and as queries.
+    // All at once (in sub-batches sorted by length; on candle padded
+    // together), one by one and as queries.
     let batched = model.embed(&texts).await.unwrap();
     for (i, case) in cases.iter().enumerate() {
         let single = model.embed(&texts[i..=i]).await.unwrap().remove(0);
-        // The query thread: its kernels over every CPU, and short texts
-        // multiplied straight from the weights.
+        // The query thread: its kernels over every CPU (on candle, short
+        // texts multiplied straight from the weights).
         let query = model.embed_query(&texts[i]).await.unwrap();
         assert_eq!(batched[i].len(), 384);
         let norm: f32 = batched[i].iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-4, "not unit length: {norm}");
-        // The short passes' own multiply against candle's (the batch pads
-        // these texts to the longest): the same vector to within rounding.
+        // A query's pass against the batch's (other threads, other
+        // neighbours): the same vector to within rounding.
         let same = dot(&query, &batched[i]);
         assert!(same >= 0.9999, "query against batched: cosine {same}");
         for (how, v) in [

@@ -107,9 +107,9 @@ impl Dense {
             if !gelu {
                 return Ok(y);
             }
-            let mut values = y.flatten_all()?.to_vec1::<f32>()?;
-            nn::gelu_erf(&mut values);
-            return Tensor::from_vec(values, y.dims(), y.device());
+            let mut flat = values(&y)?;
+            nn::gelu_erf(&mut flat);
+            return Tensor::from_vec(flat, y.dims(), y.device());
         };
         if gelu {
             nn::gelu_erf(&mut out);
@@ -135,7 +135,7 @@ impl Dense {
         let n = w_layout.dims()[0];
         let w = &w.as_slice::<f32>()?[w_layout.start_offset()..][..n * inputs];
         let b = &b.as_slice::<f32>()?[b_layout.start_offset()..][..n];
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let xs = values(x)?;
         // The weight rows split over the pass's kernel threads.
         let per = n.div_ceil(rayon::current_num_threads()).next_multiple_of(4);
         let mut out_t = vec![0.0f32; n * rows];
@@ -312,16 +312,17 @@ impl Encoder {
     }
 }
 
-/// A weight tensor's values, row-major.
+/// A tensor's values, row-major.
 fn values(t: &Tensor) -> CandleResult<Vec<f32>> {
     t.flatten_all()?.to_vec1()
 }
 
 impl Native {
-    /// The layers packed for the bf16 kernels, or None when the CPU lacks them.
+    /// The layers packed for the bf16 kernels, or None where they cannot run
+    /// (the CPU lacks AVX-512 BF16, or the heads are of another size).
     fn load(vb: &VarBuilder, cfg: &BertConfig) -> CandleResult<Option<Native>> {
         let (h, inner) = (cfg.hidden_size, cfg.intermediate_size);
-        if !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1))) {
+        if !bf16::supported() || !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1))) {
             return Ok(None);
         }
         let dense = |inputs: usize, outputs: usize, vb: VarBuilder| -> CandleResult<_> {
@@ -330,7 +331,11 @@ impl Native {
                 vb.get(outputs, "bias")?.to_vec1::<f32>()?,
             ))
         };
-        let pack = |(w, b): (Vec<f32>, Vec<f32>)| bf16::Linear::new(&w, &b);
+        let pack = |(w, b): (Vec<f32>, Vec<f32>)| {
+            bf16::Linear::new(&w, &b).ok_or_else(|| {
+                candle_core::Error::Msg("a dense layer's shape does not pack".into())
+            })
+        };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let l = vb.pp(format!("encoder.layer.{i}"));
@@ -341,20 +346,14 @@ impl Native {
                 w.extend(pw);
                 b.extend(pb);
             }
-            let layer = (|| {
-                Some(NativeLayer {
-                    qkv: bf16::Linear::new(&w, &b)?,
-                    attn_out: pack(dense(h, h, attn.pp("output.dense")).ok()?)?,
-                    attn_norm: Norm::load(h, attn.pp("output.LayerNorm")).ok()?,
-                    intermediate: pack(dense(h, inner, l.pp("intermediate.dense")).ok()?)?,
-                    out: pack(dense(inner, h, l.pp("output.dense")).ok()?)?,
-                    out_norm: Norm::load(h, l.pp("output.LayerNorm")).ok()?,
-                })
-            })();
-            let Some(layer) = layer else {
-                return Ok(None);
-            };
-            layers.push(layer);
+            layers.push(NativeLayer {
+                qkv: pack((w, b))?,
+                attn_out: pack(dense(h, h, attn.pp("output.dense"))?)?,
+                attn_norm: Norm::load(h, attn.pp("output.LayerNorm"))?,
+                intermediate: pack(dense(h, inner, l.pp("intermediate.dense"))?)?,
+                out: pack(dense(inner, h, l.pp("output.dense"))?)?,
+                out_norm: Norm::load(h, l.pp("output.LayerNorm"))?,
+            });
         }
         Ok(Some(Native {
             layers,
