@@ -389,17 +389,28 @@ impl Encoder {
             nn::add_layer_norm(x, add, &n.gamma, &n.beta, native.eps)
         };
         norm(&mut x, &at, &native.embed_norm);
-        let mut context = vec![0.0f32; tokens * h];
-        for layer in &native.layers {
-            let qkv = layer.qkv.forward(&x);
-            nn::attention(&qkv, h, self.heads, &spans, &mut context);
-            let mut attended = layer.attn_out.forward(&context);
-            norm(&mut attended, &x, &layer.attn_norm);
-            let mut inner = layer.intermediate.forward(&attended);
-            nn::gelu_erf(&mut inner);
-            x = layer.out.forward(&inner);
-            norm(&mut x, &attended, &layer.out_norm);
-        }
+        PASS.with_borrow_mut(|b| {
+            b.context.resize(tokens * h, 0.0);
+            for layer in &native.layers {
+                layer.qkv.forward_into(&x, &mut b.qkv, &mut b.xs);
+                // Every token's every head is written.
+                nn::attention(&b.qkv, h, self.heads, &spans, &mut b.context);
+                layer
+                    .attn_out
+                    .forward_into(&b.context, &mut b.attended, &mut b.xs);
+                norm(&mut b.attended, &x, &layer.attn_norm);
+                layer
+                    .intermediate
+                    .forward_into(&b.attended, &mut b.inner, &mut b.xs);
+                nn::gelu_erf(&mut b.inner);
+                layer.out.forward_into(&b.inner, &mut b.next, &mut b.xs);
+                norm(&mut b.next, &b.attended, &layer.out_norm);
+                std::mem::swap(&mut x, &mut b.next);
+            }
+            if b.inner.capacity() > PASS_KEPT_FLOATS {
+                *b = PassBuffers::default();
+            }
+        });
         // Mean over each text's tokens, then L2 normalisation.
         Ok(spans
             .iter()
@@ -416,6 +427,26 @@ impl Encoder {
             .collect())
     }
 }
+
+/// A native pass's working rows, kept by each inference thread from pass to
+/// pass: fresh ones cost page faults and zeroing, a tenth of a long pass.
+#[derive(Default)]
+struct PassBuffers {
+    qkv: Vec<f32>,
+    context: Vec<f32>,
+    attended: Vec<f32>,
+    inner: Vec<f32>,
+    next: Vec<f32>,
+    xs: Vec<u32>,
+}
+
+thread_local! {
+    static PASS: std::cell::RefCell<PassBuffers> = std::cell::RefCell::default();
+}
+
+/// The largest feed-forward buffer a thread keeps after its pass (16 MiB,
+/// about 2,700 tokens); a bigger pass's buffers are let go.
+const PASS_KEPT_FLOATS: usize = 4 << 20;
 
 /// Everything one inference pass needs; owned by the inference thread.
 struct Model {
