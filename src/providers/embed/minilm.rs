@@ -445,7 +445,8 @@ thread_local! {
 }
 
 /// The largest feed-forward buffer a thread keeps after its pass (16 MiB,
-/// about 2,700 tokens); a bigger pass's buffers are let go.
+/// about 2,700 tokens; with the other rows, about 45 MiB a thread at most);
+/// a bigger pass's buffers are let go.
 const PASS_KEPT_FLOATS: usize = 4 << 20;
 
 /// Everything one inference pass needs; owned by the inference thread.
