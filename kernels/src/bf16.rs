@@ -244,7 +244,7 @@ mod tests {
         }
     }
 
-    /// Odd sizes: a last pair with one value, a part panel, a part tile.
+    /// One layer run into the same buffers at more rows, fewer, then more.
     #[test]
     fn buffers_kept_from_pass_to_pass_give_what_fresh_ones_do() {
         let (inputs, outputs) = (40, 70);
@@ -260,6 +260,7 @@ mod tests {
         }
     }
 
+    /// Odd sizes: a last pair with one value, a part panel, a part tile.
     #[test]
     fn matches_the_f32_product_within_bf16_rounding() {
         for (rows, inputs, outputs) in [(1, 384, 384), (13, 7, 50), (20, 385, 1536), (3, 1536, 17)]

@@ -369,7 +369,7 @@ impl Graph {
         use std::sync::atomic::Ordering;
         let total = self.unindexed.fetch_add(rows, Ordering::Relaxed) + rows;
         let commits = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
-        if total < GRAPH_INDEX_REFRESH_ROWS && commits % GRAPH_TIDY_COMMITS != 0 {
+        if total < GRAPH_INDEX_REFRESH_ROWS && !commits.is_multiple_of(GRAPH_TIDY_COMMITS) {
             return;
         }
         self.unindexed.store(0, Ordering::Relaxed);
@@ -835,8 +835,6 @@ mod tests {
         }
     }
 
-    /// The entities held in memory answer as a fresh read of the table does,
-    /// after every kind of write.
     /// With the store's maintainer off, a long run of one-mention batches
     /// (a fragment each) still ends in a few fragments, merged by the tidy
     /// passes the graph starts itself.
@@ -881,6 +879,8 @@ mod tests {
         assert_eq!(rows.len(), commits, "every entity kept through the merges");
     }
 
+    /// The entities held in memory answer as a fresh read of the table does,
+    /// after every kind of write.
     #[tokio::test]
     async fn known_entities_follow_every_write() {
         let tmp = tempfile::tempdir().unwrap();
