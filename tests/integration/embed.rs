@@ -136,16 +136,29 @@ async fn the_pipelines_embedding_yields_the_cpu_to_queries() {
     model.embed_query("a query").await.unwrap();
     // Thread names are cut at 15 bytes: `loomem-minilm-query` is
     // `loomem-minilm-q`. The kernels run on each lane's own pools.
-    let bulk = niceness_of_threads(|n| n == "loomem-minilm" || n.starts_with("loomem-bulk-"));
+    let bulk_threads =
+        || niceness_of_threads(|n| n == "loomem-minilm" || n.starts_with("loomem-bulk-"));
     let query = niceness_of_threads(|n| n == "loomem-minilm-q" || n.starts_with("loomem-qry-"));
     // By name (`loomem-qry-0.{thread}`): the other tests of this process
-    // may hold models of their own, whose pools have the same names.
-    let kernels: std::collections::BTreeSet<String> = threads(|n| n.starts_with("loomem-qry-"))
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    assert!(!bulk.is_empty() && !query.is_empty(), "{bulk:?} {query:?}");
+    // may hold models of their own, whose pools have the same names. A pool
+    // thread names itself when it first runs, which on a busy machine may
+    // come after the query or the pass: wait for the names, with a deadline.
     let cpus = std::thread::available_parallelism().unwrap().get();
+    let kernel_names = || -> std::collections::BTreeSet<String> {
+        threads(|n| n.starts_with("loomem-qry-"))
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut kernels, mut bulk) = (kernel_names(), bulk_threads());
+    while (kernels.len() < cpus.min(4) || bulk.len() <= cpus)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        (kernels, bulk) = (kernel_names(), bulk_threads());
+    }
+    assert!(!bulk.is_empty() && !query.is_empty(), "{bulk:?} {query:?}");
     assert_eq!(
         kernels.len(),
         cpus.min(4),
