@@ -75,7 +75,7 @@ impl Linear {
     /// None when this CPU lacks AVX-512 BF16.
     pub fn new(weights: &[f32], bias: &[f32]) -> Option<Linear> {
         let outputs = bias.len();
-        if !supported() || outputs == 0 || weights.len() % outputs != 0 {
+        if !supported() || outputs == 0 || !weights.len().is_multiple_of(outputs) {
             return None;
         }
         let inputs = weights.len() / outputs;

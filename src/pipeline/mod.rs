@@ -62,8 +62,10 @@ pub struct Record {
     /// The closest stored memories of the same stream, best first (filled once,
     /// by the first stage that needs them).
     pub neighbors: Option<Vec<Neighbor>>,
-    /// Side writes a stage started in the background (the entity graph); the
-    /// `write` stage waits for them before the batch counts as done.
+    /// Side writes a stage started in the background (the entity graph's
+    /// group commit). The worker answers the batch's writers once `write`
+    /// has committed their memories, and acknowledges the messages to the
+    /// bus only when these are committed too (a crash redelivers them).
     pub pending: Vec<PendingWrite>,
     /// No stored row can have this record's id (minted by the server, first
     /// delivery): `write` appends it instead of merging on `id`.
@@ -75,7 +77,12 @@ pub struct Record {
 
 /// A write running beside the pipeline; cloneable so records stay `Clone`.
 #[derive(Clone)]
-pub struct PendingWrite(futures::future::Shared<BoxFuture<'static, Result<(), String>>>);
+pub struct PendingWrite {
+    done: futures::future::Shared<BoxFuture<'static, Result<(), String>>>,
+    /// Asks the write not to wait for company (a group commit's linger)
+    /// when someone waits for it.
+    urge: Option<std::sync::Arc<dyn Fn() + Send + Sync>>,
+}
 
 impl std::fmt::Debug for PendingWrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -95,7 +102,21 @@ impl PendingWrite {
                 .await
                 .unwrap_or_else(|e| Err(format!("side write panicked: {e}")))
         });
-        PendingWrite(fut.shared())
+        PendingWrite {
+            done: fut.shared(),
+            urge: None,
+        }
+    }
+
+    /// The same, with a way to hurry it when it is waited for.
+    pub fn urged_by(mut self, urge: impl Fn() + Send + Sync + 'static) -> PendingWrite {
+        self.urge = Some(std::sync::Arc::new(urge));
+        self
+    }
+
+    /// Wait for the write to be done, without hurrying it.
+    pub async fn done(self) -> Result<(), String> {
+        self.done.await
     }
 }
 
@@ -105,8 +126,12 @@ pub async fn settle(batch: &mut [Record], stage: &'static str) -> Result<(), Pip
         .iter_mut()
         .flat_map(|r| std::mem::take(&mut r.pending))
         .collect();
+    for urge in pending.iter().filter_map(|p| p.urge.as_ref()) {
+        urge();
+    }
     for p in pending {
-        p.0.await
+        p.done()
+            .await
             .map_err(|message| PipelineError::Batch { stage, message })?;
     }
     Ok(())

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::bus::{Consumer, Delivery, Envelope, Keepalive, Notifier, Outcome};
 use crate::core::model::{now_micros, DeadLetter};
-use crate::pipeline::{Disposition, Pipelines, Record};
+use crate::pipeline::{Disposition, PendingWrite, Pipelines, Record};
 use crate::store::Store;
 
 pub struct WorkerConfig {
@@ -38,6 +38,15 @@ fn backoff(attempt: u32) -> Duration {
 /// entities and, above all, the embedder).
 const IN_FLIGHT: usize = 2;
 
+/// Deliveries whose writers have their answer, to be acknowledged once the
+/// side writes their batch started (the entity graph's group commit) are
+/// committed too; retried if one fails.
+#[derive(Default)]
+struct Acks {
+    deliveries: Vec<Delivery>,
+    pending: Vec<PendingWrite>,
+}
+
 /// One pipeline's share of a batch, after the stages that run ahead.
 struct Group {
     name: String,
@@ -52,7 +61,9 @@ impl Worker {
     /// stopped. While a batch is written the next one is pulled and runs the
     /// stages that run ahead; the rest of the stages (those that read the
     /// store: dedupe, surprise, contradictions, write) and the
-    /// acknowledgements run one batch at a time, in the order pulled.
+    /// answers run one batch at a time, in the order pulled. A batch gives
+    /// up its turn and its slot once its writers have their answers; its
+    /// acknowledgements follow its side writes.
     pub async fn run(self, mut consumer: Consumer) {
         let this = Arc::new(self);
         let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
@@ -70,17 +81,22 @@ impl Worker {
             let worker = this.clone();
             tasks.spawn(async move {
                 let _keepalive = Keepalive::start(&batch, worker.cfg.keepalive);
-                let _gate = worker.store.write_gate.read().await;
+                let gate = worker.store.write_gate.read().await;
                 let groups = worker.run_ahead(batch).await;
                 if let Some(before) = before {
                     // Resolves when the batch before is done (or its task ended).
                     let _ = before.await;
                 }
+                let mut acks = Vec::new();
                 for g in groups {
-                    worker.finish_group(g).await;
+                    acks.push(worker.finish_group(g).await);
                 }
+                drop(gate);
                 drop(done);
                 drop(slot);
+                for a in acks {
+                    worker.acknowledge(a).await;
+                }
             });
             while tasks.try_join_next().is_some() {}
         }
@@ -120,14 +136,14 @@ impl Worker {
         groups
     }
 
-    /// The rest of a group's stages, then its acknowledgements.
-    async fn finish_group(&self, g: Group) {
+    /// The rest of a group's stages, then its answers.
+    async fn finish_group(&self, g: Group) -> Acks {
         let Some(pipeline) = self.pipelines.get(&g.name) else {
             for d in g.deliveries {
                 self.give_up(d, format!("no pipeline named `{}`", g.name))
                     .await;
             }
-            return;
+            return Acks::default();
         };
         let mut records = g.records;
         let result = match g.ahead {
@@ -135,10 +151,11 @@ impl Worker {
             Err(e) => Err(e),
         };
         self.settle_group(&g.name, g.deliveries, records, result)
-            .await;
+            .await
     }
 
-    /// A group run through its whole pipeline at once (a record retried alone).
+    /// A group run through its whole pipeline at once (a record retried
+    /// alone), answered and acknowledged.
     async fn process_group(&self, name: &str, deliveries: Vec<Delivery>) {
         let Some(pipeline) = self.pipelines.get(name) else {
             for d in deliveries {
@@ -148,17 +165,26 @@ impl Worker {
         };
         let mut records = records_of(&deliveries);
         let result = pipeline.run(&mut records).await.map(|_| ());
-        self.settle_group(name, deliveries, records, result).await;
+        let acks = self.settle_group(name, deliveries, records, result).await;
+        self.acknowledge(acks).await;
     }
 
-    /// Acknowledge (or retry, or dead-letter) each delivery by its record's fate.
+    /// Answer (or retry, or dead-letter) each delivery by its record's fate;
+    /// what was stored or dropped is acknowledged by [`Worker::acknowledge`].
     async fn settle_group(
         &self,
         name: &str,
         deliveries: Vec<Delivery>,
-        records: Vec<Record>,
+        mut records: Vec<Record>,
         result: Result<(), crate::pipeline::PipelineError>,
-    ) {
+    ) -> Acks {
+        let mut acks = Acks {
+            deliveries: Vec::new(),
+            pending: records
+                .iter_mut()
+                .flat_map(|r| std::mem::take(&mut r.pending))
+                .collect(),
+        };
         match result {
             Ok(()) => {
                 tracing::debug!(pipeline = %name, "batch committed");
@@ -172,20 +198,20 @@ impl Worker {
                                 .filter(|h| h.event == "supersedes" && h.chunk_id == r.chunk.id)
                                 .flat_map(|h| h.related_ids.iter().cloned())
                                 .collect();
-                            self.settle(d, Outcome::Stored { superseded }).await
+                            self.answer(&d, Outcome::Stored { superseded }).await;
+                            acks.deliveries.push(d);
                         }
                         Disposition::Drop {
                             existing_id: Some(existing_id),
                             ..
-                        } => self.settle(d, Outcome::Duplicate { existing_id }).await,
+                        } => {
+                            self.answer(&d, Outcome::Duplicate { existing_id }).await;
+                            acks.deliveries.push(d);
+                        }
                         Disposition::Drop { reason, .. } => {
-                            self.settle(
-                                d,
-                                Outcome::Dropped {
-                                    reason: reason.to_string(),
-                                },
-                            )
-                            .await
+                            let reason = reason.to_string();
+                            self.answer(&d, Outcome::Dropped { reason }).await;
+                            acks.deliveries.push(d);
                         }
                     }
                 }
@@ -204,15 +230,34 @@ impl Worker {
                 }
             }
         }
+        acks
     }
 
-    async fn settle(&self, d: Delivery, outcome: Outcome) {
+    /// Tell the delivery's writer, if one waits, what became of its memory.
+    async fn answer(&self, d: &Delivery, outcome: Outcome) {
         if let Ok(e) = &d.envelope {
             if e.notify {
                 self.notifier.notify(&e.chunk.id, &outcome).await;
             }
         }
-        d.ack().await;
+    }
+
+    /// Acknowledge answered deliveries once their batch's side writes are
+    /// committed; when one failed, they are delivered again (their memories
+    /// are committed, so the rerun changes nothing but the side write).
+    async fn acknowledge(&self, acks: Acks) {
+        let mut failed = None;
+        for p in acks.pending {
+            if let Err(e) = p.done().await {
+                failed = Some(e);
+            }
+        }
+        for d in acks.deliveries {
+            match &failed {
+                None => d.ack().await,
+                Some(error) => self.retry_or_give_up(d, error.clone()).await,
+            }
+        }
     }
 
     async fn retry_or_give_up(&self, d: Delivery, error: String) {

@@ -311,6 +311,7 @@ async fn lossless_rows(
         }
     }
     rows.insert(CHUNKS.to_string(), written);
+    store.graph.settle().await;
     let tables = store.tables();
     let filter = Filter::new().visible_to(caller);
     for name in SIDE_TABLES {
@@ -481,6 +482,7 @@ fn parse_lossless(text: &str, caller: &Caller, dim: usize) -> Result<Parsed> {
 pub async fn restore(store: &Store, caller: &Caller, text: &str) -> Result<ImportReport> {
     let parsed = parse_lossless(text, caller, store.dim())?;
     let mut report = ImportReport::default();
+    store.graph.settle().await;
     let tables = store.tables();
     // A row whose id names a row of another stream is refused by line; the
     // rest of the file is restored.

@@ -459,6 +459,8 @@ async fn plan(
     static EMBEDDING: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r"(?i)\bembedding\b").expect("static regex"));
     let wants_embedding = EMBEDDING.is_match(sql);
+    // The graph's queued rows are answered too.
+    store.graph.settle().await;
     let tables = store.tables();
     for name in TABLES {
         let df = scoped(

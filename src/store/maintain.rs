@@ -193,21 +193,40 @@ pub(super) async fn fold_vector_index(table: &Table, name: &str, fold: VectorFol
     optimize_indexes(table, "vector index", options).await
 }
 
-/// The runtime index builds run on: one worker thread, started on first
-/// use and kept for the life of the process.
-fn builds() -> std::io::Result<&'static tokio::runtime::Runtime> {
-    static BUILDS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    if let Some(rt) = BUILDS.get() {
+/// A runtime of one worker thread called `name`, started on first use and
+/// kept for the life of the process.
+fn one_thread(
+    slot: &'static std::sync::OnceLock<tokio::runtime::Runtime>,
+    name: &str,
+) -> std::io::Result<&'static tokio::runtime::Runtime> {
+    if let Some(rt) = slot.get() {
         return Ok(rt);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .thread_name("loomem-index-build")
+        .thread_name(name)
         .enable_all()
         .build()?;
     // A racing first call builds a second runtime; the loser is dropped
     // before it has run anything.
-    Ok(BUILDS.get_or_init(|| rt))
+    Ok(slot.get_or_init(|| rt))
+}
+
+/// Run `work` on `runtime`, waiting here for its result.
+async fn run_on<T, F>(
+    runtime: std::io::Result<&'static tokio::runtime::Runtime>,
+    work: F,
+) -> Result<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    let failed = |message: String| super::StoreError::from(lancedb::Error::Runtime { message });
+    runtime
+        .map_err(|e| failed(e.to_string()))?
+        .spawn(work)
+        .await
+        .map_err(|e| failed(e.to_string()))?
 }
 
 /// Run an index build on a runtime of its own. A build computes inside its
@@ -223,12 +242,23 @@ where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T>> + Send + 'static,
 {
-    let failed = |message: String| super::StoreError::from(lancedb::Error::Runtime { message });
-    builds()
-        .map_err(|e| failed(e.to_string()))?
-        .spawn(work)
-        .await
-        .map_err(|e| failed(e.to_string()))?
+    static BUILDS: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    run_on(one_thread(&BUILDS, "loomem-index-build"), work).await
+}
+
+/// Run a group commit of the entity graph on a runtime of its own (not the
+/// index builds', which may hold it for minutes while a reader waits for
+/// the commit). A commit of a few hundred rows computes for tens of
+/// milliseconds inside its futures; on the engine's runtime that held up
+/// the searches sharing its worker (search p95 under writes 15–21 ms,
+/// against 11–14 ms with one small commit per batch).
+pub async fn apart_for_graph<T, F>(work: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T>> + Send + 'static,
+{
+    static GRAPH: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    run_on(one_thread(&GRAPH, "loomem-graph"), work).await
 }
 
 /// Drop every version of `table` but the latest that no tag holds (a

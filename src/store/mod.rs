@@ -87,6 +87,8 @@ pub enum StoreError {
     /// immutable ones; nothing was written.
     #[error("{} memories may not be overwritten", .0.len())]
     Refused(std::collections::HashMap<String, Owner>),
+    #[error("entity graph: {0}")]
+    Graph(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -445,6 +447,8 @@ impl Store {
     /// Take it after `write_gate` (a pipeline batch holds that one while it
     /// writes).
     pub async fn hold_writes(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        // The graph's queued rows belong to memories already committed.
+        self.graph.settle().await;
         self.table_gate.write().await
     }
 

@@ -118,10 +118,11 @@ impl Stage for Write {
                 .flat_map(|r| r.relations.iter().cloned())
                 .collect();
             self.store.add_relations(relations).await.map_err(fail)?;
-            crate::pipeline::settle(batch, "write").await?;
             // A record dropped or failed after its entities were recorded
             // (a near-duplicate, a refused id) leaves no trace in the graph,
-            // unless its id names a memory that is stored.
+            // unless its id names a memory that is stored. The entity graph's
+            // rows are committed after the batch (see `Record::pending`); a
+            // retraction waits for them.
             let kept: HashSet<String> = batch
                 .iter()
                 .filter(|r| r.is_kept())

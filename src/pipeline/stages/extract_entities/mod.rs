@@ -451,8 +451,8 @@ impl Stage for ExtractEntities {
                     };
                 }
             }
-            // The graph merge runs beside the rest of the pipeline; `write`
-            // waits for it before the batch is acknowledged.
+            // The graph's rows join its next group commit, which the worker
+            // waits for before the batch is acknowledged.
             if let Some(ner) = &self.ner {
                 let kept: Vec<&crate::core::model::Chunk> = batch
                     .iter()
@@ -462,14 +462,12 @@ impl Stage for ExtractEntities {
                 ner.push(&kept);
             }
             if self.populate_graph && !(mentions.is_empty() && relations.is_empty()) {
+                // Queued now, so batches reach the graph in the order pulled.
+                let committed = self.store.graph.defer(mentions, relations);
                 let store = self.store.clone();
-                let write = PendingWrite::spawn(async move {
-                    store
-                        .graph
-                        .record(&mentions, &relations)
-                        .await
-                        .map_err(|e| format!("entity graph: {e}"))
-                });
+                let write =
+                    PendingWrite::spawn(async move { committed.await.map_err(|e| e.to_string()) })
+                        .urged_by(move || store.graph.urge());
                 if let Some(first) = batch.first_mut() {
                     first.pending.push(write);
                 }
