@@ -304,15 +304,19 @@ impl Known {
         }
     }
 
-    /// Fold mentions into the rows held for their streams.
+    /// Fold mentions into the rows held for their streams, in place.
     fn fold<'a>(&mut self, mentions: impl IntoIterator<Item = &'a Mention>) {
         for m in mentions {
-            let Some(rows) = self.streams.get(&m.stream) else {
+            let Some(rows) = self.streams.get_mut(&m.stream) else {
                 continue;
             };
-            let mut row = rows.get(&m.key).cloned().unwrap_or_else(|| new_entity(m));
-            fold_mention(&mut row, m);
-            self.remember(&row);
+            let row = rows.entry(m.key.clone()).or_insert_with(|| new_entity(m));
+            let before = row.chunk_ids.len();
+            fold_mention(row, m);
+            self.refs = self.refs + row.chunk_ids.len() - before;
+        }
+        if self.refs > KNOWN_MAX_REFS {
+            *self = Known::default();
         }
     }
 
@@ -385,21 +389,24 @@ fn fold_mention(row: &mut EntityRow, m: &Mention) {
     if m.surface != row.name && !row.aliases.contains(&m.surface) && row.aliases.len() < 50 {
         row.aliases.push(m.surface.clone());
     }
-    if !row.chunk_ids.contains(&m.chunk_id) {
+    if push_ref(&mut row.chunk_ids, &m.chunk_id) {
         row.chunk_count += 1;
     }
-    push_ref(&mut row.chunk_ids, &m.chunk_id);
     row.first_seen = row.first_seen.min(m.at);
     row.last_seen = row.last_seen.max(m.at);
 }
 
-fn push_ref(list: &mut Vec<String>, id: &str) {
-    if !list.iter().any(|x| x == id) {
-        list.push(id.to_string());
-        if list.len() > MAX_CHUNK_REFS {
-            list.remove(0);
-        }
+/// Add a chunk id to a row's references (the oldest goes past
+/// [`MAX_CHUNK_REFS`]); false when it was there already.
+fn push_ref(list: &mut Vec<String>, id: &str) -> bool {
+    if list.iter().any(|x| x == id) {
+        return false;
     }
+    list.push(id.to_string());
+    if list.len() > MAX_CHUNK_REFS {
+        list.remove(0);
+    }
+    true
 }
 
 impl Graph {
@@ -671,10 +678,9 @@ impl GraphTables {
                     chunk_ids: Vec::new(),
                     updated_at: r.at,
                 });
-                if !row.chunk_ids.contains(&r.chunk_id) {
+                if push_ref(&mut row.chunk_ids, &r.chunk_id) {
                     row.weight += 1;
                 }
-                push_ref(&mut row.chunk_ids, &r.chunk_id);
                 row.updated_at = row.updated_at.max(r.at);
             }
             let rows: Vec<EdgeRow> = rows.into_values().collect();
