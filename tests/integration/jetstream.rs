@@ -401,6 +401,58 @@ async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivere
     assert_eq!(st["chunks"], 2, "{st}");
 }
 
+/// A store is answered once its memory is committed; its entity-graph rows
+/// go in a later group commit, and its message is acknowledged only after
+/// that. Every message ends acknowledged, none delivered twice, and the
+/// graph holds every mention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_acknowledged_once_their_graph_rows_are_committed() {
+    let d = Daemon::start(Options::default()).await;
+    let texts = [
+        "Alice uses Cursor for the billing service",
+        "Alice moved the billing service to Kubernetes",
+        "Bob reviews what Alice ships on Kubernetes",
+        "Alice and Bob pair on Fridays",
+    ];
+    let stores = texts.iter().map(|t| d.store(t, "graph-acks"));
+    futures::future::join_all(stores).await;
+    // Read at once: a read of the graph waits for the queue.
+    let (s, e) = d
+        .call("GET", "/v1/graph/entity/alice?stream=graph-acks", None)
+        .await;
+    assert_eq!(s, 200, "{e}");
+    assert_eq!(e["entity"]["chunk_count"], 4, "{e}");
+
+    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+        .get_consumer_from_stream("loomem-pipeline", "LOOMEM")
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let info = consumer.info().await.unwrap();
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            assert_eq!(info.ack_floor.stream_sequence, 4, "{info:?}");
+            assert_eq!(
+                info.delivered.consumer_sequence, 4,
+                "none delivered twice: {info:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "messages still unacknowledged: {info:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["chunks"], 4, "{st}");
+    assert_eq!(st["dead_letters"], 0, "{st}");
+}
+
 /// The worker holds two batches at once (the next one embeds while the one
 /// before is written); the stages that read the store still see every batch
 /// before theirs, duplicates and updates included, and writes land in the
