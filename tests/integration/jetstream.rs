@@ -354,6 +354,18 @@ async fn two_daemons_share_the_consumer_and_the_data_dir() {
     assert_eq!(sa["dead_letters"], 0);
 }
 
+/// The pipeline's durable consumer on the daemon's JetStream, to read its
+/// delivery and acknowledgement counts.
+async fn pipeline_consumer(d: &Daemon) -> async_nats::jetstream::consumer::PullConsumer {
+    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
+        .await
+        .unwrap();
+    async_nats::jetstream::new(client)
+        .get_consumer_from_stream("loomem-pipeline", "LOOMEM")
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivered() {
     let llm = crate::llm_stub::stub_llm().await;
@@ -383,14 +395,7 @@ async fn a_batch_slower_than_the_ack_deadline_is_kept_in_progress_not_redelivere
     assert_eq!(llm.requests_for("contradiction_judgement").len(), 1);
 
     // JetStream never redelivered: the worker reported the batch in progress.
-    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
-        .get_consumer_from_stream("loomem-pipeline", "LOOMEM")
-        .await
-        .unwrap();
+    let mut consumer = pipeline_consumer(&d).await;
     let info = consumer.info().await.unwrap();
     // Every delivery bumps the consumer sequence; a redelivery does so again
     // for the same stream message.
@@ -423,14 +428,7 @@ async fn messages_are_acknowledged_once_their_graph_rows_are_committed() {
     assert_eq!(s, 200, "{e}");
     assert_eq!(e["entity"]["chunk_count"], 4, "{e}");
 
-    let client = async_nats::connect(d.nats.as_ref().unwrap().url())
-        .await
-        .unwrap();
-    let js = async_nats::jetstream::new(client);
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
-        .get_consumer_from_stream("loomem-pipeline", "LOOMEM")
-        .await
-        .unwrap();
+    let mut consumer = pipeline_consumer(&d).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let info = consumer.info().await.unwrap();
