@@ -253,6 +253,13 @@ struct Queue {
     flushing: bool,
 }
 
+impl Queue {
+    /// Enough is queued to commit without lingering.
+    fn full(&self) -> bool {
+        self.mentions.len() + self.relations.len() >= GRAPH_QUEUE_MAX
+    }
+}
+
 /// Per stream, its entities by key: loaded on the stream's first graph
 /// lookup, kept in step by [`Graph::record`], dropped by every other write
 /// (forgetting memories, deletes, restores, rollbacks).
@@ -492,8 +499,7 @@ impl Graph {
             queue.waiters.push(tx);
             queue.since.get_or_insert_with(std::time::Instant::now);
             queue.urgent |= urgent;
-            let now =
-                queue.urgent || queue.mentions.len() + queue.relations.len() >= GRAPH_QUEUE_MAX;
+            let now = queue.urgent || queue.full();
             if !queue.flushing {
                 queue.flushing = true;
                 tokio::spawn(self.0.clone().flush_queue());
@@ -524,9 +530,8 @@ impl GraphTables {
         loop {
             let deadline = {
                 let queue = self.queue.lock().expect("graph queue lock");
-                let full = queue.mentions.len() + queue.relations.len() >= GRAPH_QUEUE_MAX;
                 match queue.since {
-                    Some(since) if !queue.urgent && !full => Some(since + GRAPH_LINGER),
+                    Some(since) if !queue.urgent && !queue.full() => Some(since + GRAPH_LINGER),
                     _ => None,
                 }
             };
