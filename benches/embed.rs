@@ -39,8 +39,13 @@ fn bench(c: &mut Criterion) {
     loomem::providers::embed::minilm::kernel_threads();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let cfg = config();
-    let minilm = MiniLmEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens, 128)
-        .expect("model installed (just setup)");
+    let minilm = MiniLmEmbedder::load(
+        &cfg.embed.model_dir,
+        cfg.embed.max_tokens,
+        128,
+        cfg.embed.precision,
+    )
+    .expect("model installed (just setup)");
     let distilled = StaticEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens)
         .expect("model installed (just setup)");
     bench_model(c, &rt, "minilm", &minilm);

@@ -11,13 +11,7 @@
 //! Only x86-64 CPUs with AVX-512 F and BF16 run it; elsewhere [`Linear::new`]
 //! returns None and the caller keeps its f32 path.
 
-/// Output columns of one panel: three AVX-512 registers of 16 floats.
-const LANES: usize = 3;
-const PANEL: usize = 16 * LANES;
-/// Rows of the input multiplied per tile: with [`LANES`] it keeps 24
-/// accumulators, three weight vectors and one broadcast input in the 32
-/// vector registers.
-const TILE_ROWS: usize = 8;
+use crate::panels::{self, first_lanes, Out, LANES, PANEL, TILE_ROWS};
 
 /// A dense layer `y = x·Wᵀ + b` with its weights packed for [`Linear::forward`].
 pub struct Linear {
@@ -45,12 +39,6 @@ fn pair(row: &[f32], p: usize) -> u32 {
     lo | (hi << 16)
 }
 
-/// The mask of the first `n` (at most 16) lanes of a register.
-#[cfg(target_arch = "x86_64")]
-fn first_lanes(n: usize) -> std::arch::x86_64::__mmask16 {
-    (((1u32 << n.min(16)) - 1) & 0xffff) as u16
-}
-
 /// Whether this CPU runs the bf16 kernels.
 pub fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -61,14 +49,6 @@ pub fn supported() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
-
-/// A pointer to the output that the panels' threads share: each writes only
-/// its own panels' columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: the threads write disjoint columns (see `Linear::forward`).
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 impl Linear {
     /// Packs `weights` (`bias.len()` rows of `inputs` values, row-major), or
@@ -128,25 +108,14 @@ impl Linear {
         xs[rows * self.pairs..].fill(0);
         // Every value is written below.
         out.resize(rows * self.outputs, 0.0);
-        let count = self.outputs.div_ceil(PANEL);
-        let threads = rayon::current_num_threads().clamp(1, count);
-        let per = count.div_ceil(threads);
         let dst = Out(out.as_mut_ptr());
         let xs: &[u32] = xs;
-        let run = |first: usize| {
-            for panel in first..(first + per).min(count) {
-                // SAFETY: `supported()` held when the layer was packed; the
-                // tiles read within `xs` and `panels` and write rows `< rows`
-                // of their own panel's columns of `out`.
-                unsafe { self.panel(xs, rows, panel, dst) };
-            }
-        };
-        if threads == 1 {
-            run(0);
-        } else {
-            use rayon::prelude::*;
-            (0..count).into_par_iter().step_by(per).for_each(run);
-        }
+        panels::split(self.outputs.div_ceil(PANEL), |panel| {
+            // SAFETY: `supported()` held when the layer was packed; the
+            // tiles read within `xs` and `panels` and write rows `< rows`
+            // of their own panel's columns of `out`.
+            unsafe { self.panel(xs, rows, panel, dst) }
+        });
     }
 
     #[cfg(not(target_arch = "x86_64"))]

@@ -7,7 +7,9 @@
 //! knows about memories, streams or models; the embedding providers call in.
 
 pub mod bf16;
+pub mod int8;
 pub mod nn;
+mod panels;
 
 #[cfg(test)]
 mod testing {

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lancedb::database::listing::ListingDatabaseOptions;
 use lancedb::connection::LanceFileVersion;
+use lancedb::database::listing::ListingDatabaseOptions;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};

@@ -32,8 +32,9 @@ use futures::future::BoxFuture;
 use tokenizers::{Tokenizer, TruncationParams};
 use tokio::sync::oneshot;
 
-use loomem_kernels::{bf16, nn};
+use loomem_kernels::{bf16, int8, nn};
 
+use super::config::Precision;
 use super::{EmbedError, Embedder};
 
 /// The files a model directory must hold.
@@ -188,11 +189,11 @@ impl Norm {
 /// One encoder layer in bf16 panels: the query, key and value projections
 /// as one layer of 3 × hidden outputs.
 struct NativeLayer {
-    qkv: bf16::Linear,
-    attn_out: bf16::Linear,
+    qkv: Packed,
+    attn_out: Packed,
     attn_norm: Norm,
-    intermediate: bf16::Linear,
-    out: bf16::Linear,
+    intermediate: Packed,
+    out: Packed,
     out_norm: Norm,
 }
 
@@ -206,8 +207,23 @@ struct Native {
     eps: f32,
 }
 
+/// A dense layer on the int8 kernels, or on the bf16 ones.
+enum Packed {
+    Bf16(bf16::Linear),
+    Int8(int8::Linear),
+}
+
+impl Packed {
+    fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
+        match self {
+            Packed::Bf16(l) => l.forward_into(x, out, xs),
+            Packed::Int8(l) => l.forward_into(x, out, xs),
+        }
+    }
+}
+
 impl Encoder {
-    fn load(dir: &Path, cfg: &BertConfig) -> CandleResult<Encoder> {
+    fn load(dir: &Path, cfg: &BertConfig, precision: Precision) -> CandleResult<Encoder> {
         let device = Device::Cpu;
         let weights = dir.join("model.safetensors");
         // SAFETY: the file is memory-mapped read-only and never modified while loaded.
@@ -216,7 +232,7 @@ impl Encoder {
         let eps = cfg.layer_norm_eps;
         let emb = vb.pp("embeddings");
         let token_types = embedding(cfg.type_vocab_size, h, emb.pp("token_type_embeddings"))?;
-        let native = Native::load(&vb, cfg)?;
+        let native = Native::load(&vb, cfg, precision)?;
         // candle's layers only where the native encoder cannot run.
         let layers = (0..cfg.num_hidden_layers * usize::from(native.is_none()))
             .map(|i| {
@@ -318,11 +334,19 @@ fn values(t: &Tensor) -> CandleResult<Vec<f32>> {
 }
 
 impl Native {
-    /// The layers packed for the bf16 kernels, or None where they cannot run
-    /// (the CPU lacks AVX-512 BF16, or the heads are of another size).
-    fn load(vb: &VarBuilder, cfg: &BertConfig) -> CandleResult<Option<Native>> {
+    /// The layers packed for the int8 kernels (`precision` int8, where the
+    /// CPU has AVX-512 VNNI) or the bf16 ones, or None where neither can run
+    /// or the heads are of another size.
+    fn load(
+        vb: &VarBuilder,
+        cfg: &BertConfig,
+        precision: Precision,
+    ) -> CandleResult<Option<Native>> {
         let (h, inner) = (cfg.hidden_size, cfg.intermediate_size);
-        if !bf16::supported() || !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1))) {
+        let int8 = precision == Precision::Int8 && int8::supported();
+        if !(int8 || bf16::supported())
+            || !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1)))
+        {
             return Ok(None);
         }
         let dense = |inputs: usize, outputs: usize, vb: VarBuilder| -> CandleResult<_> {
@@ -332,9 +356,14 @@ impl Native {
             ))
         };
         let pack = |(w, b): (Vec<f32>, Vec<f32>)| {
-            bf16::Linear::new(&w, &b).ok_or_else(|| {
-                candle_core::Error::Msg("a dense layer's shape does not pack".into())
-            })
+            let int8 = match precision {
+                Precision::Int8 => int8::Linear::new(&w, &b).map(Packed::Int8),
+                Precision::Bf16 => None,
+            };
+            int8.or_else(|| bf16::Linear::new(&w, &b).map(Packed::Bf16))
+                .ok_or_else(|| {
+                    candle_core::Error::Msg("a dense layer's shape does not pack".into())
+                })
         };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
@@ -771,8 +800,9 @@ pub(super) fn tokenizer(
 pub(super) fn token_vectors(dir: &Path) -> Result<Vec<f32>, LoadError> {
     let cfg = read_config(dir)?;
     let tokenizer = read_tokenizer(dir, &cfg, cfg.max_position_embeddings)?;
-    let encoder =
-        Encoder::load(dir, &cfg).map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
+    // In bf16: the static table does not move with `embed.precision`.
+    let encoder = Encoder::load(dir, &cfg, Precision::Bf16)
+        .map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?;
     let special = |t: &str| {
         tokenizer
             .token_to_id(t)
@@ -797,11 +827,13 @@ pub(super) fn token_vectors(dir: &Path) -> Result<Vec<f32>, LoadError> {
 
 impl MiniLmEmbedder {
     /// Load the model from `dir` and start the inference thread.
-    /// `max_tokens` truncates longer texts; `batch_size` bounds one forward pass.
+    /// `max_tokens` truncates longer texts; `batch_size` bounds one forward
+    /// pass; `precision` is the dense layers' arithmetic.
     pub fn load(
         dir: &Path,
         max_tokens: usize,
         batch_size: usize,
+        precision: Precision,
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
         let start = |name: &str,
@@ -810,7 +842,7 @@ impl MiniLmEmbedder {
          -> Result<std_mpsc::Sender<Job>, LoadError> {
             let model = Model {
                 tokenizer: read_tokenizer(dir, &cfg, max_tokens)?,
-                encoder: Encoder::load(dir, &cfg)
+                encoder: Encoder::load(dir, &cfg, precision)
                     .map_err(|e| invalid(dir, format!("model.safetensors: {e}")))?,
                 batch_size: batch_size.max(1),
                 layout,

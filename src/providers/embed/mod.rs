@@ -61,6 +61,7 @@ pub fn from_config(
             &cfg.model_dir,
             cfg.max_tokens,
             cfg.batch_size,
+            cfg.precision,
         )?)),
         EmbedProvider::Static => Ok(Arc::new(StaticEmbedder::load(
             &cfg.model_dir,
