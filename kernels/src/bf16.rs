@@ -11,7 +11,7 @@
 //! Only x86-64 CPUs with AVX-512 F and BF16 run it; elsewhere [`Linear::new`]
 //! returns None and the caller keeps its f32 path.
 
-use crate::panels::{self, first_lanes, Out, LANES, PANEL, TILE_ROWS};
+use crate::panels::{self, first_lanes, Dense, Out, LANES, PANEL, TILE_ROWS};
 
 /// A dense layer `y = x·Wᵀ + b` with its weights packed for [`Linear::forward`].
 pub struct Linear {
@@ -54,13 +54,11 @@ impl Linear {
     /// Packs `weights` (`bias.len()` rows of `inputs` values, row-major), or
     /// None when this CPU lacks AVX-512 BF16.
     pub fn new(weights: &[f32], bias: &[f32]) -> Option<Linear> {
-        let outputs = bias.len();
-        if !supported() || outputs == 0 || !weights.len().is_multiple_of(outputs) {
+        if !supported() {
             return None;
         }
-        let inputs = weights.len() / outputs;
+        let (inputs, outputs, count) = panels::shape(weights, bias)?;
         let pairs = inputs.div_ceil(2);
-        let count = outputs.div_ceil(PANEL);
         let mut panels = vec![0u32; count * pairs * PANEL];
         for (o, row) in weights.chunks_exact(inputs).enumerate() {
             let (panel, column) = (o / PANEL, o % PANEL);
@@ -77,45 +75,6 @@ impl Linear {
             panels,
             bias,
         })
-    }
-
-    /// `x·Wᵀ + b` for `x` of whole rows of `inputs` values, row-major, as
-    /// rows of `outputs` values. The panels split over the current rayon
-    /// pool's threads.
-    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = Vec::new();
-        self.forward_into(x, &mut out, &mut Vec::new());
-        out
-    }
-
-    /// [`Linear::forward`] into `out` (resized to the result), with `xs` for
-    /// the input as bf16 pairs: buffers kept from pass to pass are neither
-    /// allocated nor cleared again (fresh ones cost page faults and zeroing,
-    /// a tenth of a long pass).
-    pub fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
-        let rows = x.len() / self.inputs;
-        assert_eq!(x.len(), rows * self.inputs, "x holds whole rows");
-        // The input as bf16 pairs, rows padded to whole tiles with zeros.
-        let padded = rows.div_ceil(TILE_ROWS) * TILE_ROWS;
-        xs.resize(padded * self.pairs, 0);
-        for (row, dst) in x
-            .chunks_exact(self.inputs)
-            .zip(xs.chunks_exact_mut(self.pairs))
-        {
-            // SAFETY: as in `panel` below; `dst` holds `row`'s pairs.
-            unsafe { pairs_of(row, dst) };
-        }
-        xs[rows * self.pairs..].fill(0);
-        // Every value is written below.
-        out.resize(rows * self.outputs, 0.0);
-        let dst = Out(out.as_mut_ptr());
-        let xs: &[u32] = xs;
-        panels::split(self.outputs.div_ceil(PANEL), |panel| {
-            // SAFETY: `supported()` held when the layer was packed; the
-            // tiles read within `xs` and `panels` and write rows `< rows`
-            // of their own panel's columns of `out`.
-            unsafe { self.panel(xs, rows, panel, dst) }
-        });
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -158,6 +117,32 @@ impl Linear {
                 }
             }
         }
+    }
+}
+
+impl Dense for Linear {
+    fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
+        // The input as bf16 pairs, rows padded to whole tiles with zeros.
+        let (rows, padded) = panels::rows_of(x, self.inputs);
+        xs.resize(padded * self.pairs, 0);
+        for (row, dst) in x
+            .chunks_exact(self.inputs)
+            .zip(xs.chunks_exact_mut(self.pairs))
+        {
+            // SAFETY: as in `panel` below; `dst` holds `row`'s pairs.
+            unsafe { pairs_of(row, dst) };
+        }
+        xs[rows * self.pairs..].fill(0);
+        // Every value is written below.
+        out.resize(rows * self.outputs, 0.0);
+        let dst = Out(out.as_mut_ptr());
+        let xs: &[u32] = xs;
+        panels::split(self.outputs.div_ceil(PANEL), |panel| {
+            // SAFETY: `supported()` held when the layer was packed; the
+            // tiles read within `xs` and `panels` and write rows `< rows`
+            // of their own panel's columns of `out`.
+            unsafe { self.panel(xs, rows, panel, dst) }
+        });
     }
 }
 

@@ -15,7 +15,7 @@
 //! Only x86-64 CPUs with AVX-512 F, BW and VNNI run it; elsewhere
 //! [`Linear::new`] returns None.
 
-use crate::panels::{self, Out, LANES, PANEL, TILE_ROWS};
+use crate::panels::{self, Dense, Out, LANES, PANEL, TILE_ROWS};
 
 /// A dense layer `y = x·Wᵀ + b` with its weights packed for
 /// [`Linear::forward_into`].
@@ -89,13 +89,11 @@ impl Linear {
     /// Packs `weights` (`bias.len()` rows of `inputs` values, row-major), or
     /// None when this CPU lacks AVX-512 VNNI.
     pub fn new(weights: &[f32], bias: &[f32]) -> Option<Linear> {
-        let outputs = bias.len();
-        if !supported() || outputs == 0 || !weights.len().is_multiple_of(outputs) {
+        if !supported() {
             return None;
         }
-        let inputs = weights.len() / outputs;
+        let (inputs, outputs, count) = panels::shape(weights, bias)?;
         let quads = inputs.div_ceil(4);
-        let count = outputs.div_ceil(PANEL);
         let mut packed = vec![0u32; count * quads * PANEL];
         let mut scale = vec![0.0f32; count * PANEL];
         let mut sums = vec![0.0f32; count * PANEL];
@@ -123,54 +121,6 @@ impl Linear {
             sums,
             bias,
         })
-    }
-
-    /// `x·Wᵀ + b` for `x` of whole rows of `inputs` values, row-major, as
-    /// rows of `outputs` values. The panels split over the current rayon
-    /// pool's threads.
-    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let mut out = Vec::new();
-        self.forward_into(x, &mut out, &mut Vec::new());
-        out
-    }
-
-    /// [`Linear::forward`] into `out` (resized to the result), with `xs` for
-    /// the input as bytes, then each row's step (as f32 bits) and zero
-    /// point: buffers kept from pass to pass are neither allocated nor
-    /// cleared again.
-    pub fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
-        let rows = x.len() / self.inputs;
-        assert_eq!(x.len(), rows * self.inputs, "x holds whole rows");
-        // Rows padded to whole tiles (their results are not stored).
-        let padded = rows.div_ceil(TILE_ROWS) * TILE_ROWS;
-        let words = padded * self.quads;
-        xs.resize(words + 2 * padded, 0);
-        let (bytes, rest) = xs.split_at_mut(words);
-        let (steps, zeros) = rest.split_at_mut(padded);
-        for (r, (row, dst)) in x
-            .chunks_exact(self.inputs)
-            .zip(bytes.chunks_exact_mut(self.quads))
-            .enumerate()
-        {
-            // SAFETY: `supported()` held when the layer was packed; `dst`
-            // holds `row`'s quads.
-            let (step, zero) = unsafe { quantize(row, dst) };
-            (steps[r], zeros[r]) = (step.to_bits(), zero as u32);
-        }
-        out.resize(rows * self.outputs, 0.0);
-        let dst = Out(out.as_mut_ptr());
-        let rows_of = Rows {
-            bytes,
-            steps,
-            zeros,
-            count: rows,
-        };
-        panels::split(self.outputs.div_ceil(PANEL), |panel| {
-            // SAFETY: as above; the tiles read within the rows' buffers and
-            // the packed weights and write rows `< rows` of their own
-            // panel's columns of `out`.
-            unsafe { self.panel(&rows_of, panel, dst) }
-        });
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -219,6 +169,41 @@ impl Linear {
                 }
             }
         }
+    }
+}
+
+impl Dense for Linear {
+    fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
+        // Rows padded to whole tiles (their results are not stored).
+        let (rows, padded) = panels::rows_of(x, self.inputs);
+        let words = padded * self.quads;
+        xs.resize(words + 2 * padded, 0);
+        let (bytes, rest) = xs.split_at_mut(words);
+        let (steps, zeros) = rest.split_at_mut(padded);
+        for (r, (row, dst)) in x
+            .chunks_exact(self.inputs)
+            .zip(bytes.chunks_exact_mut(self.quads))
+            .enumerate()
+        {
+            // SAFETY: `supported()` held when the layer was packed; `dst`
+            // holds `row`'s quads.
+            let (step, zero) = unsafe { quantize(row, dst) };
+            (steps[r], zeros[r]) = (step.to_bits(), zero as u32);
+        }
+        out.resize(rows * self.outputs, 0.0);
+        let dst = Out(out.as_mut_ptr());
+        let rows_of = Rows {
+            bytes,
+            steps,
+            zeros,
+            count: rows,
+        };
+        panels::split(self.outputs.div_ceil(PANEL), |panel| {
+            // SAFETY: as above; the tiles read within the rows' buffers and
+            // the packed weights and write rows `< rows` of their own
+            // panel's columns of `out`.
+            unsafe { self.panel(&rows_of, panel, dst) }
+        });
     }
 }
 

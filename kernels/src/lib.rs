@@ -11,6 +11,8 @@ pub mod int8;
 pub mod nn;
 mod panels;
 
+pub use panels::Dense;
+
 #[cfg(test)]
 mod testing {
     /// `n` pseudo-random values in [-0.5, 0.5), the same for the same `seed`.

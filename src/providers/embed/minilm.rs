@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use tokenizers::{Tokenizer, TruncationParams};
 use tokio::sync::oneshot;
 
-use loomem_kernels::{bf16, int8, nn};
+use loomem_kernels::{bf16, int8, nn, Dense as Packed};
 
 use super::config::Precision;
 use super::{EmbedError, Embedder};
@@ -189,11 +189,11 @@ impl Norm {
 /// One encoder layer in bf16 panels: the query, key and value projections
 /// as one layer of 3 × hidden outputs.
 struct NativeLayer {
-    qkv: Packed,
-    attn_out: Packed,
+    qkv: Box<dyn Packed>,
+    attn_out: Box<dyn Packed>,
     attn_norm: Norm,
-    intermediate: Packed,
-    out: Packed,
+    intermediate: Box<dyn Packed>,
+    out: Box<dyn Packed>,
     out_norm: Norm,
 }
 
@@ -205,21 +205,6 @@ struct Native {
     layers: Vec<NativeLayer>,
     embed_norm: Norm,
     eps: f32,
-}
-
-/// A dense layer on the int8 kernels, or on the bf16 ones.
-enum Packed {
-    Bf16(bf16::Linear),
-    Int8(int8::Linear),
-}
-
-impl Packed {
-    fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
-        match self {
-            Packed::Bf16(l) => l.forward_into(x, out, xs),
-            Packed::Int8(l) => l.forward_into(x, out, xs),
-        }
-    }
 }
 
 impl Encoder {
@@ -355,12 +340,12 @@ impl Native {
                 vb.get(outputs, "bias")?.to_vec1::<f32>()?,
             ))
         };
-        let pack = |(w, b): (Vec<f32>, Vec<f32>)| {
+        let pack = |(w, b): (Vec<f32>, Vec<f32>)| -> CandleResult<Box<dyn Packed>> {
             let int8 = match precision {
-                Precision::Int8 => int8::Linear::new(&w, &b).map(Packed::Int8),
+                Precision::Int8 => int8::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>),
                 Precision::Bf16 => None,
             };
-            int8.or_else(|| bf16::Linear::new(&w, &b).map(Packed::Bf16))
+            int8.or_else(|| bf16::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>))
                 .ok_or_else(|| {
                     candle_core::Error::Msg("a dense layer's shape does not pack".into())
                 })
