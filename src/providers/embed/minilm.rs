@@ -342,7 +342,9 @@ impl Native {
         };
         let pack = |(w, b): (Vec<f32>, Vec<f32>)| -> CandleResult<Box<dyn Packed>> {
             let int8 = match precision {
-                Precision::Int8 => int8::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>),
+                Precision::Int8 => {
+                    int8::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>)
+                }
                 Precision::Bf16 => None,
             };
             int8.or_else(|| bf16::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>))
