@@ -108,29 +108,35 @@ impl TextIndex {
     /// Insert or replace a memory's text.
     pub fn apply(&mut self, id: &str, text: &str, meta: Meta) {
         self.remove(id);
-        let mut counts: HashMap<u32, u32> = HashMap::new();
         let terms = doc_terms(text);
-        for t in &terms {
-            let next = self.term_ids.len() as u32;
-            let tid = *self.term_ids.entry(t.clone()).or_insert_with(|| {
-                self.term_bytes += t.len() + TERM_BYTES;
-                next
-            });
-            if tid as usize == self.postings.len() {
-                self.postings.push(Vec::new());
-                self.df.push(0);
-            }
-            *counts.entry(tid).or_default() += 1;
+        let tokens = terms.len();
+        // The text's term ids, sorted: equal ids side by side are counted.
+        let mut tids: Vec<u32> = Vec::with_capacity(tokens);
+        for t in terms {
+            let tid = match self.term_ids.get(&t) {
+                Some(&tid) => tid,
+                None => {
+                    let tid = self.term_ids.len() as u32;
+                    self.term_bytes += t.len() + TERM_BYTES;
+                    self.term_ids.insert(t, tid);
+                    self.postings.push(Vec::new());
+                    self.df.push(0);
+                    tid
+                }
+            };
+            tids.push(tid);
         }
+        tids.sort_unstable();
         let slot = self.slots.len() as u32;
-        let mut distinct: Vec<u32> = counts.keys().copied().collect();
-        distinct.sort_unstable();
-        for &tid in &distinct {
-            self.postings[tid as usize].push((slot, counts[&tid]));
+        let mut distinct: Vec<u32> = Vec::with_capacity(tids.len());
+        for run in tids.chunk_by(|a, b| a == b) {
+            let tid = run[0];
+            self.postings[tid as usize].push((slot, run.len() as u32));
             self.df[tid as usize] += 1;
+            distinct.push(tid);
         }
         self.posting_count += distinct.len();
-        self.lens.push(terms.len() as u32);
+        self.lens.push(tokens as u32);
         self.slots.push(Some(Doc {
             id: id.to_string(),
             terms: distinct,
@@ -138,7 +144,7 @@ impl TextIndex {
         }));
         self.slot_of.insert(id.to_string(), slot);
         self.live += 1;
-        self.total_tokens += terms.len() as u64;
+        self.total_tokens += tokens as u64;
     }
 
     /// A memory's filter columns.

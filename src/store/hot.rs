@@ -1037,6 +1037,7 @@ mod tests {
 #[cfg(test)]
 mod against_lance {
     use crate::core::model::Chunk;
+    use crate::store::hot::{row_bytes, Lookup};
     use crate::store::{Filter, Store};
 
     /// A deterministic unit-ish vector per seed.
@@ -1257,6 +1258,38 @@ mod against_lance {
             );
         }
         assert_eq!(store.hot_usage().1, 1, "the stream is in memory");
+    }
+
+    /// A stream past the budget stops its read at the first batch over it,
+    /// is answered from Lance and is not read again; a small one is held.
+    #[tokio::test]
+    async fn a_stream_past_the_budget_is_answered_from_lance_and_not_read_again() {
+        let dim = 16;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), dim, 5000)
+            .await
+            .unwrap()
+            .for_model("m")
+            .with_hot_budget(100 * row_bytes(dim));
+        let mut rows: Vec<Chunk> = (0..2500).map(|i| memory(i, "big", dim)).collect();
+        rows.extend((2500..2510).map(|i| memory(i, "small", dim)));
+        store.upsert(rows).await.unwrap();
+        let found = |stream: &'static str, i: u64| {
+            let store = &store;
+            async move {
+                let hashes = [memory(i, stream, dim).content_hash];
+                let rows = store.current_with_hashes(stream, &hashes).await.unwrap();
+                rows.into_iter().map(|c| c.id).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(found("big", 7).await, ["m7"]);
+        assert_eq!(store.hot_usage().1, 0, "the big stream is not held");
+        assert!(
+            matches!(store.hot.lookup("big"), Lookup::Skip),
+            "nor read again"
+        );
+        assert_eq!(found("small", 2505).await, ["m2505"]);
+        assert_eq!(store.hot_usage().1, 1, "the small stream is held");
     }
 
     #[tokio::test]

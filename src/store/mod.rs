@@ -1040,19 +1040,32 @@ impl Store {
         guard: hot::LoadGuard,
     ) -> Result<Option<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>> {
         let filter = Filter::new().stream(guard.stream());
-        let rows = self.count(&filter).await?;
-        if rows.saturating_mul(hot::row_bytes(self.dim)) > self.hot.budget() {
-            guard.too_big();
-            return Ok(None);
-        }
-        // Every column: the index answers the candidate reads of a search too.
+        let fits = self.hot.budget() / hot::row_bytes(self.dim);
+        // Every column: the index answers the candidate reads of a search
+        // too. No count first: each batch goes into the index while Lance
+        // decodes the next, and a stream past the budget stops its read
+        // there.
+        let mut batches = self
+            .chunks
+            .query()
+            .only_if(filter.predicate())
+            .execute()
+            .await?;
         let mut index = hot::StreamIndex::new(self.dim);
-        for chunk in read_chunks(&self.chunks, filter.predicate(), None).await? {
-            let admitted = match &self.embed_model {
-                Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
-                None => true,
-            };
-            index.apply(hot::Row::new(chunk, admitted));
+        let mut rows = 0;
+        while let Some(batch) = batches.try_next().await? {
+            rows += batch.num_rows();
+            if rows > fits {
+                guard.too_big();
+                return Ok(None);
+            }
+            for chunk in batch_to_chunks(&batch)? {
+                let admitted = match &self.embed_model {
+                    Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
+                    None => true,
+                };
+                index.apply(hot::Row::new(chunk, admitted));
+            }
         }
         Ok(guard.finish(index))
     }
