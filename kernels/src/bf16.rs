@@ -13,7 +13,7 @@
 
 use crate::panels::{self, first_lanes, Dense, Out, LANES, PANEL, TILE_ROWS};
 
-/// A dense layer `y = x·Wᵀ + b` with its weights packed for [`Linear::forward`].
+/// A dense layer `y = x·Wᵀ + b` with its weights packed for [`Dense::forward`].
 pub struct Linear {
     inputs: usize,
     /// Input values taken two at a time (`inputs` rounded up to even, halved).

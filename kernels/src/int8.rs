@@ -18,7 +18,7 @@
 use crate::panels::{self, Dense, Out, LANES, PANEL, TILE_ROWS};
 
 /// A dense layer `y = x·Wᵀ + b` with its weights packed for
-/// [`Linear::forward_into`].
+/// [`Dense::forward_into`].
 pub struct Linear {
     inputs: usize,
     /// Input values taken four at a time (`inputs` rounded up to a multiple
