@@ -186,8 +186,8 @@ impl Norm {
     }
 }
 
-/// One encoder layer in bf16 panels: the query, key and value projections
-/// as one layer of 3 × hidden outputs.
+/// One encoder layer in the kernels' panels (int8 or bf16): the query, key
+/// and value projections as one layer of 3 × hidden outputs.
 struct NativeLayer {
     qkv: Box<dyn Packed>,
     attn_out: Box<dyn Packed>,
@@ -197,8 +197,8 @@ struct NativeLayer {
     out_norm: Norm,
 }
 
-/// The encoder without candle, where the CPU runs the bf16 kernels
-/// ([`bf16`], [`nn`]). A pass lays its texts' tokens end to end, with no
+/// The encoder without candle, where the CPU runs loomem's kernels
+/// ([`int8`] or [`bf16`], and [`nn`]). A pass lays its texts' tokens end to end, with no
 /// padding: the dense layers and norms work token by token, and attention
 /// keeps to each text's own tokens.
 struct Native {
@@ -328,8 +328,8 @@ impl Native {
         precision: Precision,
     ) -> CandleResult<Option<Native>> {
         let (h, inner) = (cfg.hidden_size, cfg.intermediate_size);
-        let int8 = precision == Precision::Int8 && int8::supported();
-        if !(int8 || bf16::supported())
+        let in_int8 = precision == Precision::Int8 && int8::supported();
+        if !(in_int8 || bf16::supported())
             || !nn::HEAD_DIMS.contains(&(h / cfg.num_attention_heads.max(1)))
         {
             return Ok(None);
@@ -341,16 +341,14 @@ impl Native {
             ))
         };
         let pack = |(w, b): (Vec<f32>, Vec<f32>)| -> CandleResult<Box<dyn Packed>> {
-            let int8 = match precision {
-                Precision::Int8 => {
-                    int8::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>)
-                }
-                Precision::Bf16 => None,
+            let layer: Option<Box<dyn Packed>> = if in_int8 {
+                int8::Linear::new(&w, &b).map(|l| Box::new(l) as _)
+            } else {
+                bf16::Linear::new(&w, &b).map(|l| Box::new(l) as _)
             };
-            int8.or_else(|| bf16::Linear::new(&w, &b).map(|l| Box::new(l) as Box<dyn Packed>))
-                .ok_or_else(|| {
-                    candle_core::Error::Msg("a dense layer's shape does not pack".into())
-                })
+            layer.ok_or_else(|| {
+                candle_core::Error::Msg("a dense layer's shape does not pack".into())
+            })
         };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
