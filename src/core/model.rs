@@ -353,6 +353,66 @@ pub struct Columns<'a> {
     batch: &'a RecordBatch,
 }
 
+/// One column of a batch, looked up by name once (a lookup walks the
+/// schema's fields): values by row, None where the row is null or the
+/// batch lacks the column.
+pub struct Col<'a, A>(Option<&'a A>);
+
+impl<'a, A: Array> Col<'a, A> {
+    fn valid(&self, row: usize) -> Option<&'a A> {
+        self.0.filter(|a| a.is_valid(row))
+    }
+}
+
+impl<T: arrow_array::ArrowPrimitiveType> Col<'_, arrow_array::PrimitiveArray<T>> {
+    pub fn value(&self, row: usize) -> Option<T::Native> {
+        self.valid(row).map(|a| a.value(row))
+    }
+}
+
+impl Col<'_, BooleanArray> {
+    pub fn value(&self, row: usize) -> Option<bool> {
+        self.valid(row).map(|a| a.value(row))
+    }
+}
+
+impl Col<'_, StringArray> {
+    pub fn string(&self, row: usize) -> Option<String> {
+        self.valid(row).map(|a| a.value(row).to_string())
+    }
+}
+
+impl Col<'_, ListArray> {
+    /// A list of strings; empty when null (or not strings).
+    pub fn strings(&self, row: usize) -> Vec<String> {
+        let Some(a) = self.valid(row) else {
+            return Vec::new();
+        };
+        let (start, end) = (a.value_offsets()[row], a.value_offsets()[row + 1]);
+        if start == end {
+            return Vec::new();
+        }
+        let Some(s) = a.values().as_any().downcast_ref::<StringArray>() else {
+            return Vec::new();
+        };
+        (start as usize..end as usize)
+            .filter(|&i| s.is_valid(i))
+            .map(|i| s.value(i).to_string())
+            .collect()
+    }
+}
+
+impl Col<'_, FixedSizeListArray> {
+    /// A vector of floats, read from the column's values in place.
+    pub fn floats(&self, row: usize) -> Option<Vec<f32>> {
+        let a = self.valid(row)?;
+        let f = a.values().as_any().downcast_ref::<Float32Array>()?;
+        let dim = a.value_length() as usize;
+        let start = a.value_offset(row) as usize;
+        f.values().get(start..start + dim).map(<[f32]>::to_vec)
+    }
+}
+
 impl<'a> Columns<'a> {
     pub fn new(batch: &'a RecordBatch) -> Self {
         Columns { batch }
@@ -369,66 +429,45 @@ impl<'a> Columns<'a> {
             .ok_or_else(|| ModelError::Column(name.into()))
     }
 
+    /// A column, to read many rows of.
+    pub fn col<T: 'static>(&self, name: &str) -> Col<'a, T> {
+        Col(self.get(name))
+    }
+
     pub fn str(&self, name: &str, row: usize) -> Option<String> {
-        let a = self.get::<StringArray>(name)?;
-        (!a.is_null(row)).then(|| a.value(row).to_string())
+        self.col::<StringArray>(name).string(row)
     }
 
     pub fn f32(&self, name: &str, row: usize) -> Option<f32> {
-        let a = self.get::<Float32Array>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<Float32Array>(name).value(row)
     }
 
     pub fn f64(&self, name: &str, row: usize) -> Option<f64> {
-        let a = self.get::<arrow_array::Float64Array>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<arrow_array::Float64Array>(name).value(row)
     }
 
     pub fn i32(&self, name: &str, row: usize) -> Option<i32> {
-        let a = self.get::<Int32Array>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<Int32Array>(name).value(row)
     }
 
     pub fn i64(&self, name: &str, row: usize) -> Option<i64> {
-        let a = self.get::<Int64Array>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<Int64Array>(name).value(row)
     }
 
     pub fn bool(&self, name: &str, row: usize) -> Option<bool> {
-        let a = self.get::<BooleanArray>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<BooleanArray>(name).value(row)
     }
 
     pub fn time(&self, name: &str, row: usize) -> Option<Micros> {
-        let a = self.get::<TimestampMicrosecondArray>(name)?;
-        (!a.is_null(row)).then(|| a.value(row))
+        self.col::<TimestampMicrosecondArray>(name).value(row)
     }
 
     pub fn str_list(&self, name: &str, row: usize) -> Vec<String> {
-        let Some(a) = self.get::<ListArray>(name) else {
-            return Vec::new();
-        };
-        if a.is_null(row) {
-            return Vec::new();
-        }
-        let values = a.value(row);
-        let Some(s) = values.as_any().downcast_ref::<StringArray>() else {
-            return Vec::new();
-        };
-        (0..s.len())
-            .filter(|i| !s.is_null(*i))
-            .map(|i| s.value(i).to_string())
-            .collect()
+        self.col::<ListArray>(name).strings(row)
     }
 
     pub fn vector(&self, name: &str, row: usize) -> Option<Vec<f32>> {
-        let a = self.get::<FixedSizeListArray>(name)?;
-        if a.is_null(row) {
-            return None;
-        }
-        let values = a.value(row);
-        let f = values.as_any().downcast_ref::<Float32Array>()?;
-        Some(f.values().to_vec())
+        self.col::<FixedSizeListArray>(name).floats(row)
     }
 }
 
@@ -439,43 +478,65 @@ pub fn batch_to_chunks(batch: &RecordBatch) -> Result<Vec<Chunk>, ModelError> {
     c.required::<StringArray>("id")?;
     c.required::<StringArray>("content")?;
     c.required::<TimestampMicrosecondArray>("created_at")?;
-    let req_str = |name: &str, row| c.str(name, row).unwrap_or_default();
+    // Each column looked up once, not once a row.
+    let s = |name: &str| c.col::<StringArray>(name);
+    let f = |name: &str| c.col::<Float32Array>(name);
+    let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);
+    let b = |name: &str| c.col::<BooleanArray>(name);
+    let i = |name: &str| c.col::<Int32Array>(name);
+    let l = |name: &str| c.col::<ListArray>(name);
+    let (id, stream, content, title) = (s("id"), s("stream"), s("content"), s("title"));
+    let (content_hash, memory_type, subject) = (s("content_hash"), s("memory_type"), s("subject"));
+    let (source, tags, entities) = (s("source"), l("tags"), l("entities"));
+    let (metadata, extraction_meta) = (s("metadata"), s("extraction_meta"));
+    let (user_id, app_id, agent_id, session_id) =
+        (s("user_id"), s("app_id"), s("agent_id"), s("session_id"));
+    let (level, version) = (i("level"), i("version"));
+    let (importance, confidence, surprise) = (f("importance"), f("confidence"), f("surprise"));
+    let (pinned, immutable) = (b("pinned"), b("immutable"));
+    let (expires_at, valid_from, valid_until) =
+        (t("expires_at"), t("valid_from"), t("valid_until"));
+    let (created_at, updated_at, last_accessed_at) =
+        (t("created_at"), t("updated_at"), t("last_accessed_at"));
+    let (supersedes, superseded_by) = (s("supersedes"), s("superseded_by"));
+    let embedding = c.col::<FixedSizeListArray>("embedding");
+    let (embed_model, access_count) = (s("embed_model"), c.col::<Int64Array>("access_count"));
     Ok((0..batch.num_rows())
         .map(|row| Chunk {
-            id: req_str("id", row),
-            stream: req_str("stream", row),
-            level: c.i32("level", row).unwrap_or(0),
-            content: req_str("content", row),
-            title: c.str("title", row),
-            content_hash: req_str("content_hash", row),
-            memory_type: req_str("memory_type", row),
-            subject: c.str("subject", row),
-            source: c.str("source", row),
-            tags: c.str_list("tags", row),
-            entities: c.str_list("entities", row),
-            metadata: c.str("metadata", row),
-            extraction_meta: c.str("extraction_meta", row),
-            user_id: c.str("user_id", row),
-            app_id: c.str("app_id", row),
-            agent_id: c.str("agent_id", row),
-            session_id: c.str("session_id", row),
-            importance: c.f32("importance", row).unwrap_or(1.0),
-            confidence: c.f32("confidence", row).unwrap_or(1.0),
-            surprise: c.f32("surprise", row).unwrap_or(0.0),
-            pinned: c.bool("pinned", row).unwrap_or(false),
-            immutable: c.bool("immutable", row).unwrap_or(false),
-            expires_at: c.time("expires_at", row),
-            valid_from: c.time("valid_from", row),
-            valid_until: c.time("valid_until", row),
-            created_at: c.time("created_at", row).unwrap_or(0),
-            updated_at: c.time("updated_at", row).unwrap_or(0),
-            supersedes: c.str("supersedes", row),
-            superseded_by: c.str("superseded_by", row),
-            version: c.i32("version", row).unwrap_or(1),
-            embedding: c.vector("embedding", row),
-            embed_model: c.str("embed_model", row),
-            access_count: c.i64("access_count", row).unwrap_or(0),
-            last_accessed_at: c.time("last_accessed_at", row),
+            id: id.string(row).unwrap_or_default(),
+            stream: stream.string(row).unwrap_or_default(),
+            level: level.value(row).unwrap_or(0),
+            content: content.string(row).unwrap_or_default(),
+            title: title.string(row),
+            content_hash: content_hash.string(row).unwrap_or_default(),
+            memory_type: memory_type.string(row).unwrap_or_default(),
+            subject: subject.string(row),
+            source: source.string(row),
+            tags: tags.strings(row),
+            entities: entities.strings(row),
+            metadata: metadata.string(row),
+            extraction_meta: extraction_meta.string(row),
+            user_id: user_id.string(row),
+            app_id: app_id.string(row),
+            agent_id: agent_id.string(row),
+            session_id: session_id.string(row),
+            importance: importance.value(row).unwrap_or(1.0),
+            confidence: confidence.value(row).unwrap_or(1.0),
+            surprise: surprise.value(row).unwrap_or(0.0),
+            pinned: pinned.value(row).unwrap_or(false),
+            immutable: immutable.value(row).unwrap_or(false),
+            expires_at: expires_at.value(row),
+            valid_from: valid_from.value(row),
+            valid_until: valid_until.value(row),
+            created_at: created_at.value(row).unwrap_or(0),
+            updated_at: updated_at.value(row).unwrap_or(0),
+            supersedes: supersedes.string(row),
+            superseded_by: superseded_by.string(row),
+            version: version.value(row).unwrap_or(1),
+            embedding: embedding.floats(row),
+            embed_model: embed_model.string(row),
+            access_count: access_count.value(row).unwrap_or(0),
+            last_accessed_at: last_accessed_at.value(row),
         })
         .collect())
 }

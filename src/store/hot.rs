@@ -5,8 +5,12 @@
 //! of truth: a stream is loaded from it on its first read, every commit the
 //! writer makes is applied to the loaded streams, and a delete or a rollback
 //! (whose rows are not known row by row) drops them all, to be loaded again.
-//! A read the index cannot answer (an opaque filter, a stream being loaded
-//! or too large for the budget, a past version) goes to Lance.
+//! A read the index cannot answer (an opaque filter, a stream too large for
+//! the budget, a past version) goes to Lance. A read of a stream another
+//! reader is loading waits for that load: the legs of one search ask for
+//! their stream at once, and the leg that does not load it would otherwise
+//! run a prefiltered Lance search beside the load, on the same CPUs, for an
+//! answer no sooner than the load's.
 //!
 //! A flat scan is exact, so recall is never below the ANN index's; on this
 //! machine it reads a 10k-memory stream in about a millisecond.
@@ -456,8 +460,13 @@ enum Slot {
         used_at: u64,
     },
     /// A reader is loading the stream; commits meanwhile wait here, and a
-    /// delete poisons the load.
-    Loading { pending: Vec<Row>, poisoned: bool },
+    /// delete poisons the load. Other readers wait on `done`, whose sender
+    /// goes with the slot.
+    Loading {
+        pending: Vec<Row>,
+        poisoned: bool,
+        done: tokio::sync::watch::Sender<()>,
+    },
     /// Larger than the whole budget: served by Lance until the next delete.
     TooBig,
 }
@@ -484,6 +493,9 @@ pub(super) enum Lookup {
     Ready(Arc<RwLock<StreamIndex>>),
     /// Load it from Lance and hand it to [`LoadGuard::finish`].
     Load(LoadGuard),
+    /// Another reader is loading it: wait until this ends (`changed` fails
+    /// once the load is installed, refused or abandoned), then look again.
+    Wait(tokio::sync::watch::Receiver<()>),
     /// Ask Lance.
     Skip,
 }
@@ -508,7 +520,10 @@ impl LoadGuard {
         self.done = true;
         let hot = self.hot.clone();
         let mut st = hot.state.lock().expect("hot index lock");
-        let Some(Slot::Loading { pending, poisoned }) = st.streams.remove(&self.stream) else {
+        let Some(Slot::Loading {
+            pending, poisoned, ..
+        }) = st.streams.remove(&self.stream)
+        else {
             return None;
         };
         if poisoned {
@@ -642,13 +657,15 @@ impl HotIndex {
                 *used_at = tick;
                 Lookup::Ready(index.clone())
             }
-            Some(Slot::Loading { .. } | Slot::TooBig) => Lookup::Skip,
+            Some(Slot::Loading { done, .. }) => Lookup::Wait(done.subscribe()),
+            Some(Slot::TooBig) => Lookup::Skip,
             None => {
                 st.streams.insert(
                     stream.to_string(),
                     Slot::Loading {
                         pending: Vec::new(),
                         poisoned: false,
+                        done: tokio::sync::watch::channel(()).0,
                     },
                 );
                 Lookup::Load(LoadGuard {
@@ -982,14 +999,21 @@ mod tests {
         let Lookup::Load(guard) = hot.lookup("s") else {
             panic!("first lookup loads")
         };
+        let Lookup::Wait(waiting) = hot.lookup("s") else {
+            panic!("one loader at a time, the others wait")
+        };
         assert!(
-            matches!(hot.lookup("s"), Lookup::Skip),
-            "one loader at a time"
+            waiting.has_changed().is_ok(),
+            "the wait lasts while the load does"
         );
         // A commit while the load runs reaches the index it installs.
         hot.apply([&chunk("late", "s", &[0.0, 1.0])]);
         let index = guard.finish(StreamIndex::new(dim)).expect("installed");
         assert_eq!(index.read().unwrap().len(), 1);
+        assert!(
+            waiting.has_changed().is_err(),
+            "an installed load ends the wait"
+        );
         // Later commits apply in place.
         hot.apply([&chunk("b", "s", &[1.0, 0.0])]);
         assert!(matches!(hot.lookup("s"), Lookup::Ready(ix) if ix.read().unwrap().len() == 2));
@@ -1003,10 +1027,17 @@ mod tests {
         hot.invalidate(None);
         assert_eq!(hot.loaded(), 0);
         // A dropped load frees the slot.
-        match hot.lookup("u") {
-            Lookup::Load(g) => drop(g),
-            _ => panic!(),
-        }
+        let Lookup::Load(g) = hot.lookup("u") else {
+            panic!()
+        };
+        let Lookup::Wait(waiting) = hot.lookup("u") else {
+            panic!()
+        };
+        drop(g);
+        assert!(
+            waiting.has_changed().is_err(),
+            "an abandoned load ends the wait"
+        );
         assert!(matches!(hot.lookup("u"), Lookup::Load(_)));
         // Two streams of two rows do not fit three rows: the older goes.
         for s in ["v", "w"] {

@@ -999,7 +999,7 @@ impl Store {
 impl Store {
     /// The hot indexes of the streams a filter names, loading those not in
     /// memory; None when the index cannot answer (an opaque condition, no
-    /// stream named, a stream loading elsewhere or over the budget).
+    /// stream named, a stream over the budget).
     async fn hot_indexes(
         &self,
         filter: &Filter,
@@ -1011,8 +1011,9 @@ impl Store {
     }
 
     /// The hot indexes of the streams `filter` names, loading those not
-    /// loaded yet; None when one cannot be (too big, being loaded, the
-    /// budget is 0) or the filter names no stream.
+    /// loaded yet (or waiting for another reader's load); None when one
+    /// cannot be (too big, a load a delete poisoned, the budget is 0) or
+    /// the filter names no stream.
     async fn hot_streams(
         &self,
         filter: &Filter,
@@ -1022,13 +1023,21 @@ impl Store {
         };
         let mut out = Vec::with_capacity(streams.len());
         for stream in streams {
-            match self.hot.lookup(&stream) {
-                hot::Lookup::Ready(ix) => out.push(ix),
-                hot::Lookup::Skip => return Ok(None),
-                hot::Lookup::Load(guard) => match self.load_hot(guard).await? {
-                    Some(ix) => out.push(ix),
-                    None => return Ok(None),
-                },
+            loop {
+                match self.hot.lookup(&stream) {
+                    hot::Lookup::Ready(ix) => out.push(ix),
+                    hot::Lookup::Skip => return Ok(None),
+                    hot::Lookup::Load(guard) => match self.load_hot(guard).await? {
+                        Some(ix) => out.push(ix),
+                        None => return Ok(None),
+                    },
+                    hot::Lookup::Wait(mut load) => {
+                        // Ends with the load, whichever way it ends.
+                        let _ = load.changed().await;
+                        continue;
+                    }
+                }
+                break;
             }
         }
         Ok(Some(out))
