@@ -61,10 +61,11 @@ fn doc_terms(text: &str) -> Vec<String> {
 /// Words whose terms are remembered, per thread, before the memo starts over.
 const WORDS_KEPT: usize = 1 << 16;
 
+/// What the analyzer makes of a word: its terms (none for a stop word).
+type Words = HashMap<Box<str>, Box<[Box<str>]>>;
+
 thread_local! {
-    /// What the analyzer makes of a word: its terms (none for a stop word).
-    static WORDS: std::cell::RefCell<HashMap<Box<str>, Box<[Box<str>]>>> =
-        std::cell::RefCell::new(HashMap::new());
+    static WORDS: std::cell::RefCell<Words> = std::cell::RefCell::new(HashMap::new());
 }
 
 /// Call `f` with each term of a memory's text, in order, repeats kept: the
