@@ -474,18 +474,18 @@ impl<'a> Columns<'a> {
 /// Full chunks from a batch holding every column of the schema.
 pub fn batch_to_chunks(batch: &RecordBatch) -> Result<Vec<Chunk>, ModelError> {
     let c = Columns::new(batch);
-    // Fail early, with the column's name, when the batch is not a full chunk batch.
-    c.required::<StringArray>("id")?;
-    c.required::<StringArray>("content")?;
-    c.required::<TimestampMicrosecondArray>("created_at")?;
-    // Each column looked up once, not once a row.
+    // Fail early, with the column's name, when the batch is not a full chunk
+    // batch. Each column is looked up once, not once a row.
+    let id = Col(Some(c.required::<StringArray>("id")?));
+    let content = Col(Some(c.required::<StringArray>("content")?));
+    let created_at = Col(Some(c.required::<TimestampMicrosecondArray>("created_at")?));
     let s = |name: &str| c.col::<StringArray>(name);
     let f = |name: &str| c.col::<Float32Array>(name);
     let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);
     let b = |name: &str| c.col::<BooleanArray>(name);
     let i = |name: &str| c.col::<Int32Array>(name);
     let l = |name: &str| c.col::<ListArray>(name);
-    let (id, stream, content, title) = (s("id"), s("stream"), s("content"), s("title"));
+    let (stream, title) = (s("stream"), s("title"));
     let (content_hash, memory_type, subject) = (s("content_hash"), s("memory_type"), s("subject"));
     let (source, tags, entities) = (s("source"), l("tags"), l("entities"));
     let (metadata, extraction_meta) = (s("metadata"), s("extraction_meta"));
@@ -496,8 +496,7 @@ pub fn batch_to_chunks(batch: &RecordBatch) -> Result<Vec<Chunk>, ModelError> {
     let (pinned, immutable) = (b("pinned"), b("immutable"));
     let (expires_at, valid_from, valid_until) =
         (t("expires_at"), t("valid_from"), t("valid_until"));
-    let (created_at, updated_at, last_accessed_at) =
-        (t("created_at"), t("updated_at"), t("last_accessed_at"));
+    let (updated_at, last_accessed_at) = (t("updated_at"), t("last_accessed_at"));
     let (supersedes, superseded_by) = (s("supersedes"), s("superseded_by"));
     let embedding = c.col::<FixedSizeListArray>("embedding");
     let (embed_model, access_count) = (s("embed_model"), c.col::<Int64Array>("access_count"));

@@ -1023,22 +1023,21 @@ impl Store {
         };
         let mut out = Vec::with_capacity(streams.len());
         for stream in streams {
-            loop {
+            let ix = loop {
                 match self.hot.lookup(&stream) {
-                    hot::Lookup::Ready(ix) => out.push(ix),
+                    hot::Lookup::Ready(ix) => break ix,
                     hot::Lookup::Skip => return Ok(None),
                     hot::Lookup::Load(guard) => match self.load_hot(guard).await? {
-                        Some(ix) => out.push(ix),
+                        Some(ix) => break ix,
                         None => return Ok(None),
                     },
+                    // Ends with the load, whichever way it ends; then look again.
                     hot::Lookup::Wait(mut load) => {
-                        // Ends with the load, whichever way it ends.
                         let _ = load.changed().await;
-                        continue;
                     }
                 }
-                break;
-            }
+            };
+            out.push(ix);
         }
         Ok(Some(out))
     }
