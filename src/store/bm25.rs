@@ -11,6 +11,11 @@
 
 use std::collections::HashMap;
 
+/// The hot index's maps: keyed by ids and words that come from users, so the
+/// hash is keyed at random (aHash), and a fraction of SipHash's cost on the
+/// short keys a stream's load inserts by the million.
+pub(super) type Map<K, V> = HashMap<K, V, ahash::RandomState>;
+
 use super::filter::Cond;
 use super::hot::Meta;
 
@@ -62,10 +67,10 @@ fn doc_terms(text: &str) -> Vec<String> {
 const WORDS_KEPT: usize = 1 << 16;
 
 /// What the analyzer makes of a word: its terms (none for a stop word).
-type Words = HashMap<Box<str>, Box<[Box<str>]>>;
+type Words = Map<Box<str>, Box<[Box<str>]>>;
 
 thread_local! {
-    static WORDS: std::cell::RefCell<Words> = std::cell::RefCell::new(HashMap::new());
+    static WORDS: std::cell::RefCell<Words> = std::cell::RefCell::new(Map::default());
 }
 
 /// Call `f` with each term of a memory's text, in order, repeats kept: the
@@ -129,8 +134,8 @@ pub(super) struct TextIndex {
     /// Per slot, its text's token count, repeats counted (what the scoring
     /// loop reads).
     lens: Vec<u32>,
-    slot_of: HashMap<String, u32>,
-    term_ids: HashMap<String, u32>,
+    slot_of: Map<String, u32>,
+    term_ids: Map<String, u32>,
     /// Per term: (slot, count in that memory); dead slots included.
     postings: Vec<Vec<(u32, u32)>>,
     /// Per term: living memories holding it.
@@ -188,6 +193,14 @@ impl TextIndex {
         self.slot_of.insert(id.to_string(), slot);
         self.live += 1;
         self.total_tokens += tokens as u64;
+    }
+
+    /// Room for `n` more memories, so a load grows its slots and its id map
+    /// once instead of doubling them.
+    pub fn reserve(&mut self, n: usize) {
+        self.slots.reserve(n);
+        self.lens.reserve(n);
+        self.slot_of.reserve(n);
     }
 
     /// A memory's filter columns.

@@ -18,7 +18,7 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::bm25::TextIndex;
+use super::bm25::{Map, TextIndex};
 use super::filter::Cond;
 use crate::core::model::{Chunk, Micros};
 use crate::core::vector::{dot, dot_i8_rows, l2_normalize, quantize_i8};
@@ -114,7 +114,7 @@ impl Row {
 pub(super) struct StreamIndex {
     dim: usize,
     ids: Vec<String>,
-    pos: HashMap<String, usize>,
+    pos: Map<String, usize>,
     /// Row-major, `dim` floats a memory, each of unit length.
     vectors: Vec<f32>,
     /// The same vectors quantised to int8 (`dim` bytes a memory) and their
@@ -128,9 +128,9 @@ pub(super) struct StreamIndex {
     row_bytes: usize,
     /// Every memory of the stream, with or without a vector (without its
     /// embedding): what a search returns.
-    docs: HashMap<String, Arc<Chunk>>,
+    docs: Map<String, Arc<Chunk>>,
     /// The current memories by the hash of their text.
-    current_by_hash: HashMap<String, Vec<String>>,
+    current_by_hash: Map<String, Vec<String>>,
     /// The postings of the memories' text, for the BM25 leg.
     text: TextIndex,
 }
@@ -159,6 +159,22 @@ impl StreamIndex {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Room for `n` more memories (a batch of a load: Lance's batches come
+    /// whole, so most streams are read in one and allocated exactly once,
+    /// without the copies and rehashes of growing row by row).
+    pub fn reserve(&mut self, n: usize) {
+        let d = self.dim;
+        self.ids.reserve(n);
+        self.pos.reserve(n);
+        self.vectors.reserve(n * d);
+        self.codes.reserve(n * d);
+        self.scales.reserve(n);
+        self.meta.reserve(n);
+        self.docs.reserve(n);
+        self.current_by_hash.reserve(n);
+        self.text.reserve(n);
     }
 
     /// What the index holds in memory, roughly.

@@ -1052,12 +1052,16 @@ impl Store {
         // Every column: the index answers the candidate reads of a search
         // too. No count first: each batch goes into the index while Lance
         // decodes the next, and a stream past the budget stops its read
-        // there.
+        // there. Lance's own batches, not lancedb's 1,024-row slices: a
+        // stream of a few thousand memories comes in one, and the index is
+        // sized for it at once.
+        let mut whole = lancedb::query::QueryExecutionOptions::default();
+        whole.max_batch_length = 0;
         let mut batches = self
             .chunks
             .query()
             .only_if(filter.predicate())
-            .execute()
+            .execute_with_options(whole)
             .await?;
         let mut index = hot::StreamIndex::new(self.dim);
         let mut rows = 0;
@@ -1067,6 +1071,7 @@ impl Store {
                 guard.too_big();
                 return Ok(None);
             }
+            index.reserve(batch.num_rows());
             for chunk in batch_to_chunks(&batch)? {
                 let admitted = match &self.embed_model {
                     Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
