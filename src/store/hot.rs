@@ -769,6 +769,7 @@ impl HotIndex {
     /// Evict the least recently used streams other than `keep` until the
     /// loaded streams fit the budget.
     fn evict(&self, st: &mut State, keep: &str) {
+        let mut victims = Vec::new();
         while st.used > self.budget() {
             let victim = st
                 .streams
@@ -780,11 +781,25 @@ impl HotIndex {
                 .min_by_key(|(used_at, _, _)| *used_at)
                 .map(|(_, bytes, s)| (bytes, s.clone()));
             let Some((bytes, victim)) = victim else {
-                return;
+                break;
             };
-            st.streams.remove(&victim);
+            victims.extend(st.streams.remove(&victim));
             st.used -= bytes;
         }
+        reap(victims);
+    }
+}
+
+/// Frees evicted streams away from the search or commit that evicted them:
+/// a stream's index is thousands of allocations, and freeing them there
+/// would add to that request's time, under the hot index's lock.
+fn reap(victims: Vec<Slot>) {
+    if victims.is_empty() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(move || drop(victims))),
+        Err(_) => drop(victims),
     }
 }
 
