@@ -203,6 +203,15 @@ impl TextIndex {
         self.slot_of.reserve(n);
     }
 
+    /// Every living memory's id and filter columns, in slot order: a pass
+    /// over a vector, without a lookup by id.
+    pub fn metas(&self) -> impl Iterator<Item = (&str, &Meta)> {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|d| (d.id.as_str(), &d.meta))
+    }
+
     /// A memory's filter columns.
     pub fn meta(&self, id: &str) -> Option<&Meta> {
         let slot = *self.slot_of.get(id)?;

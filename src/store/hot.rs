@@ -56,15 +56,26 @@ impl Meta {
     /// the row ([`Cond::needs_row`]) are judged by [`Meta::meets_row`];
     /// here they never hold.
     pub fn meets(&self, conds: &[Cond]) -> bool {
-        self.judge(conds, None)
+        self.judge(conds, RowFor::None)
     }
 
     /// [`Meta::meets`], with the memory's row for the conditions that need it.
     pub fn meets_row(&self, chunk: &Chunk, conds: &[Cond]) -> bool {
-        self.judge(conds, Some(chunk))
+        self.judge(conds, RowFor::Some(chunk))
     }
 
-    fn judge(&self, conds: &[Cond], row: Option<&Chunk>) -> bool {
+    /// Whether the row can meet `conds`: those on the filter columns hold,
+    /// those that need the row are left for [`Meta::meets_row`].
+    fn may_meet(&self, conds: &[Cond]) -> bool {
+        self.judge(conds, RowFor::Later)
+    }
+
+    fn judge(&self, conds: &[Cond], row: RowFor<'_>) -> bool {
+        let on_row = |f: &dyn Fn(&Chunk) -> bool| match row {
+            RowFor::Some(c) => f(c),
+            RowFor::None => false,
+            RowFor::Later => true,
+        };
         conds.iter().all(|c| match c {
             Cond::Streams(_) => true,
             Cond::Current => self.current,
@@ -78,14 +89,24 @@ impl Meta {
             Cond::MemoryType(m) => self.memory_type == *m,
             Cond::Subject(s) => self.subject.as_deref() == Some(s.as_str()),
             Cond::MinConfidence(min) => f64::from(self.confidence) >= *min,
-            Cond::MentionsKey(key) => row.is_some_and(|c| c.entities.iter().any(|e| e == key)),
+            Cond::MentionsKey(key) => on_row(&|c| c.entities.iter().any(|e| e == key)),
             Cond::ContentContains(text) => {
-                row.is_some_and(|c| c.content.to_lowercase().contains(text.as_str()))
+                on_row(&|c| c.content.to_lowercase().contains(text.as_str()))
             }
             Cond::Any(branches) => branches.iter().any(|b| self.judge(b, row)),
             Cond::Opaque => false,
         })
     }
+}
+
+/// The row a judgement of [`Meta`] has for the conditions that need one.
+#[derive(Clone, Copy)]
+enum RowFor<'a> {
+    Some(&'a Chunk),
+    /// None: such conditions fail.
+    None,
+    /// Not looked up yet: such conditions pass, to be judged with the row.
+    Later,
 }
 
 /// One memory as the index holds it: the row without its embedding, the
@@ -192,13 +213,17 @@ impl StreamIndex {
 
     /// The stream's memories (without their embeddings) that meet `conds`,
     /// conditions on the row included ([`Meta::meets_row`]).
+    /// The filter columns are judged first, in one pass over the text
+    /// index's slots; only the memories they admit are looked up by id (the
+    /// contradiction stage asks this of a stream for each subject it meets).
     pub fn rows_meeting<'a>(&'a self, conds: &'a [Cond]) -> impl Iterator<Item = &'a Arc<Chunk>> {
-        self.docs.iter().filter_map(move |(id, chunk)| {
-            self.text
-                .meta(id)
-                .filter(|m| m.meets_row(chunk, conds))
-                .map(|_| chunk)
-        })
+        self.text
+            .metas()
+            .filter(move |(_, m)| m.may_meet(conds))
+            .filter_map(move |(id, m)| {
+                let chunk = self.docs.get(id)?;
+                m.meets_row(chunk, conds).then_some(chunk)
+            })
     }
 
     /// The postings of the stream's text.
