@@ -226,6 +226,15 @@ impl StreamIndex {
             })
     }
 
+    /// How many of the stream's memories meet `conds`: from the filter
+    /// columns alone unless a condition needs the row.
+    pub fn count_meeting(&self, conds: &[Cond]) -> usize {
+        if conds.iter().any(Cond::needs_row) {
+            return self.rows_meeting(conds).count();
+        }
+        self.text.metas().filter(|(_, m)| m.meets(conds)).count()
+    }
+
     /// The postings of the stream's text.
     pub fn text(&self) -> &TextIndex {
         &self.text

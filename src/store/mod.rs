@@ -578,12 +578,7 @@ impl Store {
             if let Some(indexes) = ready {
                 return Ok(indexes
                     .iter()
-                    .map(|ix| {
-                        ix.read()
-                            .expect("stream index lock")
-                            .rows_meeting(conds)
-                            .count()
-                    })
+                    .map(|ix| ix.read().expect("stream index lock").count_meeting(conds))
                     .sum());
             }
         }
