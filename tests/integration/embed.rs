@@ -315,17 +315,35 @@ async fn semantic_recall_ranks_the_ide_preference_first_without_bm25() {
 /// A model directory of links to the installed model's files, with the static
 /// table distilled into it once for every test of this binary (a distillation
 /// runs the model over the whole vocabulary: a minute or more here).
+///
+/// A static is never dropped, so the directory is not a `TempDir` (it would
+/// stay behind in the system's temp directory, 45 MB a run): it is this
+/// process's directory under cargo's scratch directory for tests, and each
+/// run first removes those of processes that are gone.
 fn distilled_model_dir() -> &'static std::path::Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        for f in loomem::providers::embed::minilm::MODEL_FILES {
-            std::os::unix::fs::symlink(model_dir().join(f), dir.path().join(f)).unwrap();
+        let scratch = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let name = entry.file_name();
+            let gone = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("static-model-"))
+                .is_some_and(|pid| !std::path::Path::new("/proc").join(pid).exists());
+            if gone {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
         }
-        StaticEmbedder::load(dir.path(), 256).expect("distils from the installed model");
+        let dir = scratch.join(format!("static-model-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in loomem::providers::embed::minilm::MODEL_FILES {
+            std::os::unix::fs::symlink(model_dir().join(f), dir.join(f)).unwrap();
+        }
+        StaticEmbedder::load(&dir, 256).expect("distils from the installed model");
         dir
     })
-    .path()
+    .as_path()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
