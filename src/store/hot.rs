@@ -182,9 +182,9 @@ impl StreamIndex {
         self.ids.len()
     }
 
-    /// Room for `n` more memories (a batch of a load: Lance's batches come
-    /// whole, so most streams are read in one and allocated exactly once,
-    /// without the copies and rehashes of growing row by row).
+    /// Room for `n` more memories (a batch of a load, up to Lance's 8,192
+    /// rows: a stream is allocated in a few steps, without the copies and
+    /// rehashes of growing row by row).
     pub fn reserve(&mut self, n: usize) {
         let d = self.dim;
         self.ids.reserve(n);

@@ -1047,9 +1047,9 @@ impl Store {
         // Every column: the index answers the candidate reads of a search
         // too. No count first: each batch goes into the index while Lance
         // decodes the next, and a stream past the budget stops its read
-        // there. Lance's own batches, not lancedb's 1,024-row slices: a
-        // stream of a few thousand memories comes in one, and the index is
-        // sized for it at once.
+        // there. Lance's own batches (up to 8,192 rows), not lancedb's
+        // 1,024-row slices: the index is sized for each batch before it
+        // takes the batch's rows.
         let mut whole = lancedb::query::QueryExecutionOptions::default();
         whole.max_batch_length = 0;
         let mut batches = self
