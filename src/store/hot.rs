@@ -213,6 +213,7 @@ impl StreamIndex {
 
     /// The stream's memories (without their embeddings) that meet `conds`,
     /// conditions on the row included ([`Meta::meets_row`]).
+    ///
     /// The filter columns are judged first, in one pass over the text
     /// index's slots; only the memories they admit are looked up by id (the
     /// contradiction stage asks this of a stream for each subject it meets).
@@ -760,24 +761,28 @@ impl HotIndex {
     /// loads under way.
     pub fn invalidate(&self, streams: Option<&[String]>) {
         let mut st = self.state.lock().expect("hot index lock");
-        let mut freed = 0;
-        st.streams.retain(|stream, slot| {
-            if streams.is_some_and(|list| !list.contains(stream)) {
-                return true;
-            }
-            match slot {
-                Slot::Loading { poisoned, .. } => {
-                    *poisoned = true;
-                    true
+        let gone: Vec<Slot> = st
+            .streams
+            .extract_if(|stream, slot| {
+                if streams.is_some_and(|list| !list.contains(stream)) {
+                    return false;
                 }
-                Slot::Ready { bytes, .. } => {
-                    freed += *bytes;
-                    false
+                match slot {
+                    Slot::Loading { poisoned, .. } => {
+                        *poisoned = true;
+                        false
+                    }
+                    Slot::Ready { .. } | Slot::TooBig => true,
                 }
-                Slot::TooBig => false,
+            })
+            .map(|(_, slot)| slot)
+            .collect();
+        for slot in &gone {
+            if let Slot::Ready { bytes, .. } = slot {
+                st.used -= bytes;
             }
-        });
-        st.used -= freed;
+        }
+        reap(gone);
     }
 
     fn clear(&self) {
@@ -793,7 +798,12 @@ impl HotIndex {
         let before = std::mem::replace(bytes, now);
         st.used = st.used - before + now;
         if now > self.budget() {
-            st.streams.insert(stream.to_string(), Slot::TooBig);
+            reap(
+                st.streams
+                    .insert(stream.to_string(), Slot::TooBig)
+                    .into_iter()
+                    .collect(),
+            );
             st.used -= now;
             return;
         }
@@ -824,9 +834,10 @@ impl HotIndex {
     }
 }
 
-/// Frees evicted streams away from the search or commit that evicted them:
-/// a stream's index is thousands of allocations, and freeing them there
-/// would add to that request's time, under the hot index's lock.
+/// Frees the streams the index let go (evicted, grown past the budget,
+/// dropped by a delete) away from the search or commit that let them go: a
+/// stream's index is thousands of allocations, and freeing them there would
+/// add to that request's time, under the hot index's lock.
 fn reap(victims: Vec<Slot>) {
     if victims.is_empty() {
         return;
