@@ -108,6 +108,14 @@ fn main() {
         // `cargo bench` asks harness-less benches to list themselves.
         return;
     }
+    // `RUST_LOG=loomem=debug` shows the store's own timings (commits,
+    // merges, index refreshes) beside the figures.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     // As `loomem` does, before any other thread exists.
     loomem::providers::embed::minilm::kernel_threads();
     let total = knob("LOOMEM_WORKLOAD_TURNS", 6000);

@@ -619,6 +619,7 @@ impl GraphTables {
         tokio::spawn(async move {
             loop {
                 tidy.again.store(false, Ordering::Release);
+                let started = std::time::Instant::now();
                 for table in &tables {
                     if let Err(e) = super::maintain::merge_small_fragments(table, target).await {
                         tracing::warn!(error = %e, "graph fragment merge failed; will retry");
@@ -627,6 +628,7 @@ impl GraphTables {
                         tracing::warn!(error = %e, "graph index refresh failed; will retry");
                     }
                 }
+                tracing::debug!(took = ?started.elapsed(), "graph tables tidied");
                 tidy.running.store(false, Ordering::Release);
                 // Asked again meanwhile, and no other pass took it up.
                 if !tidy.again.load(Ordering::Acquire) || tidy.running.swap(true, Ordering::AcqRel)
@@ -639,6 +641,7 @@ impl GraphTables {
 
     /// Fold mentions and relations into the tables (one commit each).
     async fn commit(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
+        let started = std::time::Instant::now();
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
         if !mentions.is_empty() {
@@ -692,6 +695,7 @@ impl GraphTables {
             upsert(&self.edges, edge_schema(), &rows).await?;
             self.written(rows.len()).await;
         }
+        tracing::debug!(took = ?started.elapsed(), mentions = mentions.len(), relations = relations.len(), "graph committed");
         Ok(())
     }
 

@@ -604,6 +604,84 @@ mod tests {
         );
     }
 
+    /// Fragment merges run beside the pipeline's appends; a batch that
+    /// replaces stored rows, a delete and an edit wait for the merge. Every
+    /// write lands once, none fails on a commit conflict.
+    #[tokio::test]
+    async fn appends_run_beside_merges_and_replacements_wait_for_them() {
+        use crate::store::{Filter, WriteBatch};
+        let tmp = tempfile::tempdir().unwrap();
+        let m = Maintenance {
+            compact_every_commits: 2,
+            ..Maintenance::off()
+        };
+        let store = open(tmp.path(), m).await;
+        let memory =
+            |i: usize, text: &str| Chunk::new(format!("id{i}"), "s".into(), text.into(), 0);
+        for i in 0..60 {
+            let batch = if i % 5 == 4 {
+                // The pipeline's write of a redelivered record: it replaces.
+                WriteBatch {
+                    fresh: vec![memory(i, "v1")],
+                    rows: vec![memory(i - 3, "v2")],
+                    side: vec![],
+                    refuse: true,
+                }
+            } else {
+                WriteBatch {
+                    fresh: vec![memory(i, "v1")],
+                    rows: vec![],
+                    side: vec![],
+                    refuse: true,
+                }
+            };
+            store.commit_batch(batch).await.unwrap();
+            if i % 20 == 19 {
+                store
+                    .delete(&Filter::new().id(&format!("id{}", i - 1)))
+                    .await
+                    .unwrap();
+            }
+            if i % 20 == 10 {
+                let edited = store
+                    .modify(
+                        vec![format!("id{}", i - 2)],
+                        Box::new(|c: &mut Chunk| {
+                            c.content = "edited".into();
+                            true
+                        }),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(edited, 1);
+            }
+        }
+        let rows = store.find(&Filter::new(), None).await.unwrap();
+        let mut ids: Vec<&str> = rows.iter().map(|c| c.id.as_str()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(
+            (rows.len(), ids.len()),
+            (57, 57),
+            "60 written, 3 deleted, each once"
+        );
+        for c in &rows {
+            let i: usize = c.id[2..].parse().unwrap();
+            let want = if [8, 28, 48].contains(&i) {
+                "edited"
+            } else if i % 5 == 1 && i + 3 < 60 {
+                "v2"
+            } else {
+                "v1"
+            };
+            assert_eq!(c.content, want, "{}", c.id);
+        }
+        assert!(
+            fragments(store.chunks_table()).await < 40,
+            "the appends' fragments were merged"
+        );
+    }
+
     #[tokio::test]
     async fn the_full_pass_merges_and_reports() {
         let tmp = tempfile::tempdir().unwrap();

@@ -283,17 +283,13 @@ async fn run(
     let small = (maintenance.target_rows_per_fragment / 4).max(1);
     let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
+    let mut merger = Merger::default();
     loop {
         if maintenance.compact_every_commits > 0
             && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
+            && merger.start(table, &gate, maintenance.target_rows_per_fragment)
         {
             since_compact = 0;
-            let started = std::time::Instant::now();
-            let _gate = gate.read().await;
-            match merge_small_fragments(table, maintenance.target_rows_per_fragment).await {
-                Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
-                Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
-            }
         }
         let received = match next.take() {
             Some(op) => Some(op),
@@ -317,6 +313,10 @@ async fn run(
         };
         // One operation at a time under the table gate (a rollback waits for
         // it, and it for a rollback).
+        // Only appends run beside a fragment merge (see `Merger`).
+        if !matches!(op, WriteOp::Commit(..)) {
+            merger.settle().await;
+        }
         let _gate = gate.read().await;
         match op {
             WriteOp::Close(done) => {
@@ -330,13 +330,14 @@ async fn run(
             }
             WriteOp::Commit(batch, done) => {
                 let started = std::time::Instant::now();
-                let result = commit(&sink, batch).await;
+                let result = commit(&sink, batch, &mut merger).await;
                 let n = result.as_ref().copied().unwrap_or(0);
                 if result.is_ok() {
                     let m = crate::core::metrics::metrics();
                     crate::core::metrics::observe(&m.commit_seconds, started.elapsed());
                     m.commit_rows.observe(n as f64);
                 }
+                tracing::debug!(took = ?started.elapsed(), rows = n, "batch committed");
                 since_refresh += n;
                 since_compact += weight(n);
                 let _ = done.send(result.map(|_| ()));
@@ -398,6 +399,49 @@ async fn run(
     }
 }
 
+/// Merges the table's small fragments beside the writer, one merge at a
+/// time. Every `compact_every_commits` small commits the recent fragments
+/// are rewritten as one; run inline, that held every store behind it (40 to
+/// over 100 ms each time, under 8 writers every second or so). Lance lets an
+/// append commit beside a rewrite (they touch different fragments), so
+/// appends go on while it runs; anything that replaces or deletes rows
+/// (`merge_insert`, delete) could touch the fragments being rewritten, so
+/// it waits for the merge to finish ([`Merger::settle`]) and never meets a
+/// commit conflict from it.
+#[derive(Default)]
+struct Merger {
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Merger {
+    /// Start a merge unless one is running; whether one was started.
+    fn start(&mut self, table: &Table, gate: &super::TableGate, target_rows: usize) -> bool {
+        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
+            return false;
+        }
+        let (table, gate) = (table.clone(), gate.clone());
+        self.running = Some(tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            // A rollback waits for the merge, and the merge for a rollback.
+            let _gate = gate.read_owned().await;
+            match merge_small_fragments(&table, target_rows).await {
+                Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
+                Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
+            }
+        }));
+        true
+    }
+
+    /// Wait for the running merge, if any.
+    async fn settle(&mut self) {
+        if let Some(handle) = self.running.take() {
+            if let Err(e) = handle.await {
+                tracing::warn!(error = %e, "chunk fragment merge stopped");
+            }
+        }
+    }
+}
+
 /// Refreshes the indexes beside the writer, one refresh at a time. An index
 /// refresh reads every row written since the last one (the FTS index the most
 /// slowly); run inline it held every commit behind it, for minutes on a busy
@@ -449,7 +493,7 @@ impl Refresher {
 
 /// A pipeline batch's write (see [`ChunkWriter::commit_batch`]); returns the
 /// rows written.
-async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
+async fn commit(sink: &Sink, batch: WriteBatch, merger: &mut Merger) -> Result<usize> {
     let WriteBatch {
         mut fresh,
         rows,
@@ -523,7 +567,9 @@ async fn commit(sink: &Sink, batch: WriteBatch) -> Result<usize> {
             None => s,
         })
         .collect();
-    // Side effects first: a record's own row wins the fold by id.
+    // Side effects first: a record's own row wins the fold by id. A merge
+    // rewrites rows, so it waits for the fragment merge.
+    merger.settle().await;
     sink.commit(rebased.iter().chain(rows.iter())).await?;
     Ok(fresh.len() + rows.len() + rebased.len())
 }
