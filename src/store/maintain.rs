@@ -3,7 +3,8 @@
 //! and every read pays for each one. So:
 //!
 //! - the chunk writer merges small fragments every `compact_every_commits`
-//!   commits, inside its own task (no write of its own can race it);
+//!   commits, beside its appends; its writes that replace or delete rows
+//!   wait for the merge (no write of its own meets it in a conflict);
 //! - a maintainer task looks at every other table on an interval and merges
 //!   the small fragments of any that has gathered too many;
 //! - the `compact` job runs the full pass (merge into large fragments, fold new
