@@ -343,6 +343,7 @@ async fn run(
                 let _ = done.send(result.map(|_| ()));
             }
             WriteOp::Modify(ids, mut modify, done) => {
+                let started = std::time::Instant::now();
                 let result = async {
                     let filter = super::Filter::new().ids(&ids).predicate();
                     let mut current = super::read_chunks(table, filter, None).await?;
@@ -353,6 +354,7 @@ async fn run(
                     Ok(current.len())
                 }
                 .await;
+                tracing::debug!(took = ?started.elapsed(), rows = ?result.as_ref().ok(), "rows modified");
                 since_refresh += result.as_ref().map(|n| *n).unwrap_or(0);
                 if let Ok(n) = result.as_ref().copied() {
                     if n > 0 {
