@@ -1321,18 +1321,42 @@ mod against_lance {
                 c
             })
             .collect();
-        store.upsert(chunks).await.unwrap();
-        crate::store::maintain::refresh_indexes(store.chunks_table())
-            .await
-            .unwrap();
+        // Written in three parts, the routine refreshes leave the full-text
+        // index in segments (Lance scores across them); then merged into one.
+        for part in chunks.chunks(50) {
+            store.upsert(part.to_vec()).await.unwrap();
+            crate::store::maintain::refresh_indexes_routinely(store.chunks_table())
+                .await
+                .unwrap();
+        }
+        let table = store.chunks_table();
+        let fts = table.list_indices().await.unwrap();
+        let fts = fts.iter().find(|i| i.columns == ["content"]).unwrap();
+        let segments = |name: String| async move {
+            let s = table.index_stats(&name).await.unwrap().unwrap();
+            s.num_indices.unwrap_or(1)
+        };
+        assert!(
+            segments(fts.name.clone()).await >= 2,
+            "the index is in segments"
+        );
         let filter = Filter::new().stream("a");
-        for query in [
-            "coffee",
-            "garden cooking",
-            "Paris dentist piano",
-            "the runs",
-            "sisters' recipes",
-        ] {
+        for (merged, query) in [false, true].into_iter().flat_map(|m| {
+            [
+                "coffee",
+                "garden cooking",
+                "Paris dentist piano",
+                "the runs",
+                "sisters' recipes",
+            ]
+            .map(|q| (m, q))
+        }) {
+            if merged && query == "coffee" {
+                crate::store::maintain::refresh_indexes(table)
+                    .await
+                    .unwrap();
+                assert_eq!(segments(fts.name.clone()).await, 1);
+            }
             let hot = store.search_text(None, query, &filter, 20).await.unwrap();
             let lance = store
                 .search_text_lance(None, query, &filter, 20)
