@@ -230,6 +230,14 @@ const CASES: [(&str, BusAt, DataAt, &str, usize); 7] = [
 ];
 
 fn bench_e2e(c: &mut Criterion) {
+    // `RUST_LOG=loomem=debug` shows the store's own timings (commits,
+    // merges, index refreshes) beside the figures.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let rt = runtime();
     let mut group = c.benchmark_group("ingest_e2e");
     group.sample_size(10);
