@@ -247,6 +247,20 @@ impl StreamIndex {
     }
 
     /// Insert or replace a memory.
+    /// A memory's access counters changed (nothing a search filters on or
+    /// a text index holds); false when the index does not hold it.
+    pub fn touch(&mut self, id: &str, count: i64, at: Option<Micros>) -> bool {
+        match self.docs.get_mut(id) {
+            Some(doc) => {
+                let c = Arc::make_mut(doc);
+                c.access_count = count;
+                c.last_accessed_at = at;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn apply(&mut self, row: Row) {
         let id = &row.chunk.id;
         let old = self.docs.remove(id);
@@ -753,6 +767,34 @@ impl HotIndex {
         }
         for stream in grown {
             self.account(&mut st, &stream);
+        }
+    }
+
+    /// Access counters written to the table (stream, id, count, last
+    /// access): a held stream takes them in place; a stream being loaded may
+    /// have read the rows before, so its load is dropped (read again next
+    /// time).
+    pub fn touch(&self, rows: &[(String, String, i64, Option<Micros>)]) {
+        let mut loading: Vec<String> = Vec::new();
+        {
+            let st = self.state.lock().expect("hot index lock");
+            for (stream, id, count, at) in rows {
+                match st.streams.get(stream) {
+                    Some(Slot::Ready { index, .. }) => {
+                        index
+                            .write()
+                            .expect("stream index lock")
+                            .touch(id, *count, *at);
+                    }
+                    Some(Slot::Loading { .. }) if !loading.contains(stream) => {
+                        loading.push(stream.clone())
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if !loading.is_empty() {
+            self.invalidate(Some(&loading));
         }
     }
 

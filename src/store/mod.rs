@@ -657,6 +657,12 @@ impl Store {
         self.writer.modify(ids, modify).await
     }
 
+    /// Add to the access counters of the memories `accesses` names (see
+    /// [`ChunkWriter::touch`]); returns how many changed.
+    pub async fn touch(&self, accesses: writer::Accesses) -> Result<usize> {
+        self.writer.touch(accesses).await
+    }
+
     /// The stream and immutability of each stored chunk among `ids`.
     pub async fn owners<S: AsRef<str>>(
         &self,

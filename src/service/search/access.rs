@@ -69,22 +69,7 @@ impl AccessTracker {
         if counts.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<String> = counts.keys().cloned().collect();
-        let apply = counts.clone();
-        let result = self
-            .store
-            .modify(
-                ids,
-                Box::new(move |chunk| match apply.get(&chunk.id) {
-                    Some((n, at)) => {
-                        chunk.access_count += n;
-                        chunk.last_accessed_at = Some(chunk.last_accessed_at.unwrap_or(0).max(*at));
-                        true
-                    }
-                    None => false,
-                }),
-            )
-            .await;
+        let result = self.store.touch(counts.clone()).await;
         if result.is_err() {
             let mut p = self.pending.lock().expect("access lock");
             for (id, (n, at)) in counts {
