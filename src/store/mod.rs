@@ -1276,6 +1276,24 @@ async fn read_owners<S: AsRef<str>>(
         &["id", "stream"]
     };
     let mut out = std::collections::HashMap::new();
+    for_each_by_id(table, ids, columns, |c, r| {
+        if let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) {
+            let immutable = immutable && c.bool("immutable", r).unwrap_or(false);
+            out.insert(id, Owner { stream, immutable });
+        }
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Read `columns` of the rows with these ids (a thousand ids a query) and
+/// hand each row to `each`.
+pub(crate) async fn for_each_by_id<S: AsRef<str>>(
+    table: &Table,
+    ids: &[S],
+    columns: &[&str],
+    mut each: impl FnMut(&crate::core::model::Columns, usize),
+) -> Result<()> {
     for part in ids.chunks(1000) {
         let batches: Vec<RecordBatch> = table
             .query()
@@ -1288,14 +1306,11 @@ async fn read_owners<S: AsRef<str>>(
         for b in &batches {
             let c = crate::core::model::Columns::new(b);
             for r in 0..b.num_rows() {
-                if let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) {
-                    let immutable = immutable && c.bool("immutable", r).unwrap_or(false);
-                    out.insert(id, Owner { stream, immutable });
-                }
+                each(&c, r);
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// How many rows of `table` match a filter.

@@ -285,40 +285,21 @@ impl Sink {
     /// closed-loop searchers, and 3 times the time for the same rows.
     async fn touch(&self, accesses: &Accesses) -> Result<usize> {
         use arrow_array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
-        use futures::TryStreamExt;
-        use lancedb::query::{ExecutableQuery, QueryBase, Select};
         let ids: Vec<&str> = accesses.keys().map(String::as_str).collect();
         let mut rows: Vec<(String, String, i64, Option<crate::core::model::Micros>)> = Vec::new();
-        for part in ids.chunks(1000) {
-            let batches: Vec<RecordBatch> = self
-                .table
-                .query()
-                .only_if(super::Filter::new().ids(part).predicate())
-                .select(Select::columns(&[
-                    "id",
-                    "stream",
-                    "access_count",
-                    "last_accessed_at",
-                ]))
-                .execute()
-                .await?
-                .try_collect()
-                .await?;
-            for b in &batches {
-                let c = crate::core::model::Columns::new(b);
-                for r in 0..b.num_rows() {
-                    let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
-                        continue;
-                    };
-                    let Some(&(n, at)) = accesses.get(&id) else {
-                        continue;
-                    };
-                    let count = c.i64("access_count", r).unwrap_or(0) + n;
-                    let last = Some(c.time("last_accessed_at", r).unwrap_or(0).max(at));
-                    rows.push((stream, id, count, last));
-                }
-            }
-        }
+        let columns = ["id", "stream", "access_count", "last_accessed_at"];
+        super::for_each_by_id(&self.table, &ids, &columns, |c, r| {
+            let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
+                return;
+            };
+            let Some(&(n, at)) = accesses.get(&id) else {
+                return;
+            };
+            let count = c.i64("access_count", r).unwrap_or(0) + n;
+            let last = Some(c.time("last_accessed_at", r).unwrap_or(0).max(at));
+            rows.push((stream, id, count, last));
+        })
+        .await?;
         if rows.is_empty() {
             return Ok(0);
         }
