@@ -246,7 +246,6 @@ impl StreamIndex {
         self.current_by_hash.get(hash).map_or(&[], Vec::as_slice)
     }
 
-    /// Insert or replace a memory.
     /// A memory's access counters changed (nothing a search filters on or
     /// a text index holds); false when the index does not hold it.
     pub fn touch(&mut self, id: &str, count: i64, at: Option<Micros>) -> bool {
@@ -261,6 +260,7 @@ impl StreamIndex {
         }
     }
 
+    /// Insert or replace a memory.
     pub fn apply(&mut self, row: Row) {
         let id = &row.chunk.id;
         let old = self.docs.remove(id);

@@ -387,12 +387,13 @@ async fn run(
         let Some(op) = received else {
             return;
         };
-        // One operation at a time under the table gate (a rollback waits for
-        // it, and it for a rollback).
-        // Only appends run beside a fragment merge (see `Merger`).
+        // Only appends run beside a fragment merge (see `Merger`); a batch
+        // settles it itself before it merges on `id`.
         if !matches!(op, WriteOp::Commit(..)) {
             merger.settle().await;
         }
+        // One operation at a time under the table gate (a rollback waits for
+        // it, and it for a rollback).
         let _gate = gate.read().await;
         match op {
             WriteOp::Close(done) => {
