@@ -111,7 +111,7 @@ pub async fn refresh_indexes(table: &Table) -> Result<()> {
         .list_indices()
         .await?
         .into_iter()
-        .partition(|i| i.columns.iter().any(|c| c == "embedding"));
+        .partition(is_vector_index);
     if !other.is_empty() {
         let mut options = OptimizeOptions::merge(usize::MAX);
         options.index_names = Some(other.into_iter().map(|i| i.name).collect());
@@ -123,6 +123,11 @@ pub async fn refresh_indexes(table: &Table) -> Result<()> {
         optimize_indexes(table, "vector index", options).await?;
     }
     Ok(())
+}
+
+/// Whether an index is the vector index (on `embedding`).
+pub(super) fn is_vector_index(index: &lancedb::index::IndexConfig) -> bool {
+    index.columns.iter().any(|c| c == "embedding")
 }
 
 /// One index optimisation, its commit conflicts retried.
@@ -144,7 +149,7 @@ const VECTOR_MAX_PIECES: u32 = 8;
 
 /// What a routine refresh does to an index, given its statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum VectorFold {
+pub(super) enum IndexFold {
     /// Too few new rows: they are searched flat meanwhile.
     Wait,
     /// Index the new rows as a piece of their own; the old pieces stay.
@@ -161,13 +166,13 @@ pub(super) enum VectorFold {
 /// a delta once they are a quarter of the indexed ones, and the pieces
 /// merged once there are eight: each row is rebuilt a bounded number of
 /// times as the table grows geometrically.
-pub(super) fn vector_fold(indexed: usize, unindexed: usize, pieces: u32) -> VectorFold {
+pub(super) fn vector_fold(indexed: usize, unindexed: usize, pieces: u32) -> IndexFold {
     if unindexed < VECTOR_DELTA_MIN_ROWS.max(indexed / VECTOR_DELTA_SHARE) {
-        VectorFold::Wait
+        IndexFold::Wait
     } else if pieces + 1 >= VECTOR_MAX_PIECES {
-        VectorFold::Merge(pieces as usize)
+        IndexFold::Merge(pieces as usize)
     } else {
-        VectorFold::Append
+        IndexFold::Append
     }
 }
 
@@ -182,13 +187,13 @@ const SCALAR_MAX_PIECES: u32 = 8;
 /// 600 ms over the first 6,000 small stores, and would keep growing with the
 /// table. New rows become a segment of their own, and the segments are
 /// merged into one once there are eight (Lance searches them all meanwhile).
-pub(super) fn scalar_fold(unindexed: usize, pieces: u32) -> VectorFold {
+pub(super) fn scalar_fold(unindexed: usize, pieces: u32) -> IndexFold {
     if unindexed == 0 {
-        VectorFold::Wait
+        IndexFold::Wait
     } else if pieces + 1 >= SCALAR_MAX_PIECES {
-        VectorFold::Merge(pieces as usize)
+        IndexFold::Merge(pieces as usize)
     } else {
-        VectorFold::Append
+        IndexFold::Append
     }
 }
 
@@ -201,7 +206,7 @@ pub async fn refresh_indexes_routinely(table: &Table) -> Result<()> {
             continue;
         };
         let pieces = stats.num_indices.unwrap_or(1);
-        let fold = if index.columns.iter().any(|c| c == "embedding") {
+        let fold = if is_vector_index(&index) {
             vector_fold(stats.num_indexed_rows, stats.num_unindexed_rows, pieces)
         } else {
             scalar_fold(stats.num_unindexed_rows, pieces)
@@ -213,11 +218,11 @@ pub async fn refresh_indexes_routinely(table: &Table) -> Result<()> {
 }
 
 /// Fold an index's new rows in as `fold` says.
-pub(super) async fn fold_index(table: &Table, name: &str, fold: VectorFold) -> Result<()> {
+pub(super) async fn fold_index(table: &Table, name: &str, fold: IndexFold) -> Result<()> {
     let mut options = match fold {
-        VectorFold::Wait => return Ok(()),
-        VectorFold::Append => OptimizeOptions::append(),
-        VectorFold::Merge(n) => OptimizeOptions::merge(n),
+        IndexFold::Wait => return Ok(()),
+        IndexFold::Append => OptimizeOptions::append(),
+        IndexFold::Merge(n) => OptimizeOptions::merge(n),
     };
     options.index_names = Some(vec![name.to_string()]);
     optimize_indexes(table, "index", options).await
@@ -464,12 +469,12 @@ mod tests {
                 "{unindexed} of {indexed} unindexed"
             );
             match vector_fold(indexed, unindexed, pieces) {
-                VectorFold::Wait => continue,
-                VectorFold::Append => {
+                IndexFold::Wait => continue,
+                IndexFold::Append => {
                     built += unindexed;
                     pieces += 1;
                 }
-                VectorFold::Merge(n) => {
+                IndexFold::Merge(n) => {
                     assert_eq!(n, pieces as usize, "every piece is merged");
                     built += indexed + unindexed;
                     pieces = 1;
@@ -509,17 +514,15 @@ mod tests {
         write(1_000, 300).await;
         refresh_indexes_routinely(table).await.unwrap();
         assert_eq!(stats().await.num_unindexed_rows, 300);
-        fold_index(table, &name, VectorFold::Append).await.unwrap();
+        fold_index(table, &name, IndexFold::Append).await.unwrap();
         let s = stats().await;
         assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (1_300, 0));
         assert_eq!(s.num_indices, Some(2), "appended as a piece");
         write(1_300, 300).await;
-        fold_index(table, &name, VectorFold::Append).await.unwrap();
+        fold_index(table, &name, IndexFold::Append).await.unwrap();
         assert_eq!(stats().await.num_indices, Some(3));
         write(1_600, 300).await;
-        fold_index(table, &name, VectorFold::Merge(3))
-            .await
-            .unwrap();
+        fold_index(table, &name, IndexFold::Merge(3)).await.unwrap();
         let s = stats().await;
         assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (1_900, 0));
         assert_eq!(s.num_indices, Some(1), "merged into one");

@@ -865,10 +865,10 @@ impl Store {
 
     /// True when `embedding` has an ANN index.
     pub async fn has_vector_index(&self) -> bool {
-        self.chunks.list_indices().await.is_ok_and(|list| {
-            list.iter()
-                .any(|i| i.columns.iter().any(|c| c == "embedding"))
-        })
+        self.chunks
+            .list_indices()
+            .await
+            .is_ok_and(|list| list.iter().any(maintain::is_vector_index))
     }
 
     /// Build the ANN index on `embedding` once the table holds `min_rows`

@@ -140,12 +140,7 @@ impl ChunkWriter {
         if chunks.is_empty() {
             return Ok(());
         }
-        let (done, rx) = oneshot::channel();
-        self.tx
-            .send(WriteOp::Upsert(chunks, done))
-            .await
-            .map_err(|_| StoreError::WriterGone)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        self.ask(|done| WriteOp::Upsert(chunks, done)).await
     }
 
     /// Append `fresh` — rows no stored row can share an id with (ids the
@@ -166,21 +161,12 @@ impl ChunkWriter {
         if batch.fresh.is_empty() && batch.rows.is_empty() && batch.side.is_empty() {
             return Ok(());
         }
-        let (done, rx) = oneshot::channel();
-        self.tx
-            .send(WriteOp::Commit(batch, done))
-            .await
-            .map_err(|_| StoreError::WriterGone)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        self.ask(|done| WriteOp::Commit(batch, done)).await
     }
 
     pub async fn delete(&self, predicate: String, streams: Option<Vec<String>>) -> Result<u64> {
-        let (done, rx) = oneshot::channel();
-        self.tx
-            .send(WriteOp::Delete(predicate, streams, done))
+        self.ask(|done| WriteOp::Delete(predicate, streams, done))
             .await
-            .map_err(|_| StoreError::WriterGone)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
     /// Apply `modify` to the current version of each chunk in `ids` and write the
@@ -190,12 +176,7 @@ impl ChunkWriter {
         if ids.is_empty() {
             return Ok(0);
         }
-        let (done, rx) = oneshot::channel();
-        self.tx
-            .send(WriteOp::Modify(ids, modify, done))
-            .await
-            .map_err(|_| StoreError::WriterGone)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
+        self.ask(|done| WriteOp::Modify(ids, modify, done)).await
     }
 
     /// Add `accesses` to the access counters of the memories they name
@@ -205,9 +186,14 @@ impl ChunkWriter {
         if accesses.is_empty() {
             return Ok(0);
         }
+        self.ask(|done| WriteOp::Touch(accesses, done)).await
+    }
+
+    /// Queue `op` (made with the sender of its answer) and wait for the answer.
+    async fn ask<T>(&self, op: impl FnOnce(oneshot::Sender<Result<T>>) -> WriteOp) -> Result<T> {
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(WriteOp::Touch(accesses, done))
+            .send(op(done))
             .await
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
@@ -303,7 +289,7 @@ impl Sink {
         if rows.is_empty() {
             return Ok(0);
         }
-        let full = self.table.schema().await?;
+        let full = crate::core::model::chunk_schema(self.dim);
         let fields: Vec<arrow_schema::Field> = ["id", "access_count", "last_accessed_at"]
             .iter()
             .map(|n| full.field_with_name(n).cloned())
