@@ -82,6 +82,29 @@ fn questions() -> Vec<String> {
         .collect()
 }
 
+/// The `store` pipeline's counters: each stage's batches and microseconds.
+async fn stage_counters(http: &reqwest::Client, base: &str) -> HashMap<String, (u64, u64)> {
+    let status: serde_json::Value = http
+        .get(format!("{base}/v1/status"))
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("status body");
+    status["pipelines"]["store"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            Some((
+                s["stage"].as_str()?.to_string(),
+                (s["batches"].as_u64()?, s["total_micros"].as_u64()?),
+            ))
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -157,7 +180,7 @@ fn main() {
     let provider = cfg.embed.provider.clone();
     // The ceiling a store rate is judged against: the embedder alone on these
     // turns, a batch per round of the writers, on an idle machine.
-    let (ceiling, query_alone) = rt.block_on(async {
+    let (ceiling, query_alone, phase_ceilings) = rt.block_on(async {
         let embedder = loomem::providers::embed::from_config(&cfg.embed, &env).unwrap();
         let sample: Vec<String> = turns.iter().take(256).map(|(_, t)| t.clone()).collect();
         embedder.embed(&sample[..8]).await.unwrap();
@@ -175,7 +198,19 @@ fn main() {
             alone.push(t.elapsed());
         }
         alone.sort();
-        (rate, alone)
+        // Each phase's turns embedded alone, the same way: text length
+        // moves from phase to phase, and the store rate with it, so a
+        // phase's rate is judged against its own turns' ceiling.
+        let mut per_phase = Vec::new();
+        for phase in turns.chunks(phase_len) {
+            let texts: Vec<String> = phase.iter().map(|(_, t)| t.clone()).collect();
+            let t = Instant::now();
+            for batch in texts.chunks(writers.max(1)) {
+                embedder.embed(batch).await.unwrap();
+            }
+            per_phase.push(texts.len() as f64 / t.elapsed().as_secs_f64());
+        }
+        (rate, alone, per_phase)
     });
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -212,8 +247,14 @@ fn main() {
         percentile(&query_alone, 0.95),
         percentile(&query_alone, 0.99),
     );
-    println!("| stored | store/s | store p50 / p95 ms | search p50 / p95 ms | searches |");
-    println!("|---|---|---|---|---|");
+    println!("| stored | characters a turn | store/s | embedder alone on these turns, texts/s | store/s ÷ embedder alone | store p50 / p95 ms | search p50 / p95 ms | searches | embed / write ms a batch |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let phase_ceilings = Arc::new(phase_ceilings);
+    // The pipeline's counters at the last phase's end, to report each
+    // phase's own stage times.
+    let counters = Arc::new(tokio::sync::Mutex::new(
+        rt.block_on(stage_counters(&http, &base)),
+    ));
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
     let writing = Arc::new(AtomicBool::new(true));
@@ -232,6 +273,7 @@ fn main() {
                 done.clone(),
             );
             let (phase, all, phase_began) = (phase.clone(), all.clone(), phase_began.clone());
+            let (phase_ceilings, counters) = (phase_ceilings.clone(), counters.clone());
             tasks.push(tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -271,9 +313,29 @@ fn main() {
                         };
                         p.stores.sort();
                         p.searches.sort();
+                        let first = (n - 1) / phase_len * phase_len;
+                        let chars = turns[first..n]
+                            .iter()
+                            .map(|(_, t)| t.chars().count())
+                            .sum::<usize>() as f64
+                            / (n - first) as f64;
+                        let rate = p.stores.len() as f64 / secs;
+                        let ceiling = phase_ceilings[(n - 1) / phase_len];
+                        let stages = {
+                            let now = stage_counters(&http, &base).await;
+                            let mut last = counters.lock().await;
+                            let per_batch = |stage: &str| {
+                                let (b, us) = now.get(stage).copied().unwrap_or_default();
+                                let (b0, us0) = last.get(stage).copied().unwrap_or_default();
+                                (us - us0) as f64 / (b - b0).max(1) as f64 / 1e3
+                            };
+                            let line = format!("{:.1} / {:.1}", per_batch("embed"), per_batch("write"));
+                            *last = now;
+                            line
+                        };
                         println!(
-                            "| {n} | {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {} |",
-                            p.stores.len() as f64 / secs,
+                            "| {n} | {chars:.0} | {rate:.0} | {ceiling:.0} | {:.2} | {:.0} / {:.0} | {:.1} / {:.1} | {} | {stages} |",
+                            rate / ceiling,
                             percentile(&p.stores, 0.5),
                             percentile(&p.stores, 0.95),
                             percentile(&p.searches, 0.5),

@@ -2,7 +2,7 @@
 //! type, aliases, the chunks that mention it) and `edges` (co-occurrence and
 //! verb relations such as "alice -uses-> cursor").
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -249,6 +249,9 @@ const GRAPH_QUEUE_MAX: usize = 4096;
 struct Queue {
     mentions: Vec<Mention>,
     relations: Vec<Relation>,
+    /// References taken back ([`Graph::retract`]), as (row id, chunk id):
+    /// the next commit takes them out of the rows an earlier one wrote.
+    strips: Strips,
     waiters: Vec<tokio::sync::oneshot::Sender<Result<(), String>>>,
     /// When the oldest write now queued came.
     since: Option<std::time::Instant>,
@@ -261,8 +264,64 @@ struct Queue {
 impl Queue {
     /// Enough is queued to commit without lingering.
     fn full(&self) -> bool {
-        self.mentions.len() + self.relations.len() >= GRAPH_QUEUE_MAX
+        self.mentions.len()
+            + self.relations.len()
+            + self.strips.entities.len()
+            + self.strips.edges.len()
+            >= GRAPH_QUEUE_MAX
     }
+
+    /// A write joins the next commit: its future resolves when that is done.
+    /// True when the flush should not linger for more.
+    fn join(
+        &mut self,
+        urgent: bool,
+    ) -> (
+        tokio::sync::oneshot::Receiver<Result<(), String>>,
+        bool,
+        bool,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiters.push(tx);
+        self.since.get_or_insert_with(std::time::Instant::now);
+        self.urgent |= urgent;
+        let spawn = !self.flushing;
+        self.flushing = true;
+        (rx, self.urgent || self.full(), spawn)
+    }
+}
+
+/// Rows a commit left with no reference, by id: entities, edges.
+#[derive(Default)]
+struct Emptied {
+    entities: Vec<String>,
+    edges: Vec<String>,
+}
+
+/// Chunk references to take out of the graph's rows: (row id, chunk id).
+#[derive(Default)]
+struct Strips {
+    entities: Vec<(String, String)>,
+    edges: Vec<(String, String)>,
+}
+
+impl Strips {
+    fn is_empty(&self) -> bool {
+        self.entities.is_empty() && self.edges.is_empty()
+    }
+}
+
+/// (row id, chunk id) pairs as a set to look up.
+fn pairs(list: &[(String, String)]) -> HashSet<(&str, &str)> {
+    list.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect()
+}
+
+/// Take the listed references out of `refs` (a row's chunk ids); returns
+/// how many went.
+fn strip_listed(row_id: &str, refs: &mut Vec<String>, listed: &HashSet<(&str, &str)>) -> i64 {
+    let before = refs.len();
+    refs.retain(|c| !listed.contains(&(row_id, c.as_str())));
+    (before - refs.len()) as i64
 }
 
 /// Per stream, its entities by key: loaded on the stream's first graph
@@ -329,6 +388,27 @@ impl Known {
         }
         if self.refs > KNOWN_MAX_REFS {
             *self = Known::default();
+        }
+    }
+
+    /// Take back mentions folded in before their commit (their chunks were
+    /// not stored after all); a row left with no reference goes.
+    fn unfold<'a>(&mut self, mentions: impl IntoIterator<Item = &'a Mention>) {
+        for m in mentions {
+            let Some(rows) = self.streams.get_mut(&m.stream) else {
+                continue;
+            };
+            let Some(row) = rows.get_mut(&m.key) else {
+                continue;
+            };
+            if let Some(at) = row.chunk_ids.iter().position(|c| *c == m.chunk_id) {
+                row.chunk_ids.remove(at);
+                row.chunk_count = (row.chunk_count - 1).max(0);
+                self.refs -= 1;
+            }
+            if row.chunk_ids.is_empty() {
+                rows.remove(&m.key);
+            }
         }
     }
 
@@ -497,33 +577,92 @@ impl Graph {
             // (both locks held, so `load_known` sees each mention once).
             let mut known = self.known.lock().expect("known entities lock");
             known.fold(&mentions);
-            let (tx, rx) = tokio::sync::oneshot::channel();
             let mut queue = self.queue.lock().expect("graph queue lock");
             queue.mentions.extend(mentions);
             queue.relations.extend(relations);
-            queue.waiters.push(tx);
-            queue.since.get_or_insert_with(std::time::Instant::now);
-            queue.urgent |= urgent;
-            let now = queue.urgent || queue.full();
-            if !queue.flushing {
-                queue.flushing = true;
-                tokio::spawn(self.0.clone().flush_queue());
-            }
+            let joined = queue.join(urgent);
             drop(queue);
             drop(known);
-            if now {
-                self.wake.notify_one();
-            }
-            rx
+            self.flush_for(joined)
         });
-        async move {
-            match committed {
-                None => Ok(()),
-                Some(rx) => match rx.await {
-                    Ok(result) => result.map_err(StoreError::Graph),
-                    Err(_) => Err(StoreError::Graph("the graph's flush task stopped".into())),
-                },
-            }
+        committed_by(committed)
+    }
+
+    /// Start the flush task a write that joined the queue needs, or wake it.
+    fn flush_for(
+        &self,
+        (rx, now, spawn): (
+            tokio::sync::oneshot::Receiver<Result<(), String>>,
+            bool,
+            bool,
+        ),
+    ) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
+        if spawn {
+            tokio::spawn(self.0.clone().flush_queue());
+        }
+        if now {
+            self.wake.notify_one();
+        }
+        rx
+    }
+
+    /// Take back what [`Graph::defer`] or [`Graph::record`] recorded for
+    /// chunks that were not stored after all (a dropped near-duplicate, a
+    /// refused id): each chunk's id leaves the rows it was recorded in, and
+    /// a row left with none goes. Mentions and relations still queued are
+    /// taken out of the queue, so they never reach the tables; what an
+    /// earlier commit wrote is taken out by the next one, which reads those
+    /// rows with its own. So the caller does not wait for a commit of its
+    /// own (the future resolves when the next group commit is done), and
+    /// the rows held in memory lose the references at once.
+    pub fn retract(
+        &self,
+        chunks: &[(String, ChunkRefs)],
+    ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let listed = |pick: fn(&ChunkRefs) -> &Vec<String>| -> Vec<(String, String)> {
+            chunks
+                .iter()
+                .flat_map(|(chunk, refs)| pick(refs).iter().map(|row| (row.clone(), chunk.clone())))
+                .collect()
+        };
+        let strips = Strips {
+            entities: listed(|r| &r.entities),
+            edges: listed(|r| &r.edges),
+        };
+        let committed = (!strips.is_empty()).then(|| {
+            let mut known = self.known.lock().expect("known entities lock");
+            let mut queue = self.queue.lock().expect("graph queue lock");
+            let (entities, edges) = (pairs(&strips.entities), pairs(&strips.edges));
+            let (taken, left): (Vec<Mention>, Vec<Mention>) = std::mem::take(&mut queue.mentions)
+                .into_iter()
+                .partition(|m| entities.contains(&(m.entity_id().as_str(), m.chunk_id.as_str())));
+            queue.mentions = left;
+            queue
+                .relations
+                .retain(|r| !edges.contains(&(r.edge_id().as_str(), r.chunk_id.as_str())));
+            known.unfold(&taken);
+            queue.strips.entities.extend(strips.entities);
+            queue.strips.edges.extend(strips.edges);
+            let joined = queue.join(false);
+            drop(queue);
+            drop(known);
+            self.flush_for(joined)
+        });
+        committed_by(committed)
+    }
+}
+
+/// The future of a write that joined the queue (`None`: nothing to write).
+fn committed_by(
+    committed: Option<tokio::sync::oneshot::Receiver<Result<(), String>>>,
+) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+    async move {
+        match committed {
+            None => Ok(()),
+            Some(rx) => match rx.await {
+                Ok(result) => result.map_err(StoreError::Graph),
+                Err(_) => Err(StoreError::Graph("the graph's flush task stopped".into())),
+            },
         }
     }
 }
@@ -546,21 +685,26 @@ impl GraphTables {
                     _ = self.wake.notified() => {}
                 }
             }
-            let (mentions, relations, waiters) = {
+            let (mentions, relations, strips, waiters) = {
                 let mut queue = self.queue.lock().expect("graph queue lock");
                 queue.since = None;
                 queue.urgent = false;
                 (
                     std::mem::take(&mut queue.mentions),
                     std::mem::take(&mut queue.relations),
+                    std::mem::take(&mut queue.strips),
                     std::mem::take(&mut queue.waiters),
                 )
             };
             let tables = self.clone();
-            let result = super::maintain::apart_for_graph(async move {
-                tables.commit(&mentions, &relations).await
+            let result = match super::maintain::apart_for_graph(async move {
+                tables.commit(&mentions, &relations, &strips).await
             })
             .await
+            {
+                Ok(gone) => self.delete_emptied(gone).await,
+                Err(e) => Err(e),
+            }
             .map_err(|e| e.to_string());
             for waiter in waiters {
                 let _ = waiter.send(result.clone());
@@ -644,45 +788,88 @@ impl GraphTables {
         });
     }
 
-    /// Fold mentions and relations into the tables (one commit each).
-    async fn commit(&self, mentions: &[Mention], relations: &[Relation]) -> Result<()> {
+    /// Fold mentions and relations into the tables (one commit each), after
+    /// taking out the references `strips` lists from the rows as stored.
+    /// A row left with no reference is deleted (a commit of its own, rare:
+    /// only a reference an earlier commit wrote can leave a row empty).
+    async fn commit(
+        &self,
+        mentions: &[Mention],
+        relations: &[Relation],
+        strips: &Strips,
+    ) -> Result<Emptied> {
         let started = std::time::Instant::now();
+        let mut gone = Emptied::default();
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
-        if !mentions.is_empty() {
-            let ids: BTreeSet<String> = mentions.iter().map(Mention::entity_id).collect();
+        if !mentions.is_empty() || !strips.entities.is_empty() {
+            let stripped = pairs(&strips.entities);
+            let ids: BTreeSet<String> = mentions
+                .iter()
+                .map(Mention::entity_id)
+                .chain(strips.entities.iter().map(|(r, _)| r.clone()))
+                .collect();
             let mut rows: HashMap<String, EntityRow> =
                 read_where(&self.entities, column_in("id", &ids), entity_rows)
                     .await?
                     .into_iter()
                     .map(|r| (r.id.clone(), r))
                     .collect();
-            for m in mentions {
-                let id = m.entity_id();
-                fold_mention(rows.entry(id).or_insert_with(|| new_entity(m)), m);
-            }
-            let rows: Vec<EntityRow> = rows.into_values().collect();
-            upsert(&self.entities, entity_schema(), &rows).await?;
-            {
-                let mut known = self.known.lock().expect("known entities lock");
-                for row in &rows {
-                    known.remember(row);
+            let mut touched: HashSet<String> = HashSet::new();
+            for row in rows.values_mut() {
+                let removed = strip_listed(&row.id, &mut row.chunk_ids, &stripped);
+                if removed > 0 {
+                    row.chunk_count = (row.chunk_count - removed).max(0);
+                    touched.insert(row.id.clone());
                 }
             }
-            self.written(rows.len()).await;
+            for m in mentions {
+                let id = m.entity_id();
+                fold_mention(rows.entry(id.clone()).or_insert_with(|| new_entity(m)), m);
+                touched.insert(id);
+            }
+            let (kept, emptied): (Vec<EntityRow>, Vec<EntityRow>) = rows
+                .into_values()
+                .filter(|r| touched.contains(&r.id))
+                .partition(|r| !r.chunk_ids.is_empty());
+            upsert(&self.entities, entity_schema(), &kept).await?;
+            gone.entities = emptied.iter().map(|r| r.id.clone()).collect();
+            {
+                let mut known = self.known.lock().expect("known entities lock");
+                for row in &kept {
+                    known.remember(row);
+                }
+                for row in &emptied {
+                    known.remove(row);
+                }
+            }
+            self.written(kept.len()).await;
         }
-        if !relations.is_empty() {
-            let ids: BTreeSet<String> = relations.iter().map(Relation::edge_id).collect();
+        if !relations.is_empty() || !strips.edges.is_empty() {
+            let stripped = pairs(&strips.edges);
+            let ids: BTreeSet<String> = relations
+                .iter()
+                .map(Relation::edge_id)
+                .chain(strips.edges.iter().map(|(r, _)| r.clone()))
+                .collect();
             let mut rows: HashMap<String, EdgeRow> =
                 read_where(&self.edges, column_in("id", &ids), edge_rows)
                     .await?
                     .into_iter()
                     .map(|r| (r.id.clone(), r))
                     .collect();
+            let mut touched: HashSet<String> = HashSet::new();
+            for row in rows.values_mut() {
+                let removed = strip_listed(&row.id, &mut row.chunk_ids, &stripped);
+                if removed > 0 {
+                    row.weight = (row.weight - removed).max(0);
+                    touched.insert(row.id.clone());
+                }
+            }
             for r in relations {
                 let id = r.edge_id();
                 let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
-                    id,
+                    id: id.clone(),
                     stream: r.stream.clone(),
                     source: r.source.clone(),
                     target: r.target.clone(),
@@ -695,12 +882,34 @@ impl GraphTables {
                     row.weight += 1;
                 }
                 row.updated_at = row.updated_at.max(r.at);
+                touched.insert(id);
             }
-            let rows: Vec<EdgeRow> = rows.into_values().collect();
-            upsert(&self.edges, edge_schema(), &rows).await?;
-            self.written(rows.len()).await;
+            let (kept, emptied): (Vec<EdgeRow>, Vec<EdgeRow>) = rows
+                .into_values()
+                .filter(|r| touched.contains(&r.id))
+                .partition(|r| !r.chunk_ids.is_empty());
+            upsert(&self.edges, edge_schema(), &kept).await?;
+            gone.edges = emptied.into_iter().map(|r| r.id).collect();
+            self.written(kept.len()).await;
         }
         tracing::debug!(took = ?started.elapsed(), mentions = mentions.len(), relations = relations.len(), "graph committed");
+        Ok(gone)
+    }
+
+    /// Delete the rows a commit left with no reference. On the caller's
+    /// runtime: Lance's delete cannot run on the graph's one-thread runtime
+    /// (it drops a runtime of its own inside its futures).
+    async fn delete_emptied(&self, gone: Emptied) -> Result<()> {
+        if gone.entities.is_empty() && gone.edges.is_empty() {
+            return Ok(());
+        }
+        let _merging = self.merging.lock().await;
+        let _gate = self.gate.read().await;
+        for (table, ids) in [(&self.entities, &gone.entities), (&self.edges, &gone.edges)] {
+            if !ids.is_empty() {
+                table.delete(&column_in("id", ids)).await?;
+            }
+        }
         Ok(())
     }
 
@@ -885,43 +1094,6 @@ impl GraphTables {
             }
         }
         Ok((kept, dropped))
-    }
-
-    /// Take back what [`Graph::record`] recorded for chunks that were not
-    /// stored after all (a dropped near-duplicate, a failed write): each
-    /// chunk's id leaves the rows it was recorded in. Reads only those rows.
-    pub async fn retract(&self, chunks: &[(String, ChunkRefs)]) -> Result<()> {
-        let entity_ids: BTreeSet<&str> = chunks
-            .iter()
-            .flat_map(|(_, r)| r.entities.iter().map(String::as_str))
-            .collect();
-        let edge_ids: BTreeSet<&str> = chunks
-            .iter()
-            .flat_map(|(_, r)| r.edges.iter().map(String::as_str))
-            .collect();
-        if entity_ids.is_empty() && edge_ids.is_empty() {
-            return Ok(());
-        }
-        self.settle().await;
-        let _merging = self.merging.lock().await;
-        let _gate = self.gate.read().await;
-        let recorded = |row: &str, chunk: &str| {
-            chunks
-                .iter()
-                .any(|(id, r)| id == chunk && (r.entities.iter().chain(&r.edges)).any(|x| x == row))
-        };
-        let predicate = |ids: BTreeSet<&str>| (!ids.is_empty()).then(|| column_in("id", ids));
-        let (kept, dropped) = self
-            .strip_refs(predicate(entity_ids), predicate(edge_ids), recorded)
-            .await?;
-        let mut known = self.known.lock().expect("known entities lock");
-        for row in &kept {
-            known.remember(row);
-        }
-        for row in &dropped {
-            known.remove(row);
-        }
-        Ok(())
     }
 
     /// Forget deleted memories of `stream`: their ids leave every entity's and
@@ -1177,6 +1349,94 @@ mod tests {
             .await
             .unwrap();
         table.sort_by(|x, y| x.id.cmp(&y.id));
+        let mut held = graph.by_keys(&streams, &keys).await.unwrap();
+        held.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(held, table, "the rows held are the table's");
+    }
+
+    /// A retraction of rows still queued takes them out of the queue: they
+    /// never reach the tables, the rows held in memory lose them at once,
+    /// and it costs no commit of its own; a chunk recorded again after its
+    /// retraction keeps its reference.
+    #[tokio::test]
+    async fn a_retraction_of_queued_rows_joins_the_group_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        let graph = &store.graph;
+        graph
+            .record(&[mention("a", "alice", "c0")], &[])
+            .await
+            .unwrap();
+        let streams = vec!["a".to_string()];
+        let keys: Vec<String> = ["alice", "bob", "dave"].map(String::from).to_vec();
+        graph.by_keys(&streams, &keys).await.unwrap();
+        let before = (
+            graph.entities.version().await.unwrap(),
+            graph.edges.version().await.unwrap(),
+        );
+        let edge = |chunk: &str| Relation {
+            stream: "a".into(),
+            source: "alice".into(),
+            target: "dave".into(),
+            relation: "co_occurs".into(),
+            chunk_id: chunk.into(),
+            at: 10,
+        };
+        // Queued with no await between them: the flush task cannot run yet.
+        let kept = graph.defer(vec![mention("a", "bob", "c1")], vec![]);
+        let dropped = graph.defer(
+            vec![mention("a", "alice", "c2"), mention("a", "dave", "c2")],
+            vec![edge("c2")],
+        );
+        let refs = ChunkRefs {
+            entities: vec!["a/alice".into(), "a/dave".into()],
+            edges: vec![edge("c2").edge_id()],
+        };
+        let retracted = graph.retract(&[("c2".into(), refs)]);
+        let held = graph.by_keys(&streams, &keys).await.unwrap();
+        let mut ids: Vec<(String, Vec<String>)> = held
+            .iter()
+            .map(|r| (r.key.clone(), r.chunk_ids.clone()))
+            .collect();
+        ids.sort();
+        assert_eq!(
+            ids,
+            [
+                ("alice".to_string(), vec!["c0".to_string()]),
+                ("bob".to_string(), vec!["c1".to_string()])
+            ],
+            "the rows held lose the retracted references at once"
+        );
+        // The same chunk recorded again after its retraction.
+        let again = graph.defer(vec![mention("a", "alice", "c2")], vec![]);
+        for committed in [kept, dropped, again] {
+            committed.await.unwrap();
+        }
+        retracted.await.unwrap();
+        let after = (
+            graph.entities.version().await.unwrap(),
+            graph.edges.version().await.unwrap(),
+        );
+        assert_eq!(
+            after,
+            (before.0 + 1, before.1),
+            "one commit of the entities, none of the edges"
+        );
+        let mut table = read_where(&graph.entities, "stream = 'a'".to_string(), entity_rows)
+            .await
+            .unwrap();
+        table.sort_by(|x, y| x.id.cmp(&y.id));
+        assert_eq!(
+            table
+                .iter()
+                .map(|r| (r.key.as_str(), r.chunk_ids.clone(), r.chunk_count))
+                .collect::<Vec<_>>(),
+            [
+                ("alice", vec!["c0".to_string(), "c2".to_string()], 2),
+                ("bob", vec!["c1".to_string()], 1)
+            ]
+        );
+        assert!(graph.edges_of("a", "dave").await.unwrap().is_empty());
         let mut held = graph.by_keys(&streams, &keys).await.unwrap();
         held.sort_by(|x, y| x.id.cmp(&y.id));
         assert_eq!(held, table, "the rows held are the table's");

@@ -242,9 +242,15 @@ fn one_thread(
         .thread_name(name)
         .enable_all()
         .build()?;
-    // A racing first call builds a second runtime; the loser is dropped
-    // before it has run anything.
-    Ok(slot.get_or_init(|| rt))
+    // A racing first call builds a second runtime; the loser has run
+    // nothing and is shut down without waiting (dropping a runtime inside
+    // an async context panics, and every caller is one).
+    let mut built = Some(rt);
+    let rt = slot.get_or_init(|| built.take().expect("built once"));
+    if let Some(loser) = built {
+        loser.shutdown_background();
+    }
+    Ok(rt)
 }
 
 /// Run `work` on `runtime`, waiting here for its result.

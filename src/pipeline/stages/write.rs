@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::pipeline::{BuildContext, Disposition, PipelineError, Record, Stage};
+use crate::pipeline::{BuildContext, Disposition, PendingWrite, PipelineError, Record, Stage};
 use crate::store::{Owner, Store, StoreError, WriteBatch};
 
 /// `write` takes no parameters.
@@ -120,9 +120,10 @@ impl Stage for Write {
             self.store.add_relations(relations).await.map_err(fail)?;
             // A record dropped or failed after its entities were recorded
             // (a near-duplicate, a refused id) leaves no trace in the graph,
-            // unless its id names a memory that is stored. The entity graph's
-            // rows are committed after the batch (see `Record::pending`); a
-            // retraction waits for them.
+            // unless its id names a memory that is stored. The retraction
+            // joins the entity graph's next group commit, like the rows it
+            // takes back (see `Record::pending`): the batch's answers do not
+            // wait for it, its acknowledgements do.
             let kept: HashSet<String> = batch
                 .iter()
                 .filter(|r| r.is_kept())
@@ -146,7 +147,17 @@ impl Stage for Write {
                 .map(|r| (r.chunk.id.clone(), std::mem::take(&mut r.graph_refs)))
                 .filter(|(_, refs)| !refs.is_empty())
                 .collect();
-            self.store.graph.retract(&unstored).await.map_err(fail)
+            if !unstored.is_empty() {
+                let retracted = self.store.graph.retract(&unstored);
+                let store = self.store.clone();
+                let write =
+                    PendingWrite::spawn(async move { retracted.await.map_err(|e| e.to_string()) })
+                        .urged_by(move || store.graph.urge());
+                if let Some(first) = batch.first_mut() {
+                    first.pending.push(write);
+                }
+            }
+            Ok(())
         })
     }
 }
