@@ -177,7 +177,7 @@ fn main() {
         &env,
     )
     .unwrap();
-    let provider = cfg.embed.provider.clone();
+    let provider = cfg.embed.provider;
     // The ceiling a store rate is judged against: the embedder alone on these
     // turns, a batch per round of the writers, on an idle machine.
     let (ceiling, query_alone, phase_ceilings) = rt.block_on(async {

@@ -120,6 +120,21 @@ impl PendingWrite {
     }
 }
 
+/// A batch's write that joined the entity graph's next group commit: its
+/// acknowledgements wait for it, and waiting for it hurries the commit.
+pub fn wait_for_graph(
+    batch: &mut [Record],
+    store: &std::sync::Arc<crate::store::Store>,
+    committed: impl std::future::Future<Output = crate::store::Result<()>> + Send + 'static,
+) {
+    let store = store.clone();
+    let write = PendingWrite::spawn(async move { committed.await.map_err(|e| e.to_string()) })
+        .urged_by(move || store.graph.urge());
+    if let Some(first) = batch.first_mut() {
+        first.pending.push(write);
+    }
+}
+
 /// Wait for every background side write the batch's stages started.
 pub async fn settle(batch: &mut [Record], stage: &'static str) -> Result<(), PipelineError> {
     let pending: Vec<PendingWrite> = batch

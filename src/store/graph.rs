@@ -653,17 +653,15 @@ impl Graph {
 }
 
 /// The future of a write that joined the queue (`None`: nothing to write).
-fn committed_by(
+async fn committed_by(
     committed: Option<tokio::sync::oneshot::Receiver<Result<(), String>>>,
-) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-    async move {
-        match committed {
-            None => Ok(()),
-            Some(rx) => match rx.await {
-                Ok(result) => result.map_err(StoreError::Graph),
-                Err(_) => Err(StoreError::Graph("the graph's flush task stopped".into())),
-            },
-        }
+) -> Result<()> {
+    match committed {
+        None => Ok(()),
+        Some(rx) => match rx.await {
+            Ok(result) => result.map_err(StoreError::Graph),
+            Err(_) => Err(StoreError::Graph("the graph's flush task stopped".into())),
+        },
     }
 }
 
@@ -1238,6 +1236,26 @@ mod tests {
         }
     }
 
+    /// Alice co-occurring with `target` in `chunk`, in stream `a`.
+    fn co_occurs(target: &str, chunk: &str) -> Relation {
+        Relation {
+            stream: "a".into(),
+            source: "alice".into(),
+            target: target.into(),
+            relation: "co_occurs".into(),
+            chunk_id: chunk.into(),
+            at: 10,
+        }
+    }
+
+    /// The versions of the entities and edges tables.
+    async fn versions(graph: &Graph) -> (u64, u64) {
+        (
+            graph.entities.version().await.unwrap(),
+            graph.edges.version().await.unwrap(),
+        )
+    }
+
     /// With the store's maintainer off, a long run of one-mention batches
     /// (a fragment each) still ends in a few fragments, merged by the tidy
     /// passes the graph starts itself.
@@ -1297,18 +1315,8 @@ mod tests {
         let streams = vec!["a".to_string()];
         let keys: Vec<String> = ["alice", "bob"].map(String::from).to_vec();
         assert_eq!(graph.by_keys(&streams, &keys).await.unwrap().len(), 1);
-        let before = (
-            graph.entities.version().await.unwrap(),
-            graph.edges.version().await.unwrap(),
-        );
-        let edge = |chunk: &str| Relation {
-            stream: "a".into(),
-            source: "alice".into(),
-            target: "bob".into(),
-            relation: "co_occurs".into(),
-            chunk_id: chunk.into(),
-            at: 10,
-        };
+        let before = versions(graph).await;
+        let edge = |chunk: &str| co_occurs("bob", chunk);
         // Queued with no await between them: the flush task cannot run yet.
         let first = graph.defer(vec![mention("a", "alice", "c1")], vec![edge("c1")]);
         let second = graph.defer(vec![mention("a", "bob", "c2")], vec![edge("c2")]);
@@ -1336,10 +1344,7 @@ mod tests {
         for committed in [first, second, third] {
             committed.await.unwrap();
         }
-        let after = (
-            graph.entities.version().await.unwrap(),
-            graph.edges.version().await.unwrap(),
-        );
+        let after = versions(graph).await;
         assert_eq!(
             after,
             (before.0 + 1, before.1 + 1),
@@ -1370,18 +1375,8 @@ mod tests {
         let streams = vec!["a".to_string()];
         let keys: Vec<String> = ["alice", "bob", "dave"].map(String::from).to_vec();
         graph.by_keys(&streams, &keys).await.unwrap();
-        let before = (
-            graph.entities.version().await.unwrap(),
-            graph.edges.version().await.unwrap(),
-        );
-        let edge = |chunk: &str| Relation {
-            stream: "a".into(),
-            source: "alice".into(),
-            target: "dave".into(),
-            relation: "co_occurs".into(),
-            chunk_id: chunk.into(),
-            at: 10,
-        };
+        let before = versions(graph).await;
+        let edge = |chunk: &str| co_occurs("dave", chunk);
         // Queued with no await between them: the flush task cannot run yet.
         let kept = graph.defer(vec![mention("a", "bob", "c1")], vec![]);
         let dropped = graph.defer(
@@ -1413,10 +1408,7 @@ mod tests {
             committed.await.unwrap();
         }
         retracted.await.unwrap();
-        let after = (
-            graph.entities.version().await.unwrap(),
-            graph.edges.version().await.unwrap(),
-        );
+        let after = versions(graph).await;
         assert_eq!(
             after,
             (before.0 + 1, before.1),

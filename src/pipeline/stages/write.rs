@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::pipeline::{BuildContext, Disposition, PendingWrite, PipelineError, Record, Stage};
+use crate::pipeline::{BuildContext, Disposition, PipelineError, Record, Stage};
 use crate::store::{Owner, Store, StoreError, WriteBatch};
 
 /// `write` takes no parameters.
@@ -149,13 +149,7 @@ impl Stage for Write {
                 .collect();
             if !unstored.is_empty() {
                 let retracted = self.store.graph.retract(&unstored);
-                let store = self.store.clone();
-                let write =
-                    PendingWrite::spawn(async move { retracted.await.map_err(|e| e.to_string()) })
-                        .urged_by(move || store.graph.urge());
-                if let Some(first) = batch.first_mut() {
-                    first.pending.push(write);
-                }
+                crate::pipeline::wait_for_graph(batch, &self.store, retracted);
             }
             Ok(())
         })

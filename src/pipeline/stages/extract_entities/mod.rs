@@ -15,7 +15,7 @@ use super::parse_params;
 use words::*;
 
 mod words;
-use crate::pipeline::{BuildContext, PendingWrite, PipelineError, Record, Stage};
+use crate::pipeline::{BuildContext, PipelineError, Record, Stage};
 use crate::store::graph::{entity_key, Dictionary, DictionaryEntry, Mention, Relation};
 use crate::store::Store;
 
@@ -464,13 +464,7 @@ impl Stage for ExtractEntities {
             if self.populate_graph && !(mentions.is_empty() && relations.is_empty()) {
                 // Queued now, so batches reach the graph in the order pulled.
                 let committed = self.store.graph.defer(mentions, relations);
-                let store = self.store.clone();
-                let write =
-                    PendingWrite::spawn(async move { committed.await.map_err(|e| e.to_string()) })
-                        .urged_by(move || store.graph.urge());
-                if let Some(first) = batch.first_mut() {
-                    first.pending.push(write);
-                }
+                crate::pipeline::wait_for_graph(batch, &self.store, committed);
             }
             Ok(())
         })
