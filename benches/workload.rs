@@ -82,6 +82,20 @@ fn questions() -> Vec<String> {
         .collect()
 }
 
+/// Texts a second the embedder manages alone on `texts`, a batch per round
+/// of the `writers`.
+async fn embedded_alone(
+    embedder: &dyn loomem::providers::embed::Embedder,
+    texts: &[String],
+    writers: usize,
+) -> f64 {
+    let t = Instant::now();
+    for batch in texts.chunks(writers.max(1)) {
+        embedder.embed(batch).await.unwrap();
+    }
+    texts.len() as f64 / t.elapsed().as_secs_f64()
+}
+
 /// The `store` pipeline's counters: each stage's batches and microseconds.
 async fn stage_counters(http: &reqwest::Client, base: &str) -> HashMap<String, (u64, u64)> {
     let status: serde_json::Value = http
@@ -184,11 +198,7 @@ fn main() {
         let embedder = loomem::providers::embed::from_config(&cfg.embed, &env).unwrap();
         let sample: Vec<String> = turns.iter().take(256).map(|(_, t)| t.clone()).collect();
         embedder.embed(&sample[..8]).await.unwrap();
-        let t = Instant::now();
-        for batch in sample.chunks(writers.max(1)) {
-            embedder.embed(batch).await.unwrap();
-        }
-        let rate = sample.len() as f64 / t.elapsed().as_secs_f64();
+        let rate = embedded_alone(embedder.as_ref(), &sample, writers).await;
         // And each question embedded alone, as a search would, on the idle
         // machine: what the searches while writing are judged against.
         let mut alone = Vec::new();
@@ -204,11 +214,7 @@ fn main() {
         let mut per_phase = Vec::new();
         for phase in turns.chunks(phase_len) {
             let texts: Vec<String> = phase.iter().map(|(_, t)| t.clone()).collect();
-            let t = Instant::now();
-            for batch in texts.chunks(writers.max(1)) {
-                embedder.embed(batch).await.unwrap();
-            }
-            per_phase.push(texts.len() as f64 / t.elapsed().as_secs_f64());
+            per_phase.push(embedded_alone(embedder.as_ref(), &texts, writers).await);
         }
         (rate, alone, per_phase)
     });

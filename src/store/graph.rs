@@ -270,25 +270,6 @@ impl Queue {
             + self.strips.edges.len()
             >= GRAPH_QUEUE_MAX
     }
-
-    /// A write joins the next commit: its future resolves when that is done.
-    /// True when the flush should not linger for more.
-    fn join(
-        &mut self,
-        urgent: bool,
-    ) -> (
-        tokio::sync::oneshot::Receiver<Result<(), String>>,
-        bool,
-        bool,
-    ) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.waiters.push(tx);
-        self.since.get_or_insert_with(std::time::Instant::now);
-        self.urgent |= urgent;
-        let spawn = !self.flushing;
-        self.flushing = true;
-        (rx, self.urgent || self.full(), spawn)
-    }
 }
 
 /// Rows a commit left with no reference, by id: entities, edges.
@@ -316,11 +297,11 @@ fn pairs(list: &[(String, String)]) -> HashSet<(&str, &str)> {
     list.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect()
 }
 
-/// Take the listed references out of `refs` (a row's chunk ids); returns
-/// how many went.
-fn strip_listed(row_id: &str, refs: &mut Vec<String>, listed: &HashSet<(&str, &str)>) -> i64 {
+/// Take the references `gone(row id, chunk id)` names out of `refs` (a
+/// row's chunk ids); returns how many went.
+fn strip(row_id: &str, refs: &mut Vec<String>, gone: impl Fn(&str, &str) -> bool) -> i64 {
     let before = refs.len();
-    refs.retain(|c| !listed.contains(&(row_id, c.as_str())));
+    refs.retain(|c| !gone(row_id, c));
     (before - refs.len()) as i64
 }
 
@@ -580,27 +561,31 @@ impl Graph {
             let mut queue = self.queue.lock().expect("graph queue lock");
             queue.mentions.extend(mentions);
             queue.relations.extend(relations);
-            let joined = queue.join(urgent);
+            let joined = self.join(&mut queue, urgent);
             drop(queue);
             drop(known);
-            self.flush_for(joined)
+            joined
         });
         committed_by(committed)
     }
 
-    /// Start the flush task a write that joined the queue needs, or wake it.
-    fn flush_for(
+    /// A write joins the next commit (the queue's lock held): the flush task
+    /// is started, or woken when the commit should not linger; the receiver
+    /// hears when that commit is done.
+    fn join(
         &self,
-        (rx, now, spawn): (
-            tokio::sync::oneshot::Receiver<Result<(), String>>,
-            bool,
-            bool,
-        ),
+        queue: &mut Queue,
+        urgent: bool,
     ) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
-        if spawn {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        queue.waiters.push(tx);
+        queue.since.get_or_insert_with(std::time::Instant::now);
+        queue.urgent |= urgent;
+        if !queue.flushing {
+            queue.flushing = true;
             tokio::spawn(self.0.clone().flush_queue());
         }
-        if now {
+        if queue.urgent || queue.full() {
             self.wake.notify_one();
         }
         rx
@@ -643,10 +628,10 @@ impl Graph {
             known.unfold(&taken);
             queue.strips.entities.extend(strips.entities);
             queue.strips.edges.extend(strips.edges);
-            let joined = queue.join(false);
+            let joined = self.join(&mut queue, false);
             drop(queue);
             drop(known);
-            self.flush_for(joined)
+            joined
         });
         committed_by(committed)
     }
@@ -815,7 +800,9 @@ impl GraphTables {
                     .collect();
             let mut touched: HashSet<String> = HashSet::new();
             for row in rows.values_mut() {
-                let removed = strip_listed(&row.id, &mut row.chunk_ids, &stripped);
+                let removed = strip(&row.id, &mut row.chunk_ids, |r, c| {
+                    stripped.contains(&(r, c))
+                });
                 if removed > 0 {
                     row.chunk_count = (row.chunk_count - removed).max(0);
                     touched.insert(row.id.clone());
@@ -858,7 +845,9 @@ impl GraphTables {
                     .collect();
             let mut touched: HashSet<String> = HashSet::new();
             for row in rows.values_mut() {
-                let removed = strip_listed(&row.id, &mut row.chunk_ids, &stripped);
+                let removed = strip(&row.id, &mut row.chunk_ids, |r, c| {
+                    stripped.contains(&(r, c))
+                });
                 if removed > 0 {
                     row.weight = (row.weight - removed).max(0);
                     touched.insert(row.id.clone());
@@ -1050,14 +1039,9 @@ impl GraphTables {
         gone: impl Fn(&str, &str) -> bool,
     ) -> Result<(Vec<EntityRow>, Vec<EntityRow>)> {
         let (mut kept, mut dropped) = (Vec::new(), Vec::new());
-        let strip = |row_id: &str, refs: &mut Vec<String>| {
-            let before = refs.len();
-            refs.retain(|c| !gone(row_id, c));
-            (before - refs.len()) as i64
-        };
         if let Some(predicate) = entities {
             for mut row in read_where(&self.entities, predicate, entity_rows).await? {
-                let removed = strip(&row.id, &mut row.chunk_ids);
+                let removed = strip(&row.id, &mut row.chunk_ids, &gone);
                 if removed == 0 {
                     continue;
                 }
@@ -1076,7 +1060,7 @@ impl GraphTables {
         if let Some(predicate) = edges {
             let (mut keep, mut drop) = (Vec::new(), Vec::new());
             for mut row in read_where(&self.edges, predicate, edge_rows).await? {
-                let removed = strip(&row.id, &mut row.chunk_ids);
+                let removed = strip(&row.id, &mut row.chunk_ids, &gone);
                 if removed == 0 {
                     continue;
                 }
@@ -1248,6 +1232,18 @@ mod tests {
         }
     }
 
+    /// A store whose graph holds Alice in stream `a` (chunk `c0`), committed.
+    async fn with_alice() -> (tempfile::TempDir, crate::store::Store) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        store
+            .graph
+            .record(&[mention("a", "alice", "c0")], &[])
+            .await
+            .unwrap();
+        (tmp, store)
+    }
+
     /// The versions of the entities and edges tables.
     async fn versions(graph: &Graph) -> (u64, u64) {
         (
@@ -1305,13 +1301,8 @@ mod tests {
     /// read of the tables already see them.
     #[tokio::test]
     async fn queued_batches_are_committed_together_and_read_before() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        let (_tmp, store) = with_alice().await;
         let graph = &store.graph;
-        graph
-            .record(&[mention("a", "alice", "c0")], &[])
-            .await
-            .unwrap();
         let streams = vec!["a".to_string()];
         let keys: Vec<String> = ["alice", "bob"].map(String::from).to_vec();
         assert_eq!(graph.by_keys(&streams, &keys).await.unwrap().len(), 1);
@@ -1365,13 +1356,8 @@ mod tests {
     /// retraction keeps its reference.
     #[tokio::test]
     async fn a_retraction_of_queued_rows_joins_the_group_commit() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        let (_tmp, store) = with_alice().await;
         let graph = &store.graph;
-        graph
-            .record(&[mention("a", "alice", "c0")], &[])
-            .await
-            .unwrap();
         let streams = vec!["a".to_string()];
         let keys: Vec<String> = ["alice", "bob", "dave"].map(String::from).to_vec();
         graph.by_keys(&streams, &keys).await.unwrap();
