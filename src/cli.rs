@@ -263,6 +263,8 @@ pub async fn sql_via_daemon(
 pub struct RecallSelection {
     pub modes: Vec<String>,
     pub roles: String,
+    /// `none` or `facts` (see `Keys`).
+    pub keys: String,
     pub limit: Option<usize>,
     pub types: Vec<String>,
     pub ks: Vec<usize>,
@@ -281,11 +283,16 @@ pub async fn bench_recall(
     sel: RecallSelection,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use loomem::bench_recall::run::{markdown, run, Granularity, Roles, RunOptions};
+    use loomem::bench_recall::run::{markdown, run, Granularity, Keys, Roles, RunOptions};
     let roles = match sel.roles.as_str() {
         "user" => Roles::User,
         "all" => Roles::All,
         other => bail!("--roles {other}: must be user or all"),
+    };
+    let keys = match sel.keys.as_str() {
+        "none" => Keys::None,
+        "facts" => Keys::Facts,
+        other => bail!("--keys {other}: must be none or facts"),
     };
     let granularity = match sel.granularity.as_str() {
         "session" => Granularity::Session,
@@ -349,6 +356,7 @@ pub async fn bench_recall(
     let opts = RunOptions {
         modes,
         roles,
+        keys,
         ks,
         granularity,
         qa: sel.qa,

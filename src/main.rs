@@ -193,6 +193,10 @@ enum RecallAction {
         /// Which turns are indexed: user (the official setup) or all.
         #[arg(long, default_value = "user")]
         roles: String,
+        /// What else stands for a turn: none (the official setup) or facts
+        /// (the rule extractor's facts of each user turn, stored beside it).
+        #[arg(long, default_value = "none")]
+        keys: String,
         /// Only the first N questions (after --types).
         #[arg(long)]
         limit: Option<usize>,
@@ -352,6 +356,7 @@ fn run() -> anyhow::Result<()> {
                         data,
                         modes,
                         roles,
+                        keys,
                         limit,
                         types,
                         k,
@@ -364,6 +369,7 @@ fn run() -> anyhow::Result<()> {
                 let selection = cli::RecallSelection {
                     modes,
                     roles,
+                    keys,
                     limit,
                     types,
                     ks: k,

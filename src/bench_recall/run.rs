@@ -33,6 +33,18 @@ pub enum Granularity {
     Both,
 }
 
+/// What else stands for a turn beside its own text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Keys {
+    /// The turn alone (the official setup).
+    None,
+    /// Also the facts the rule extractor finds in a user turn (what
+    /// `POST /v1/ingest` would store from it), each a memory of its own that
+    /// counts for its turn: fact-augmented keys.
+    Facts,
+}
+
 impl Granularity {
     pub fn levels(self) -> &'static [&'static str] {
         match self {
@@ -48,6 +60,7 @@ pub struct RunOptions {
     /// Search modes to compare (`bm25`, `vector`, `hybrid`).
     pub modes: Vec<String>,
     pub roles: Roles,
+    pub keys: Keys,
     /// The cut-offs scored (the official ones by default).
     pub ks: Vec<usize>,
     pub granularity: Granularity,
@@ -68,6 +81,7 @@ impl Default for RunOptions {
         RunOptions {
             modes: vec!["bm25".into(), "vector".into(), "hybrid".into()],
             roles: Roles::User,
+            keys: Keys::None,
             ks: KS.to_vec(),
             granularity: Granularity::Both,
             qa: false,
@@ -191,6 +205,8 @@ pub struct RunReport {
     pub levels: Vec<&'static str>,
     pub questions: usize,
     pub turns_ingested: usize,
+    /// Memories stored beside the turns that stand for them (`Keys::Facts`).
+    pub keys_ingested: usize,
     pub ingest_secs: f64,
     pub ingest_turns_per_sec: f64,
     pub modes: BTreeMap<String, ModeSummary>,
@@ -213,31 +229,71 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The facts the rule extractor finds in a user turn, as of its session's
+/// date, each as a request like the turn's own (same session, time and
+/// speaker) with the fact for its text.
+fn fact_keys(
+    engine: &Engine,
+    turn: &crate::service::memory::StoreRequest,
+) -> Vec<crate::service::memory::StoreRequest> {
+    let date = turn
+        .created_at
+        .as_ref()
+        .and_then(serde_json::Value::as_f64)
+        .and_then(|secs| chrono::DateTime::from_timestamp(secs as i64, 0))
+        .map(|at| at.date_naive())
+        .unwrap_or_default();
+    let text = turn.content.strip_prefix("user: ").unwrap_or(&turn.content);
+    let spoken = crate::service::facts::Turn {
+        role: crate::service::facts::Role::User,
+        content: text.to_string(),
+    };
+    engine
+        .facts
+        .extract(&[spoken], date)
+        .into_iter()
+        .map(|fact| crate::service::memory::StoreRequest {
+            content: format!("user: {}", fact.content),
+            ..turn.clone()
+        })
+        .collect()
+}
+
 /// Store one question's haystack in `stream`; returns each stored memory's
-/// turn ids (a duplicate turn counts for the memory that was kept).
+/// turn ids (a duplicate turn counts for the memory that was kept; a key,
+/// for its turn).
 async fn ingest(
     engine: &Engine,
     caller: &Caller,
     q: &Question,
     stream: &str,
-    roles: Roles,
+    opts: &RunOptions,
 ) -> Result<HashMap<String, Vec<String>>> {
     let mut chunks = Vec::new();
     let mut turn_of = HashMap::new();
     for t in &q.turns {
-        if roles == Roles::User && t.role != "user" {
+        if opts.roles == Roles::User && t.role != "user" {
             continue;
         }
         let mut req = t.to_request();
         req.stream = Some(stream.to_string());
-        req.id = Some(
-            engine
-                .ids
-                .derive(&[stream, &t.session_id, &t.turn_index.to_string()]),
-        );
-        let chunk = crate::service::memory::chunk_from_request(caller, req)?;
-        turn_of.insert(chunk.id.clone(), Question::turn_id(t));
-        chunks.push(chunk);
+        let keys = match opts.keys {
+            Keys::Facts if t.role == "user" => fact_keys(engine, &req),
+            _ => Vec::new(),
+        };
+        let index = t.turn_index.to_string();
+        let turn = std::iter::once(req).chain(keys);
+        for (n, mut req) in turn.enumerate() {
+            let key = n.to_string();
+            let mut parts = vec![stream, &t.session_id, &index];
+            if n > 0 {
+                parts.push(&key);
+            }
+            req.id = Some(engine.ids.derive(&parts));
+            let chunk = crate::service::memory::chunk_from_request(caller, req)?;
+            turn_of.insert(chunk.id.clone(), Question::turn_id(t));
+            chunks.push(chunk);
+        }
     }
     let mut sources: HashMap<String, Vec<String>> = HashMap::new();
     for batch in chunks.chunks(engine.cfg.bus.batch_size.max(1)) {
@@ -261,6 +317,13 @@ async fn ingest(
         }
     }
     Ok(sources)
+}
+
+/// The turns stored for a question, each once (a turn and its keys are
+/// several memories).
+fn corpus_of(sources: &HashMap<String, Vec<String>>) -> Vec<String> {
+    let turns: std::collections::BTreeSet<&String> = sources.values().flatten().collect();
+    turns.into_iter().cloned().collect()
 }
 
 /// A question's first [`CANDIDATES`] hybrid candidates: for each, the turns it
@@ -318,7 +381,7 @@ async fn candidates(
         "answer_sessions": q.answer_sessions,
         "answer_turns": q.answer_turns(),
         "sessions": q.sessions(),
-        "corpus_turns": sources.values().map(Vec::len).sum::<usize>(),
+        "corpus_turns": corpus_of(sources).len(),
         "candidates": rows,
     }))
 }
@@ -378,10 +441,12 @@ pub async fn run(
             }
         }
         let started = Instant::now();
-        let sources = ingest(engine, &caller, q, &stream, opts.roles).await?;
+        let sources = ingest(engine, &caller, q, &stream, opts).await?;
         ingest_time += started.elapsed().as_secs_f64();
-        report.turns_ingested += sources.values().map(Vec::len).sum::<usize>();
-        let corpus_turns: Vec<String> = sources.values().flatten().cloned().collect();
+        let corpus_turns = corpus_of(&sources);
+        let stored = sources.values().map(Vec::len).sum::<usize>();
+        report.turns_ingested += corpus_turns.len();
+        report.keys_ingested += stored - corpus_turns.len();
         let corpus_sessions = q.sessions();
         let answer_turns = q.answer_turns();
         let session_of: HashMap<String, &str> = q
@@ -394,6 +459,22 @@ pub async fn run(
                 .candidates
                 .push(candidates(engine, &caller, q, &stream, &sources).await?);
         }
+        // The stream's first search loads it into the hot index (see
+        // `store::hot`); a word searched first takes that load out of the
+        // latencies, which measure a search of a loaded stream.
+        crate::service::search::search(
+            engine,
+            &caller,
+            SearchRequest {
+                query: "memory".into(),
+                top_k: Some(1),
+                stream: Some(stream.clone()),
+                mode: Some("bm25".into()),
+                dry_run: true,
+                ..Default::default()
+            },
+        )
+        .await?;
         for mode in &opts.modes {
             let started = Instant::now();
             let found = crate::service::search::search(
@@ -414,10 +495,13 @@ pub async fn run(
             .await?;
             let latency_us = started.elapsed().as_micros() as u64;
             latencies.entry(mode.clone()).or_default().push(latency_us);
+            // A turn counts at the rank of the first memory that stands for it.
+            let mut seen = std::collections::HashSet::new();
             let ranked_turns: Vec<String> = found
                 .results
                 .iter()
                 .flat_map(|r| sources.get(&r.chunk_id).cloned().unwrap_or_default())
+                .filter(|t| seen.insert(t.clone()))
                 .collect();
             let ranked_sessions = sessions_of(&ranked_turns, |t| {
                 session_of.get(t).map(|s| s.to_string()).unwrap_or_default()
@@ -529,8 +613,14 @@ pub fn markdown(report: &RunReport) -> String {
             .join(" | ")
     };
     md.push_str(&format!(
-        "{} questions ({} scored turns ingested at {:.0} turns/s)\n\n",
-        report.questions, report.turns_ingested, report.ingest_turns_per_sec
+        "{} questions ({} scored turns ingested at {:.0} turns/s{})\n\n",
+        report.questions,
+        report.turns_ingested,
+        report.ingest_turns_per_sec,
+        match report.keys_ingested {
+            0 => String::new(),
+            n => format!("; {n} fact keys beside them"),
+        }
     ));
     md.push_str(&format!(
         "| mode | level | metric | {} | p50 / p95 search |\n|---|---|---|{}---|\n",

@@ -4,7 +4,7 @@
 
 use loomem::app::config::Config;
 use loomem::app::Engine;
-use loomem::bench_recall::run::{run, Roles, RunOptions};
+use loomem::bench_recall::run::{run, Keys, Roles, RunOptions};
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Options};
@@ -121,6 +121,54 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
     .await
     .unwrap();
     assert_eq!(all.turns_ingested, 8);
+    assert_eq!(all.keys_ingested, 0);
+
+    // Fact keys: the rule extractor's facts of each user turn are stored
+    // beside it and count for it; a turn is scored once, at the rank of the
+    // first memory that stands for it.
+    let keyed = run(
+        &engine,
+        &questions,
+        &RunOptions {
+            keys: Keys::Facts,
+            modes: vec!["hybrid".into()],
+            candidates: true,
+            ..RunOptions::default()
+        },
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(keyed.turns_ingested, 5, "keys are not turns");
+    assert!(keyed.keys_ingested >= 1, "{}", keyed.keys_ingested);
+    let pet = &keyed.candidates[0];
+    let rows = pet["candidates"].as_array().unwrap();
+    let fact = rows
+        .iter()
+        .find(|c| {
+            let text = c["content"].as_str().unwrap();
+            text.starts_with("user: User ") && text.contains("greyhound")
+        })
+        .unwrap_or_else(|| panic!("no fact key among {rows:?}"));
+    assert!(
+        fact["turns"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("s-pet_1")),
+        "{fact}"
+    );
+    assert!(rows.len() > 4, "the turns and their keys: {rows:?}");
+    assert_eq!(pet["corpus_turns"], 4);
+    let r = keyed
+        .results
+        .iter()
+        .find(|r| r.question_id == "q-pet")
+        .unwrap();
+    assert_eq!(r.turn[&1].recall_any, 1.0, "{r:?}");
+    // The evidence turn and its key are one turn: the ideal ranking is met.
+    assert!((r.turn[&3].ndcg_any - 1.0).abs() < 1e-9, "{r:?}");
+    assert!(r.turn[&3].ndcg_any <= 1.0 + 1e-9);
+    assert_eq!(r.session[&3].recall_all, 1.0, "{r:?}");
     engine.shutdown().await;
 }
 
