@@ -205,7 +205,8 @@ pub struct RunReport {
     pub levels: Vec<&'static str>,
     pub questions: usize,
     pub turns_ingested: usize,
-    /// Memories stored beside the turns that stand for them (`Keys::Facts`).
+    /// Keys sent beside the turns (`Keys::Facts`; a key equal to a memory
+    /// already stored is kept once).
     pub keys_ingested: usize,
     pub ingest_secs: f64,
     pub ingest_turns_per_sec: f64,
@@ -259,16 +260,24 @@ fn fact_keys(
         .collect()
 }
 
-/// Store one question's haystack in `stream`; returns each stored memory's
-/// turn ids (a duplicate turn counts for the memory that was kept; a key,
-/// for its turn).
+/// What one question's haystack left in its stream.
+struct Stored {
+    /// Each stored memory's turn ids (a duplicate turn counts for the memory
+    /// that was kept; a key, for its turn).
+    sources: HashMap<String, Vec<String>>,
+    /// Keys sent beside the turns.
+    keys: usize,
+}
+
+/// Store one question's haystack in `stream`.
 async fn ingest(
     engine: &Engine,
     caller: &Caller,
     q: &Question,
     stream: &str,
     opts: &RunOptions,
-) -> Result<HashMap<String, Vec<String>>> {
+) -> Result<Stored> {
+    let mut keys_sent = 0;
     let mut chunks = Vec::new();
     let mut turn_of = HashMap::new();
     for t in &q.turns {
@@ -281,6 +290,7 @@ async fn ingest(
             Keys::Facts if t.role == "user" => fact_keys(engine, &req),
             _ => Vec::new(),
         };
+        keys_sent += keys.len();
         let index = t.turn_index.to_string();
         let turn = std::iter::once(req).chain(keys);
         for (n, mut req) in turn.enumerate() {
@@ -316,7 +326,10 @@ async fn ingest(
             sources.entry(kept).or_default().push(turn);
         }
     }
-    Ok(sources)
+    Ok(Stored {
+        sources,
+        keys: keys_sent,
+    })
 }
 
 /// The turns stored for a question, each once (a turn and its keys are
@@ -441,12 +454,11 @@ pub async fn run(
             }
         }
         let started = Instant::now();
-        let sources = ingest(engine, &caller, q, &stream, opts).await?;
+        let Stored { sources, keys } = ingest(engine, &caller, q, &stream, opts).await?;
         ingest_time += started.elapsed().as_secs_f64();
         let corpus_turns = corpus_of(&sources);
-        let stored = sources.values().map(Vec::len).sum::<usize>();
         report.turns_ingested += corpus_turns.len();
-        report.keys_ingested += stored - corpus_turns.len();
+        report.keys_ingested += keys;
         let corpus_sessions = q.sessions();
         let answer_turns = q.answer_turns();
         let session_of: HashMap<String, &str> = q
@@ -469,7 +481,7 @@ pub async fn run(
                 query: "memory".into(),
                 top_k: Some(1),
                 stream: Some(stream.clone()),
-                mode: Some("bm25".into()),
+                mode: Some("hybrid".into()),
                 dry_run: true,
                 ..Default::default()
             },
