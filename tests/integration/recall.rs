@@ -157,7 +157,11 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
             .contains(&json!("s-pet_1")),
         "{fact}"
     );
-    assert!(rows.len() > 4, "the turns and their keys: {rows:?}");
+    let pet_rows = rows
+        .iter()
+        .filter(|c| c["turns"].as_array().unwrap().contains(&json!("s-pet_1")))
+        .count();
+    assert_eq!(pet_rows, 2, "the turn and its key: {rows:?}");
     assert_eq!(pet["corpus_turns"], 4);
     let r = keyed
         .results
@@ -339,4 +343,24 @@ async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
         !data.join("chunks.lance").exists(),
         "the configured data directory holds no tables"
     );
+
+    // An unknown key kind is refused, naming the flag, before anything runs.
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+        .arg("--config")
+        .arg(&config)
+        .args(["bench-recall", "run"])
+        .arg(dir.path().join("set.json"))
+        .args(["--keys", "sentences", "--out"])
+        .arg(dir.path().join("refused"))
+        .envs(&env)
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--keys sentences: must be none or facts"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("refused").exists(), "nothing was written");
 }
