@@ -207,7 +207,7 @@ pub struct RunReport {
     pub turns_ingested: usize,
     /// Keys sent beside the turns (`Keys::Facts`; a key equal to a memory
     /// already stored is kept once).
-    pub keys_ingested: usize,
+    pub keys_sent: usize,
     pub ingest_secs: f64,
     pub ingest_turns_per_sec: f64,
     pub modes: BTreeMap<String, ModeSummary>,
@@ -458,7 +458,7 @@ pub async fn run(
         ingest_time += started.elapsed().as_secs_f64();
         let corpus_turns = corpus_of(&sources);
         report.turns_ingested += corpus_turns.len();
-        report.keys_ingested += keys;
+        report.keys_sent += keys;
         let corpus_sessions = q.sessions();
         let answer_turns = q.answer_turns();
         let session_of: HashMap<String, &str> = q
@@ -629,7 +629,7 @@ pub fn markdown(report: &RunReport) -> String {
         report.questions,
         report.turns_ingested,
         report.ingest_turns_per_sec,
-        match report.keys_ingested {
+        match report.keys_sent {
             0 => String::new(),
             n => format!("; {n} fact keys beside them"),
         }
