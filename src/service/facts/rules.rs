@@ -751,6 +751,61 @@ mod tests {
     }
 
     #[test]
+    fn asides_in_a_request_become_facts() {
+        // A request to the assistant with a fact told on the way: the fact
+        // alone is kept, in the third person.
+        let cases = [
+            (
+                "Can you suggest a gym routine? By the way, I just turned 41 last month.",
+                "turned 41",
+                "fact",
+            ),
+            (
+                "I come from a family with four brothers, so noise never bothers me.",
+                "family with four brothers",
+                "fact",
+            ),
+            (
+                "I've had my blue road bike for about 6 years and it still rides well.",
+                "road bike for about 6 years",
+                "fact",
+            ),
+            (
+                "I've been dedicating two hours each weekend to woodworking.",
+                "two hours each weekend",
+                "fact",
+            ),
+            (
+                "Any tips for public speaking? I presented my thesis to the faculty on Monday.",
+                "presented their thesis",
+                "event",
+            ),
+            (
+                "I also bought 10 pounds of bird seed for the feeders.",
+                "10 pounds of bird seed",
+                "event",
+            ),
+            (
+                "I just got diagnosed with asthma, so I need a gentler workout plan.",
+                "diagnosed with asthma",
+                "event",
+            ),
+        ];
+        for (text, words, kind) in cases {
+            let found = facts(&format!("User: {text}"));
+            let fact = found
+                .iter()
+                .find(|f| f.content.contains(words))
+                .unwrap_or_else(|| panic!("{text}: {found:?}"));
+            assert!(fact.content.starts_with("User "), "{fact:?}");
+            assert_eq!(fact.memory_type, kind, "{fact:?}");
+        }
+        // Still no fact: a hypothetical, and small talk about having had a time.
+        assert!(facts("User: If I had a dog for about 3 years, would it be calm?").is_empty());
+        assert!(facts("User: I've had a great time, thanks!").is_empty());
+    }
+
+    #[test]
     fn first_person_becomes_third() {
         let r = rules();
         let t = |s: &str| r.person.third(s);
