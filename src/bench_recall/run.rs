@@ -231,31 +231,31 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 }
 
 /// The facts the rule extractor finds in a user turn, as of its session's
-/// date, each as a request like the turn's own (same session, time and
-/// speaker) with the fact for its text.
+/// date, each as `request` (the turn's own: same session, time and speaker)
+/// with the fact for its text.
 fn fact_keys(
     engine: &Engine,
-    turn: &crate::service::memory::StoreRequest,
+    turn: &crate::service::import::Turn,
+    request: &crate::service::memory::StoreRequest,
 ) -> Vec<crate::service::memory::StoreRequest> {
     let date = turn
-        .created_at
-        .as_ref()
-        .and_then(serde_json::Value::as_f64)
-        .and_then(|secs| chrono::DateTime::from_timestamp(secs as i64, 0))
+        .date
+        .as_deref()
+        .and_then(crate::service::import::parse_longmemeval_date)
+        .and_then(chrono::DateTime::from_timestamp_micros)
         .map(|at| at.date_naive())
         .unwrap_or_default();
-    let text = turn.content.strip_prefix("user: ").unwrap_or(&turn.content);
     let spoken = crate::service::facts::Turn {
         role: crate::service::facts::Role::User,
-        content: text.to_string(),
+        content: turn.content.clone(),
     };
     engine
         .facts
         .extract(&[spoken], date)
         .into_iter()
         .map(|fact| crate::service::memory::StoreRequest {
-            content: format!("user: {}", fact.content),
-            ..turn.clone()
+            content: format!("{}: {}", turn.role, fact.content),
+            ..request.clone()
         })
         .collect()
 }
@@ -287,7 +287,7 @@ async fn ingest(
         let mut req = t.to_request();
         req.stream = Some(stream.to_string());
         let keys = match opts.keys {
-            Keys::Facts if t.role == "user" => fact_keys(engine, &req),
+            Keys::Facts if t.role == "user" => fact_keys(engine, t, &req),
             _ => Vec::new(),
         };
         keys_sent += keys.len();
