@@ -297,12 +297,88 @@ fn pairs(list: &[(String, String)]) -> HashSet<(&str, &str)> {
     list.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect()
 }
 
-/// Take the references `gone(row id, chunk id)` names out of `refs` (a
-/// row's chunk ids); returns how many went.
-fn strip(row_id: &str, refs: &mut Vec<String>, gone: impl Fn(&str, &str) -> bool) -> i64 {
-    let before = refs.len();
-    refs.retain(|c| !gone(row_id, c));
-    (before - refs.len()) as i64
+/// A graph row that counts the memories referring to it: an entity (its
+/// `chunk_count`) or an edge (its `weight`).
+trait Referenced {
+    fn id(&self) -> &str;
+    /// The row's id, the chunk ids referring to it and their count.
+    fn parts(&mut self) -> (&str, &mut Vec<String>, &mut i64);
+
+    /// Take out the references `gone(row id, chunk id)` names, the count
+    /// going down with them; whether any went.
+    fn unref(&mut self, gone: impl Fn(&str, &str) -> bool) -> bool {
+        let (id, refs, count) = self.parts();
+        let before = refs.len();
+        refs.retain(|c| !gone(id, c));
+        let removed = (before - refs.len()) as i64;
+        if removed > 0 {
+            *count = (*count - removed).max(0);
+        }
+        removed > 0
+    }
+
+    fn is_unreferenced(&self) -> bool;
+}
+
+impl Referenced for EntityRow {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn parts(&mut self) -> (&str, &mut Vec<String>, &mut i64) {
+        (&self.id, &mut self.chunk_ids, &mut self.chunk_count)
+    }
+    fn is_unreferenced(&self) -> bool {
+        self.chunk_ids.is_empty()
+    }
+}
+
+impl Referenced for EdgeRow {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn parts(&mut self) -> (&str, &mut Vec<String>, &mut i64) {
+        (&self.id, &mut self.chunk_ids, &mut self.weight)
+    }
+    fn is_unreferenced(&self) -> bool {
+        self.chunk_ids.is_empty()
+    }
+}
+
+/// One table's share of a group commit: the rows `fresh` (the ids the new
+/// references go to) and `stripped` name are read, lose the references in
+/// `stripped`, and take the new ones from `fold` (which returns the ids it
+/// touched); what changed is written back. Returns the rows
+/// kept and those left without a reference (for the caller to delete).
+async fn restate<R: Referenced + Serialize>(
+    table: &Table,
+    schema: SchemaRef,
+    read: fn(&RecordBatch) -> Vec<R>,
+    fresh: impl Iterator<Item = String>,
+    stripped: &[(String, String)],
+    fold: impl FnOnce(&mut HashMap<String, R>) -> Vec<String>,
+) -> Result<(Vec<R>, Vec<R>)> {
+    let ids: BTreeSet<String> = fresh
+        .chain(stripped.iter().map(|(r, _)| r.clone()))
+        .collect();
+    let stripped = pairs(stripped);
+    let mut rows: HashMap<String, R> = read_where(table, column_in("id", &ids), read)
+        .await?
+        .into_iter()
+        .map(|r| (r.id().to_string(), r))
+        .collect();
+    let mut touched: HashSet<String> = HashSet::new();
+    for row in rows.values_mut() {
+        if row.unref(|r, c| stripped.contains(&(r, c))) {
+            touched.insert(row.id().to_string());
+        }
+    }
+    touched.extend(fold(&mut rows));
+    let (kept, emptied): (Vec<R>, Vec<R>) = rows
+        .into_values()
+        .filter(|r| touched.contains(r.id()))
+        .partition(|r| !r.is_unreferenced());
+    upsert(table, schema, &kept).await?;
+    Ok((kept, emptied))
 }
 
 /// Per stream, its entities by key: loaded on the stream's first graph
@@ -786,38 +862,24 @@ impl GraphTables {
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
         if !mentions.is_empty() || !strips.entities.is_empty() {
-            let stripped = pairs(&strips.entities);
-            let ids: BTreeSet<String> = mentions
-                .iter()
-                .map(Mention::entity_id)
-                .chain(strips.entities.iter().map(|(r, _)| r.clone()))
-                .collect();
-            let mut rows: HashMap<String, EntityRow> =
-                read_where(&self.entities, column_in("id", &ids), entity_rows)
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.id.clone(), r))
-                    .collect();
-            let mut touched: HashSet<String> = HashSet::new();
-            for row in rows.values_mut() {
-                let removed = strip(&row.id, &mut row.chunk_ids, |r, c| {
-                    stripped.contains(&(r, c))
-                });
-                if removed > 0 {
-                    row.chunk_count = (row.chunk_count - removed).max(0);
-                    touched.insert(row.id.clone());
+            let fold = |rows: &mut HashMap<String, EntityRow>| {
+                let mut touched = Vec::with_capacity(mentions.len());
+                for m in mentions {
+                    let id = m.entity_id();
+                    fold_mention(rows.entry(id.clone()).or_insert_with(|| new_entity(m)), m);
+                    touched.push(id);
                 }
-            }
-            for m in mentions {
-                let id = m.entity_id();
-                fold_mention(rows.entry(id.clone()).or_insert_with(|| new_entity(m)), m);
-                touched.insert(id);
-            }
-            let (kept, emptied): (Vec<EntityRow>, Vec<EntityRow>) = rows
-                .into_values()
-                .filter(|r| touched.contains(&r.id))
-                .partition(|r| !r.chunk_ids.is_empty());
-            upsert(&self.entities, entity_schema(), &kept).await?;
+                touched
+            };
+            let (kept, emptied) = restate(
+                &self.entities,
+                entity_schema(),
+                entity_rows,
+                mentions.iter().map(Mention::entity_id),
+                &strips.entities,
+                fold,
+            )
+            .await?;
             gone.entities = emptied.iter().map(|r| r.id.clone()).collect();
             {
                 let mut known = self.known.lock().expect("known entities lock");
@@ -831,51 +893,37 @@ impl GraphTables {
             self.written(kept.len()).await;
         }
         if !relations.is_empty() || !strips.edges.is_empty() {
-            let stripped = pairs(&strips.edges);
-            let ids: BTreeSet<String> = relations
-                .iter()
-                .map(Relation::edge_id)
-                .chain(strips.edges.iter().map(|(r, _)| r.clone()))
-                .collect();
-            let mut rows: HashMap<String, EdgeRow> =
-                read_where(&self.edges, column_in("id", &ids), edge_rows)
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.id.clone(), r))
-                    .collect();
-            let mut touched: HashSet<String> = HashSet::new();
-            for row in rows.values_mut() {
-                let removed = strip(&row.id, &mut row.chunk_ids, |r, c| {
-                    stripped.contains(&(r, c))
-                });
-                if removed > 0 {
-                    row.weight = (row.weight - removed).max(0);
-                    touched.insert(row.id.clone());
+            let fold = |rows: &mut HashMap<String, EdgeRow>| {
+                let mut touched = Vec::with_capacity(relations.len());
+                for r in relations {
+                    let id = r.edge_id();
+                    let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
+                        id: id.clone(),
+                        stream: r.stream.clone(),
+                        source: r.source.clone(),
+                        target: r.target.clone(),
+                        relation: r.relation.clone(),
+                        weight: 0,
+                        chunk_ids: Vec::new(),
+                        updated_at: r.at,
+                    });
+                    if push_ref(&mut row.chunk_ids, &r.chunk_id) {
+                        row.weight += 1;
+                    }
+                    row.updated_at = row.updated_at.max(r.at);
+                    touched.push(id);
                 }
-            }
-            for r in relations {
-                let id = r.edge_id();
-                let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
-                    id: id.clone(),
-                    stream: r.stream.clone(),
-                    source: r.source.clone(),
-                    target: r.target.clone(),
-                    relation: r.relation.clone(),
-                    weight: 0,
-                    chunk_ids: Vec::new(),
-                    updated_at: r.at,
-                });
-                if push_ref(&mut row.chunk_ids, &r.chunk_id) {
-                    row.weight += 1;
-                }
-                row.updated_at = row.updated_at.max(r.at);
-                touched.insert(id);
-            }
-            let (kept, emptied): (Vec<EdgeRow>, Vec<EdgeRow>) = rows
-                .into_values()
-                .filter(|r| touched.contains(&r.id))
-                .partition(|r| !r.chunk_ids.is_empty());
-            upsert(&self.edges, edge_schema(), &kept).await?;
+                touched
+            };
+            let (kept, emptied) = restate(
+                &self.edges,
+                edge_schema(),
+                edge_rows,
+                relations.iter().map(Relation::edge_id),
+                &strips.edges,
+                fold,
+            )
+            .await?;
             gone.edges = emptied.into_iter().map(|r| r.id).collect();
             self.written(kept.len()).await;
         }
@@ -1041,12 +1089,10 @@ impl GraphTables {
         let (mut kept, mut dropped) = (Vec::new(), Vec::new());
         if let Some(predicate) = entities {
             for mut row in read_where(&self.entities, predicate, entity_rows).await? {
-                let removed = strip(&row.id, &mut row.chunk_ids, &gone);
-                if removed == 0 {
+                if !row.unref(&gone) {
                     continue;
                 }
-                row.chunk_count = (row.chunk_count - removed).max(0);
-                match row.chunk_ids.is_empty() {
+                match row.is_unreferenced() {
                     true => dropped.push(row),
                     false => kept.push(row),
                 }
@@ -1060,12 +1106,10 @@ impl GraphTables {
         if let Some(predicate) = edges {
             let (mut keep, mut drop) = (Vec::new(), Vec::new());
             for mut row in read_where(&self.edges, predicate, edge_rows).await? {
-                let removed = strip(&row.id, &mut row.chunk_ids, &gone);
-                if removed == 0 {
+                if !row.unref(&gone) {
                     continue;
                 }
-                row.weight = (row.weight - removed).max(0);
-                match row.chunk_ids.is_empty() {
+                match row.is_unreferenced() {
                     true => drop.push(row.id),
                     false => keep.push(row),
                 }
