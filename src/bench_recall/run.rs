@@ -341,13 +341,14 @@ fn corpus_of(sources: &HashMap<String, Vec<String>>) -> Vec<String> {
 
 /// A question's first [`CANDIDATES`] hybrid candidates: for each, the turns it
 /// stands for, its session, role and time, every leg's rank and raw score, and
-/// the ranking factors.
+/// the ranking factors. `corpus_turns`: how many turns the haystack stored.
 async fn candidates(
     engine: &Engine,
     caller: &Caller,
     q: &Question,
     stream: &str,
     sources: &HashMap<String, Vec<String>>,
+    corpus_turns: usize,
 ) -> Result<serde_json::Value> {
     let found = crate::service::search::search(
         engine,
@@ -394,7 +395,7 @@ async fn candidates(
         "answer_sessions": q.answer_sessions,
         "answer_turns": q.answer_turns(),
         "sessions": q.sessions(),
-        "corpus_turns": corpus_of(sources).len(),
+        "corpus_turns": corpus_turns,
         "candidates": rows,
     }))
 }
@@ -469,7 +470,7 @@ pub async fn run(
         if opts.candidates {
             report
                 .candidates
-                .push(candidates(engine, &caller, q, &stream, &sources).await?);
+                .push(candidates(engine, &caller, q, &stream, &sources, corpus_turns.len()).await?);
         }
         // The stream's first search loads it into the hot index (see
         // `store::hot`); a word searched first takes that load out of the
