@@ -93,6 +93,10 @@ struct RuleFile {
     confidence: f32,
     #[serde(default)]
     subject: Option<String>,
+    /// A shorter clause than `segment.min_words` this rule still reads
+    /// ("I'm 32").
+    #[serde(default)]
+    min_words: Option<usize>,
     patterns: Vec<String>,
 }
 
@@ -101,6 +105,8 @@ struct Rule {
     memory_type: String,
     confidence: f32,
     subject_from_capture: bool,
+    /// The fewest words of a clause this rule reads.
+    min_words: usize,
     patterns: Vec<Regex>,
 }
 
@@ -125,6 +131,7 @@ pub struct RuleExtractor {
     markers: Vec<String>,
     clause_split: Regex,
     compound_subject: Regex,
+    /// The fewest words any rule reads in a clause.
     min_words: usize,
     max_words: usize,
     skip: Vec<Regex>,
@@ -213,6 +220,7 @@ impl RuleExtractor {
                     memory_type: r.memory_type.clone(),
                     confidence: r.confidence.clamp(0.0, 1.0),
                     subject_from_capture: r.subject.as_deref() == Some("capture"),
+                    min_words: r.min_words.unwrap_or(file.segment.min_words),
                     patterns: compile_all(&format!("rule `{}` pattern", r.name), &r.patterns)?,
                 })
             })
@@ -241,7 +249,10 @@ impl RuleExtractor {
             markers,
             clause_split: compile("segment.clause_split", &file.segment.clause_split)?,
             compound_subject: compile("segment.compound_subject", &file.segment.compound_subject)?,
-            min_words: file.segment.min_words,
+            min_words: rules
+                .iter()
+                .map(|r| r.min_words)
+                .fold(file.segment.min_words, usize::min),
             max_words: file.segment.max_words,
             skip: compile_all("skip.patterns", &file.skip.patterns)?,
             continuation: compile_all("continuation.patterns", &file.continuation.patterns)?,
@@ -409,8 +420,9 @@ impl RuleExtractor {
             .collect()
     }
 
-    fn skipped(&self, clause: &str) -> bool {
-        let words = clause.split_whitespace().count();
+    /// Whether no rule reads `clause` (of `words` words); a clause shorter
+    /// than `segment.min_words` is read only by rules that allow it.
+    fn skipped(&self, clause: &str, words: usize) -> bool {
         words < self.min_words
             || words > self.max_words
             || clause.trim_end().ends_with('?')
@@ -423,15 +435,20 @@ impl RuleExtractor {
 
     fn fact(&self, clause: &str, turn: usize, date: NaiveDate) -> Option<Fact> {
         let clause = self.strip_markers(clause);
-        if self.skipped(clause) {
+        let words = clause.split_whitespace().count();
+        if self.skipped(clause, words) {
             return None;
         }
-        let (rule, caps) = self.rules.iter().find_map(|r| {
-            r.patterns
-                .iter()
-                .find_map(|p| p.captures(clause))
-                .map(|c| (r, c))
-        })?;
+        let (rule, caps) = self
+            .rules
+            .iter()
+            .filter(|r| words >= r.min_words)
+            .find_map(|r| {
+                r.patterns
+                    .iter()
+                    .find_map(|p| p.captures(clause))
+                    .map(|c| (r, c))
+            })?;
         let subject = if rule.subject_from_capture {
             caps.name("subject").map(|m| m.as_str().to_string())
         } else {
@@ -790,6 +807,16 @@ mod tests {
                 "diagnosed with asthma",
                 "event",
             ),
+            (
+                "I'm 47, so I'm in my late forties. My skin is dry.",
+                "User is 47",
+                "fact",
+            ),
+            (
+                "Any gym near me? I've been enjoying the outdoors lately, just did a 5-mile hike last Sunday.",
+                "5-mile hike",
+                "preference",
+            ),
         ];
         for (text, words, kind) in cases {
             let found = facts(&format!("User: {text}"));
@@ -803,6 +830,12 @@ mod tests {
         // Still no fact: a hypothetical, and small talk about having had a time.
         assert!(facts("User: If I had a dog for about 3 years, would it be calm?").is_empty());
         assert!(facts("User: I've had a great time, thanks!").is_empty());
+        // Two words are read only as an age.
+        let age = facts("User: I'm tired. I'm 47!");
+        assert_eq!(age.len(), 1, "{age:?}");
+        assert!(age[0].content.starts_with("User is 47"), "{age:?}");
+        assert_eq!(age[0].rule, "age");
+        assert!(facts("User: I'm tired.").is_empty());
     }
 
     #[test]
