@@ -76,6 +76,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn bench_stages(c: &mut Criterion) {
+    loomem::store::maintain::lance_threads();
     let rt = runtime();
     let tmp = tempfile::tempdir().unwrap();
     let ctx = rt.block_on(async {
@@ -229,7 +230,16 @@ const CASES: [(&str, BusAt, DataAt, &str, usize); 7] = [
     ),
 ];
 
+/// Records the pipeline's write stage has committed so far.
+fn written(stats: &[loomem::pipeline::StageStatsSnapshot]) -> u64 {
+    stats
+        .iter()
+        .find(|s| s.stage == "write")
+        .map_or(0, |s| s.records_out)
+}
+
 fn bench_e2e(c: &mut Criterion) {
+    loomem::store::maintain::lance_threads();
     // `RUST_LOG=loomem=debug` shows the store's own timings (commits,
     // merges, index refreshes) beside the figures.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -241,7 +251,13 @@ fn bench_e2e(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("ingest_e2e");
     group.sample_size(10);
-    group.measurement_time(Duration::from_secs(30));
+    // `LOOMEM_BENCH_E2E_SECS`: a longer run grows the table further (the
+    // vector index is first built a minute in, at ~300,000 rows).
+    let secs = std::env::var("LOOMEM_BENCH_E2E_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    group.measurement_time(Duration::from_secs(secs));
     let picked = std::env::var("LOOMEM_BENCH_CASES").ok();
     for (label, bus, data, provider, n) in CASES {
         if picked
@@ -274,6 +290,8 @@ fn bench_e2e(c: &mut Criterion) {
                             &engine.ids,
                         )
                         .unwrap();
+                        let pipeline = engine.pipelines.get("import").unwrap();
+                        let before = written(&pipeline.stats());
                         let started = Instant::now();
                         loomem::service::import::publish(
                             &engine.bus,
@@ -283,9 +301,22 @@ fn bench_e2e(c: &mut Criterion) {
                         )
                         .await
                         .unwrap();
+                        // The write stage's own counter says when the rows
+                        // are committed; the table is asked once they are
+                        // (a count of a large table, every 2 ms, took the
+                        // CPU the import needed). Until then, or if some
+                        // were dropped, it is asked every 100 ms.
                         let filter = Filter::new().stream(&stream);
-                        while engine.store.count(&filter).await.unwrap() < n {
-                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        let mut asked = Instant::now();
+                        loop {
+                            let done = written(&pipeline.stats()) >= before + n as u64;
+                            if done || asked.elapsed() >= Duration::from_millis(100) {
+                                if engine.store.count(&filter).await.unwrap() >= n {
+                                    break;
+                                }
+                                asked = Instant::now();
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
                         }
                         started.elapsed()
                     });

@@ -245,6 +245,7 @@ fn report(label: &str, times: &mut [Duration]) {
 fn bench_search(c: &mut Criterion) {
     // As `loomem` does, before any other thread exists.
     loomem::providers::embed::minilm::kernel_threads();
+    loomem::store::maintain::lance_threads();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -155,6 +155,7 @@ fn main() {
     }
     // As `loomem` does, before any other thread exists.
     loomem::providers::embed::minilm::kernel_threads();
+    loomem::store::maintain::lance_threads();
     let total = knob("LOOMEM_WORKLOAD_TURNS", 6000);
     let writers = knob("LOOMEM_WORKLOAD_WRITERS", 8);
     let streams = knob("LOOMEM_WORKLOAD_STREAMS", 10);

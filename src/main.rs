@@ -239,6 +239,7 @@ enum RecallAction {
 fn main() {
     // Before any other thread exists: it writes the process environment.
     loomem::providers::embed::minilm::kernel_threads();
+    loomem::store::maintain::lance_threads();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

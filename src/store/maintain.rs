@@ -270,6 +270,24 @@ where
         .map_err(|e| failed(e.to_string()))?
 }
 
+/// Size Lance's pool for compute work (`LANCE_CPU_THREADS`) so that an
+/// index build cannot hold all of it. Lance sizes the pool at the CPUs less
+/// two it keeps for I/O, at least one: one thread on this 2-core machine. A
+/// vector index build fills the pool with its own tasks for minutes, and
+/// every commit, fragment merge and graph pass that encodes or decodes
+/// through Lance queued behind it: on a bulk import into ~500,000 rows a
+/// batch commit, a history merge and a graph pass each waited 105–109 s
+/// for a 117 s build. With more threads than CPUs they share the CPUs
+/// instead. Sets the variable, unless it is set, to twice the CPUs and at
+/// least 4. Call it before any other thread exists (it writes the process
+/// environment) and before the store opens (Lance reads it once).
+pub fn lance_threads() {
+    if std::env::var_os("LANCE_CPU_THREADS").is_none() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::env::set_var("LANCE_CPU_THREADS", (2 * cpus).max(4).to_string());
+    }
+}
+
 /// Run an index build on a runtime of its own. A build computes inside its
 /// futures for seconds to minutes; on the engine's runtime it holds up the
 /// workers that serve requests and commit writes (a first vector index

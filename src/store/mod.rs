@@ -885,6 +885,7 @@ impl Store {
             return Ok(false);
         }
         let started = std::time::Instant::now();
+        tracing::debug!("vector index build started");
         self.chunks
             .create_index(
                 &["embedding"],
