@@ -288,6 +288,36 @@ pub fn lance_threads() {
     }
 }
 
+/// Whether a vector index is being built on a table. Lance cannot rebase
+/// an index build over a merge of the fragments it covers ("CreateIndex
+/// transaction was preempted by concurrent transaction Rewrite"): under a
+/// bulk import a 5-minute build failed at its commit that way and started
+/// again from nothing. So the merges beside the writer wait while a build
+/// runs; appends go on (their rows are left for the next refresh).
+#[derive(Clone, Default)]
+pub struct VectorBuild(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl VectorBuild {
+    pub fn running(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Mark a build as running until the returned guard drops.
+    pub fn begin(&self) -> VectorBuildGuard {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+        VectorBuildGuard(self.clone())
+    }
+}
+
+/// See [`VectorBuild::begin`].
+pub struct VectorBuildGuard(VectorBuild);
+
+impl Drop for VectorBuildGuard {
+    fn drop(&mut self) {
+        self.0 .0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Run an index build on a runtime of its own. A build computes inside its
 /// futures for seconds to minutes; on the engine's runtime it holds up the
 /// workers that serve requests and commit writes (a first vector index

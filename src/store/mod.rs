@@ -176,6 +176,8 @@ pub struct Store {
     table_gate: TableGate,
     /// Merges the small fragments of every table but `chunks` (its writer does).
     _maintainer: maintain::AbortOnDrop,
+    /// Set while the vector index is built; the writer's merges wait.
+    vector_build: maintain::VectorBuild,
 }
 
 /// Shared by every writer of the tables a snapshot covers; a write holds it
@@ -254,6 +256,7 @@ impl Store {
         let graph_metrics =
             open_or_create(&db, &names, GRAPH_METRICS, graph_metrics::metric_schema()).await?;
         let hot = std::sync::Arc::new(hot::HotIndex::new(dim, hot::DEFAULT_BUDGET));
+        let vector_build = maintain::VectorBuild::default();
         let writer = ChunkWriter::spawn(
             chunks.clone(),
             dim,
@@ -261,6 +264,7 @@ impl Store {
             maintenance,
             hot.clone(),
             table_gate.clone(),
+            vector_build.clone(),
         );
         let side_tables = vec![
             (DEAD_LETTERS, dead_letters.clone()),
@@ -296,6 +300,7 @@ impl Store {
             hot,
             write_gate: Default::default(),
             table_gate,
+            vector_build,
         })
     }
 
@@ -886,6 +891,7 @@ impl Store {
         }
         let started = std::time::Instant::now();
         tracing::debug!("vector index build started");
+        let _merges_wait = self.vector_build.begin();
         self.chunks
             .create_index(
                 &["embedding"],

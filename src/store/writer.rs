@@ -118,6 +118,7 @@ impl ChunkWriter {
         maintenance: Maintenance,
         hot: Arc<HotIndex>,
         gate: super::TableGate,
+        building: super::maintain::VectorBuild,
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
         let known = Arc::new(KnownIds::default());
@@ -127,7 +128,7 @@ impl ChunkWriter {
             hot,
             known: known.clone(),
         };
-        tokio::spawn(run(sink, max_rows, maintenance, gate, rx));
+        tokio::spawn(run(sink, max_rows, maintenance, gate, building, rx));
         ChunkWriter { tx, known }
     }
 
@@ -333,6 +334,7 @@ async fn run(
     max_rows: usize,
     maintenance: Maintenance,
     gate: super::TableGate,
+    building: super::maintain::VectorBuild,
     mut rx: mpsc::Receiver<WriteOp>,
 ) {
     let table = &sink.table;
@@ -349,6 +351,7 @@ async fn run(
     loop {
         if maintenance.compact_every_commits > 0
             && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
+            && !building.running()
             && merger.start(table, &gate, maintenance.target_rows_per_fragment)
         {
             since_compact = 0;
@@ -708,6 +711,45 @@ mod tests {
                 unindexed().await
             );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// While a vector index is built the writer merges no fragments (Lance
+    /// would fail the build's commit over the merge); once it is done the
+    /// merges resume.
+    #[tokio::test]
+    async fn fragments_wait_for_a_vector_index_build() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        let fragments = || async {
+            store
+                .chunks_table()
+                .stats()
+                .await
+                .unwrap()
+                .fragment_stats
+                .num_fragments
+        };
+        let commit = |n: usize| {
+            let row = Chunk::new(format!("m{n}"), "s".into(), format!("memory {n}"), 0);
+            store.commit_with_side_effects(vec![row], vec![])
+        };
+        let build = store.vector_build.begin();
+        // Past the point where small commits call for a merge.
+        for n in 0..48 {
+            commit(n).await.unwrap();
+        }
+        assert_eq!(fragments().await, 48, "a merge ran during the build");
+        drop(build);
+        commit(48).await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while fragments().await >= 49 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no merge after the build"
+            );
+            commit(1000 + fragments().await).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 
