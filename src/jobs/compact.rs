@@ -35,6 +35,10 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
     let mut names: Vec<_> = ctx.services.store.tables().into_iter().collect();
     names.sort_by_key(|(n, _)| *n);
     for (name, table) in names {
+        if name == crate::store::CHUNKS && !ctx.dry_run {
+            // Its merge would fail a vector index build in progress.
+            ctx.services.store.vector_build_finished().await;
+        }
         let prune = chrono::Duration::try_hours(params.prune_older_than_hours);
         report
             .tables

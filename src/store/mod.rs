@@ -356,6 +356,15 @@ impl Store {
     }
 
     /// Every table by name (handles share state with the writers).
+    /// Wait until no vector index build runs on `chunks` (a merge of its
+    /// fragments meanwhile would fail the build's commit; see
+    /// [`maintain::VectorBuild`]).
+    pub async fn vector_build_finished(&self) {
+        while self.vector_build.running() {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+
     pub fn tables(&self) -> std::collections::HashMap<&'static str, Table> {
         std::collections::HashMap::from([
             (CHUNKS, self.chunks.clone()),

@@ -715,8 +715,8 @@ mod tests {
     }
 
     /// While a vector index is built the writer merges no fragments (Lance
-    /// would fail the build's commit over the merge); once it is done the
-    /// merges resume.
+    /// would fail the build's commit over the merge) and the compact job's
+    /// wait does not end; once it is done the merges resume.
     #[tokio::test]
     async fn fragments_wait_for_a_vector_index_build() {
         let tmp = tempfile::tempdir().unwrap();
@@ -740,7 +740,16 @@ mod tests {
             commit(n).await.unwrap();
         }
         assert_eq!(fragments().await, 48, "a merge ran during the build");
+        // The compact job waits for the build the same way.
+        let wait = std::time::Duration::from_millis(300);
+        assert!(tokio::time::timeout(wait, store.vector_build_finished())
+            .await
+            .is_err());
         drop(build);
+        let wait = std::time::Duration::from_secs(30);
+        tokio::time::timeout(wait, store.vector_build_finished())
+            .await
+            .expect("the wait ends with the build");
         commit(48).await.unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while fragments().await >= 49 {
