@@ -355,7 +355,6 @@ impl Store {
         &self.chunks
     }
 
-    /// Every table by name (handles share state with the writers).
     /// Wait until no vector index build runs on `chunks` (a merge of its
     /// fragments meanwhile would fail the build's commit; see
     /// [`maintain::VectorBuild`]).
@@ -365,6 +364,7 @@ impl Store {
         }
     }
 
+    /// Every table by name (handles share state with the writers).
     pub fn tables(&self) -> std::collections::HashMap<&'static str, Table> {
         std::collections::HashMap::from([
             (CHUNKS, self.chunks.clone()),
