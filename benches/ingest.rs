@@ -110,7 +110,37 @@ fn bench_stages(c: &mut Criterion) {
         });
     }
     group.finish();
+    // The within-batch scans of a bulk batch (`bus.batch_size`, one stream,
+    // embedded): every row against every earlier one.
+    let mut group = c.benchmark_group("stage");
+    group.throughput(Throughput::Elements(BULK_BATCH as u64));
+    let embed = stages::build("embed", params(""), &ctx).unwrap();
+    let embedded = rt.block_on(async {
+        let mut batch = records(BULK_BATCH);
+        embed.process(&mut batch).await.unwrap();
+        batch
+    });
+    for (name, p) in [
+        (
+            "dedupe",
+            params("near_against_store = false\nnear_within_batch = true"),
+        ),
+        ("score_surprise", params("against_store = false")),
+    ] {
+        let stage = stages::build(name, p, &ctx).unwrap();
+        group.bench_function(format!("{name}_{BULK_BATCH}"), |b| {
+            b.iter_batched(
+                || embedded.clone(),
+                |mut batch| rt.block_on(stage.process(&mut batch)).unwrap(),
+                BatchSize::LargeInput,
+            )
+        });
+    }
+    group.finish();
 }
+
+/// The default `bus.batch_size`: a bulk import's batches.
+const BULK_BATCH: usize = 2048;
 
 /// A daemon engine on a temp dir or a bucket, fed through its own bus.
 struct Rig {

@@ -307,9 +307,8 @@ impl StreamVectors {
         )
     }
 
-    /// The rows before `p` as (row, approximate similarity, error bound):
-    /// the exact similarity lies within the bound of the approximation.
-    fn approx_earlier(&self, p: usize) -> impl Iterator<Item = (usize, f32, f32)> + '_ {
+    /// The int8 dots of row `p`'s code with each row before it.
+    fn dots_of(&self, p: usize) -> Vec<i32> {
         let d = self.dim;
         let mut dots = vec![0i32; p];
         crate::core::vector::dot_i8_rows(
@@ -317,13 +316,28 @@ impl StreamVectors {
             &self.codes[..p * d],
             &mut dots,
         );
-        dots.into_iter().enumerate().map(move |(q, dot)| {
-            let approx = self.scales[p] * self.scales[q] * dot as f32;
-            // v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
-            let bound =
-                self.err[p] * self.norm[q] + self.code_norm[p] * self.err[q] + ROUNDING_SLACK;
-            (q, approx, bound)
-        })
+        dots
+    }
+
+    /// The rows before `p` as approximate similarities and their error
+    /// bounds, from `dots` (row `p`'s int8 dots with them): the exact
+    /// similarity to row `q` lies within `bound[q]` of `approx[q]`. Plain
+    /// loops over the columns, which the compiler vectorises.
+    fn approx_earlier(&self, p: usize, dots: &[i32]) -> (Vec<f32>, Vec<f32>) {
+        let n = dots.len();
+        let (sp, ep, cp) = (self.scales[p], self.err[p], self.code_norm[p]);
+        let approx: Vec<f32> = dots
+            .iter()
+            .zip(&self.scales[..n])
+            .map(|(&dot, &sq)| sp * sq * dot as f32)
+            .collect();
+        // v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
+        let bound: Vec<f32> = self.norm[..n]
+            .iter()
+            .zip(&self.err[..n])
+            .map(|(&nq, &eq)| ep * nq + cp * eq + ROUNDING_SLACK)
+            .collect();
+        (approx, bound)
     }
 
     /// For each row, the rows before it (in order) whose similarity to it
@@ -331,9 +345,9 @@ impl StreamVectors {
     /// them (a batch of near-copies), whose scan [`Self::first_earlier_above`]
     /// then redoes. Rows are scanned in parallel.
     pub fn maybe_above(&self, threshold: f32) -> Vec<Option<Vec<usize>>> {
-        self.per_row(|p| {
+        self.per_row(|p, dots| {
             let mut out = Vec::new();
-            for q in self.earlier_maybe_above(p, threshold) {
+            for q in self.earlier_maybe_above(p, dots, threshold) {
                 if out.len() == NEAR_CAP {
                     return None;
                 }
@@ -344,10 +358,14 @@ impl StreamVectors {
     }
 
     /// The rows before `p` whose similarity to it may pass `threshold`.
-    fn earlier_maybe_above(&self, p: usize, threshold: f32) -> impl Iterator<Item = usize> + '_ {
-        self.approx_earlier(p)
-            .filter(move |&(_, approx, bound)| approx + bound > threshold)
-            .map(|(q, _, _)| q)
+    fn earlier_maybe_above(
+        &self,
+        p: usize,
+        dots: &[i32],
+        threshold: f32,
+    ) -> impl Iterator<Item = usize> {
+        let (approx, bound) = self.approx_earlier(p, dots);
+        (0..approx.len()).filter(move |&q| approx[q] + bound[q] > threshold)
     }
 
     /// The first row before `p` (in batch order) more similar to it than
@@ -363,33 +381,47 @@ impl StreamVectors {
         let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
-            None => self.earlier_maybe_above(p, threshold).find(|&q| exact(q)),
+            None => {
+                let dots = self.dots_of(p);
+                let found = self
+                    .earlier_maybe_above(p, &dots, threshold)
+                    .find(|&q| exact(q));
+                found
+            }
         }
     }
 
     /// For each row, the highest similarity to a row before it (0 when none
     /// is positive). Rows are scanned in parallel.
     pub fn max_earlier(&self) -> Vec<f32> {
-        self.per_row(|p| {
-            let approx: Vec<(usize, f32, f32)> = self.approx_earlier(p).collect();
+        self.per_row(|p, dots| {
+            let (approx, bound) = self.approx_earlier(p, dots);
             // The exact maximum is at least the best lower bound, so only rows
             // whose upper bound reaches it can hold it.
-            let floor = approx.iter().map(|&(_, a, b)| a - b).fold(0.0f32, f32::max);
-            approx
+            let floor = approx
                 .iter()
-                .filter(|&&(_, a, b)| a + b >= floor)
-                .map(|&(q, _, _)| self.sim(p, q))
+                .zip(&bound)
+                .map(|(a, b)| a - b)
+                .fold(0.0f32, f32::max);
+            (0..p)
+                .filter(|&q| approx[q] + bound[q] >= floor)
+                .map(|q| self.sim(p, q))
                 .fold(0.0f32, f32::max)
         })
     }
 
-    /// `f` of every row, in row order; large groups spread over the CPUs in
-    /// interleaved blocks (row `p` costs `p` dot products).
-    fn per_row<T: Send>(&self, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    /// `f(p, dots)` of every row `p`, in row order, where `dots` are row
+    /// `p`'s int8 dots with the rows before it. Rows are taken four at a
+    /// time, so the codes before them are streamed once for all four
+    /// ([`crate::core::vector::dot_i8_rows4`]); large groups spread over the
+    /// CPUs in interleaved blocks (row `p` costs `p` dot products).
+    fn per_row<T: Send>(&self, f: impl Fn(usize, &[i32]) -> T + Sync) -> Vec<T> {
         let n = self.idx.len();
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(4));
         if n < PARALLEL_SCAN_ROWS || threads == 1 {
-            return (0..n).map(f).collect();
+            let mut out = Vec::with_capacity(n);
+            self.scan(0..n, &f, &mut out);
+            return out.into_iter().map(|(_, v)| v).collect();
         }
         let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
         std::thread::scope(|scope| {
@@ -397,10 +429,11 @@ impl StreamVectors {
             let parts: Vec<_> = (0..threads)
                 .map(|t| {
                     scope.spawn(move || {
-                        (0..n)
-                            .filter(|p| (p / SCAN_BLOCK) % threads == t)
-                            .map(|p| (p, f(p)))
-                            .collect::<Vec<_>>()
+                        let mut part = Vec::new();
+                        for start in (t * SCAN_BLOCK..n).step_by(threads * SCAN_BLOCK) {
+                            self.scan(start..(start + SCAN_BLOCK).min(n), f, &mut part);
+                        }
+                        part
                     })
                 })
                 .collect();
@@ -413,6 +446,47 @@ impl StreamVectors {
         out.into_iter()
             .map(|v| v.expect("every row scanned"))
             .collect()
+    }
+
+    /// `f` of the rows of `rows`, four at a time, into `out`.
+    fn scan<T>(
+        &self,
+        rows: std::ops::Range<usize>,
+        f: &impl Fn(usize, &[i32]) -> T,
+        out: &mut Vec<(usize, T)>,
+    ) {
+        let d = self.dim;
+        let mut p0 = rows.start;
+        let mut shared = Vec::new();
+        while p0 < rows.end {
+            if p0 + 4 > rows.end {
+                out.push((p0, f(p0, &self.dots_of(p0))));
+                p0 += 1;
+                continue;
+            }
+            // The four rows against every row before the first of them...
+            shared.clear();
+            shared.resize(4 * p0, 0);
+            crate::core::vector::dot_i8_rows4(
+                &self.codes[p0 * d..(p0 + 4) * d],
+                &self.codes[..p0 * d],
+                &mut shared,
+            );
+            for k in 0..4 {
+                // ...and each against those of the four before it.
+                let p = p0 + k;
+                let mut dots = Vec::with_capacity(p);
+                dots.extend_from_slice(&shared[k * p0..(k + 1) * p0]);
+                dots.resize(p, 0);
+                crate::core::vector::dot_i8_rows(
+                    &self.codes[p * d..(p + 1) * d],
+                    &self.codes[p0 * d..p * d],
+                    &mut dots[p0..],
+                );
+                out.push((p, f(p, &dots)));
+            }
+            p0 += 4;
+        }
     }
 }
 

@@ -614,9 +614,11 @@ async fn commit(sink: &Sink, batch: WriteBatch, merger: &mut Merger) -> Result<u
         .into_iter()
         .partition(|c| !owners.contains_key(&c.id) && !repeated.contains(&c.id));
     fresh.extend(new);
+    let started = std::time::Instant::now();
     if !fresh.is_empty() {
         sink.append(&fresh).await?;
     }
+    let appended = started.elapsed();
     if rows.is_empty() && side.is_empty() {
         return Ok(fresh.len());
     }
@@ -642,10 +644,21 @@ async fn commit(sink: &Sink, batch: WriteBatch, merger: &mut Merger) -> Result<u
             None => s,
         })
         .collect();
+    let read = started.elapsed() - appended;
     // Side effects first: a record's own row wins the fold by id. A merge
     // rewrites rows, so it waits for the fragment merge.
     merger.settle().await;
+    let settled = started.elapsed() - appended - read;
     sink.commit(rebased.iter().chain(rows.iter())).await?;
+    tracing::debug!(
+        ?appended,
+        ?read,
+        ?settled,
+        merged = ?started.elapsed() - appended - read - settled,
+        appended_rows = fresh.len(),
+        merged_rows = rows.len() + rebased.len(),
+        "batch commit phases"
+    );
     Ok(fresh.len() + rows.len() + rebased.len())
 }
 

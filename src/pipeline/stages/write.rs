@@ -100,6 +100,7 @@ impl Stage for Write {
                 stage: "write",
                 message: e.to_string(),
             };
+            let started = std::time::Instant::now();
             // Each refusal takes a record out, so this ends.
             loop {
                 match self.store.commit_batch(plan(batch)).await {
@@ -111,13 +112,21 @@ impl Stage for Write {
             let history: Vec<_> = settled(batch)
                 .flat_map(|r| r.history.iter().cloned())
                 .collect();
+            let committed = started.elapsed();
             self.store.add_history(history).await.map_err(fail)?;
+            let historied = started.elapsed() - committed;
             let relations: Vec<_> = batch
                 .iter()
                 .filter(|r| r.is_kept())
                 .flat_map(|r| r.relations.iter().cloned())
                 .collect();
             self.store.add_relations(relations).await.map_err(fail)?;
+            tracing::debug!(
+                ?committed,
+                history = ?historied,
+                relations = ?started.elapsed() - committed - historied,
+                "write stage phases"
+            );
             // A record dropped or failed after its entities were recorded
             // (a near-duplicate, a refused id) leaves no trace in the graph,
             // unless its id names a memory that is stored. The retraction
