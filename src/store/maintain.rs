@@ -89,7 +89,7 @@ where
 /// Merge the small fragments of `table` into fragments of up to
 /// `target_rows` rows (a no-op when there is nothing to merge).
 pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<()> {
-    retrying("compact", || {
+    let stats = retrying("compact", || {
         table.optimize(OptimizeAction::Compact {
             options: CompactionOptions {
                 target_rows_per_fragment: target_rows,
@@ -99,6 +99,14 @@ pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<
         })
     })
     .await?;
+    if let Some(m) = stats.compaction {
+        tracing::debug!(
+            table = %table.name(),
+            fragments_removed = m.fragments_removed,
+            fragments_added = m.fragments_added,
+            "fragments merged"
+        );
+    }
     Ok(())
 }
 
