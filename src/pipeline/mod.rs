@@ -363,7 +363,7 @@ impl StreamVectors {
         p: usize,
         dots: &[i32],
         threshold: f32,
-    ) -> impl Iterator<Item = usize> {
+    ) -> impl Iterator<Item = usize> + use<> {
         let (approx, bound) = self.approx_earlier(p, dots);
         (0..approx.len()).filter(move |&q| approx[q] + bound[q] > threshold)
     }
@@ -381,13 +381,9 @@ impl StreamVectors {
         let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
-            None => {
-                let dots = self.dots_of(p);
-                let found = self
-                    .earlier_maybe_above(p, &dots, threshold)
-                    .find(|&q| exact(q));
-                found
-            }
+            None => self
+                .earlier_maybe_above(p, &self.dots_of(p), threshold)
+                .find(|&q| exact(q)),
         }
     }
 
