@@ -14,6 +14,7 @@
 //!
 //! A text's vector is the sum of its tokens' rows, scaled to unit length.
 
+use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,28 +47,103 @@ struct Table {
     dim: usize,
     /// `vocab × dim`, row per token id, weighted.
     rows: Vec<f32>,
+    /// The token ids of words seen before (see [`Table::ids`]).
+    words: std::sync::Mutex<HashMap<String, Vec<u32>>>,
+    /// Whether the tokenizer normalises and splits as BERT's does.
+    bert: bool,
 }
 
+/// Words whose token ids [`Table::ids`] remembers; past it the memo starts over.
+const WORD_MEMO: usize = 200_000;
+
 impl Table {
+    fn new(tokenizer: Tokenizer, dim: usize, rows: Vec<f32>) -> Table {
+        use tokenizers::normalizers::NormalizerWrapper;
+        use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+        let bert = matches!(
+            tokenizer.get_normalizer(),
+            Some(NormalizerWrapper::BertNormalizer(_))
+        ) && matches!(
+            tokenizer.get_pre_tokenizer(),
+            Some(PreTokenizerWrapper::BertPreTokenizer(_))
+        );
+        Table {
+            bert,
+            tokenizer,
+            dim,
+            rows,
+            words: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
     fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let encodings = self
-            .tokenizer
-            .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), false)
-            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
-        Ok(encodings
+        let mut words = self.words.lock().unwrap_or_else(|e| e.into_inner());
+        texts
             .iter()
-            .map(|enc| {
+            .map(|text| {
                 let mut v = vec![0f32; self.dim];
-                for &id in enc.get_ids() {
+                for id in self.ids(text, &mut words)? {
                     let start = id as usize * self.dim;
                     if let Some(row) = self.rows.get(start..start + self.dim) {
                         v.iter_mut().zip(row).for_each(|(a, b)| *a += b);
                     }
                 }
                 l2_normalize(&mut v);
-                v
+                Ok(v)
             })
-            .collect())
+            .collect()
+    }
+
+    /// The token ids of `text`, as the tokenizer's `encode` gives them
+    /// (truncation included), without building its `Encoding` (offsets,
+    /// token strings, masks). With BERT's normaliser and pre-tokeniser (the
+    /// MiniLM tokenizer's), a text's ids are its space-separated pieces' ids
+    /// one after the other: the normaliser works a character at a time (its
+    /// accent stripping decomposes, and no combining mark crosses a space),
+    /// and the pre-tokeniser splits at every space. So each piece as written
+    /// ("Hello,") is tokenised once and remembered in `words`. Another
+    /// tokenizer goes through `encode`, and so does a text that may hold one
+    /// of the added tokens (`[CLS]`, `[MASK]`…), which `encode` matches
+    /// before it normalises.
+    fn ids(
+        &self,
+        text: &str,
+        words: &mut HashMap<String, Vec<u32>>,
+    ) -> Result<Vec<u32>, EmbedError> {
+        if text.contains('[') || !self.bert {
+            return self.encoded_ids(text);
+        }
+        let limit = self
+            .tokenizer
+            .get_truncation()
+            .map_or(usize::MAX, |t| t.max_length);
+        if words.len() > WORD_MEMO {
+            words.clear();
+        }
+        let mut ids = Vec::new();
+        for piece in text
+            .split([' ', '\t', '\n', '\r'])
+            .filter(|p| !p.is_empty())
+        {
+            if ids.len() >= limit {
+                break;
+            }
+            if !words.contains_key(piece) {
+                words.insert(piece.to_string(), self.encoded_ids(piece)?);
+            }
+            ids.extend_from_slice(&words[piece]);
+        }
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
+    /// The token ids `encode` gives `text`.
+    fn encoded_ids(&self, text: &str) -> Result<Vec<u32>, EmbedError> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+        Ok(enc.get_ids().to_vec())
     }
 }
 
@@ -97,11 +173,7 @@ impl StaticEmbedder {
             }
         };
         Ok(StaticEmbedder {
-            table: Arc::new(Table {
-                tokenizer,
-                dim,
-                rows,
-            }),
+            table: Arc::new(Table::new(tokenizer, dim, rows)),
         })
     }
 }
@@ -224,6 +296,52 @@ mod tests {
             .unwrap();
         assert_eq!(read_table(&path, 99, 3, 4), None, "torn");
         assert!(!path.with_extension("part").exists());
+    }
+
+    /// The installed model's directory, as the default config names it.
+    fn model_dir() -> PathBuf {
+        match std::env::var_os("LOOMEM_EMBED__MODEL_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::home_dir()
+                .expect("a home directory")
+                .join(".cache/loomem/models/all-MiniLM-L6-v2"),
+        }
+    }
+
+    #[test]
+    fn token_ids_are_the_tokenizers_own() {
+        let (tokenizer, _, _) = super::super::minilm::tokenizer(&model_dir(), 24).unwrap();
+        let table = Table::new(tokenizer, 1, Vec::new());
+        let mut words = HashMap::new();
+        let long = "the quick brown fox jumps over the lazy dog ".repeat(10);
+        let texts = [
+            "",
+            "Hello, world!",
+            "I switched from VSCode to Cursor on 2024-03-26.",
+            "Café Ünïcödé naïve façade — “quotes” and 'apostrophes' don't",
+            "東京で寿司を食べた 2023年",
+            "unbelievably antidisestablishmentarianism pneumonoultramicroscopic",
+            "tabs\tand\nnew lines\r\n  and   spaces",
+            "emoji 🎉🎉 and control \u{7}chars",
+            "e-mail alice.smith@example.com, phone +48 123 456 789",
+            long.as_str(),
+            "Hello, world!",
+            "[CLS] a text with [MASK] tokens [SEP]",
+            "brackets [like this] are fine",
+            "no\u{a0}break\u{85}next\u{2028}line\u{3000}wide",
+            "e\u{301} cafe\u{301} \u{301}alone",
+            "punctuation...everywhere!!! (really?) \"yes\"",
+        ];
+        for text in texts {
+            assert_eq!(
+                table.ids(text, &mut words).unwrap(),
+                table.encoded_ids(text).unwrap(),
+                "{text:?}"
+            );
+        }
+        assert!(table.bert, "MiniLM's tokenizer is BERT's");
+        assert!(words.contains_key("Hello,"), "pieces are remembered");
+        assert_eq!(table.encoded_ids(&long).unwrap().len(), 24, "truncated");
     }
 
     #[test]
