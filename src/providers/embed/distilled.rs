@@ -129,12 +129,54 @@ impl Table {
                 break;
             }
             if !words.contains_key(piece) {
-                words.insert(piece.to_string(), self.encoded_ids(piece)?);
+                let piece_ids = match self.ascii_ids(piece, words)? {
+                    Some(ids) => ids,
+                    None => self.encoded_ids(piece)?,
+                };
+                words.insert(piece.to_string(), piece_ids);
             }
             ids.extend_from_slice(&words[piece]);
         }
         ids.truncate(limit);
         Ok(ids)
+    }
+
+    /// The ids of a piece of printable ASCII without `encode`: BERT's
+    /// normaliser only lower-cases such text, and its pre-tokeniser splits
+    /// it into runs of letters and digits and single punctuation marks,
+    /// each run tokenised alone (and remembered in `words`, as a word of
+    /// its own). None for any other piece.
+    fn ascii_ids(
+        &self,
+        piece: &str,
+        words: &mut HashMap<String, Vec<u32>>,
+    ) -> Result<Option<Vec<u32>>, EmbedError> {
+        use tokenizers::Model as _;
+        if !piece.bytes().all(|b| b.is_ascii_graphic()) {
+            return Ok(None);
+        }
+        let lower = piece.to_ascii_lowercase();
+        let mut ids = Vec::new();
+        let mut rest = lower.as_str();
+        while !rest.is_empty() {
+            let end = match rest.find(|c: char| c.is_ascii_punctuation()) {
+                Some(0) => 1,
+                Some(i) => i,
+                None => rest.len(),
+            };
+            let (word, tail) = rest.split_at(end);
+            rest = tail;
+            if !words.contains_key(word) {
+                let tokens = self
+                    .tokenizer
+                    .get_model()
+                    .tokenize(word)
+                    .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+                words.insert(word.to_string(), tokens.iter().map(|t| t.id).collect());
+            }
+            ids.extend_from_slice(&words[word]);
+        }
+        Ok(Some(ids))
     }
 
     /// The token ids `encode` gives `text`.
@@ -331,6 +373,8 @@ mod tests {
             "no\u{a0}break\u{85}next\u{2028}line\u{3000}wide",
             "e\u{301} cafe\u{301} \u{301}alone",
             "punctuation...everywhere!!! (really?) \"yes\"",
+            "note s123) x_y a~b `tick` {brace} <tag> 50% $3.50 #7 @me ^up |bar \\back",
+            "MiXeD CaSe WORDS and ABC123def",
         ];
         for text in texts {
             assert_eq!(
