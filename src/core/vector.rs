@@ -176,15 +176,6 @@ unsafe fn dot_i8_rows4_avx2(qs: &[i8], rows: &[i8], out: &mut [i32]) {
     let lanes: [&[[i8; 32]]; 4] = std::array::from_fn(|k| q[k].as_chunks::<32>().0);
     let full = lanes[0].len();
     let ones = _mm256_set1_epi16(1);
-    let hsum = |acc: __m256i| {
-        let sum = _mm_add_epi32(
-            _mm256_castsi256_si128(acc),
-            _mm256_extracti128_si256::<1>(acc),
-        );
-        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
-        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum));
-        _mm_cvtsi128_si32(sum)
-    };
     for (r, row) in rows.chunks_exact(d.max(1)).enumerate().take(n) {
         let (r_lanes, r_rest) = row.as_chunks::<32>();
         let mut acc = [_mm256_setzero_si256(); 4];
@@ -200,9 +191,23 @@ unsafe fn dot_i8_rows4_avx2(qs: &[i8], rows: &[i8], out: &mut [i32]) {
             }
         }
         for k in 0..4 {
-            out[k * n + r] = hsum(acc[k]) + dot_i8_plain(&q[k][full * 32..], r_rest);
+            out[k * n + r] = hsum_epi32(acc[k]) + dot_i8_plain(&q[k][full * 32..], r_rest);
         }
     }
+}
+
+/// The sum of the eight i32 lanes of `acc`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn hsum_epi32(acc: std::arch::x86_64::__m256i) -> i32 {
+    use std::arch::x86_64::*;
+    let sum = _mm_add_epi32(
+        _mm256_castsi256_si128(acc),
+        _mm256_extracti128_si256::<1>(acc),
+    );
+    let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
+    let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum));
+    _mm_cvtsi128_si32(sum)
 }
 
 fn dot_i8_plain(a: &[i8], b: &[i8]) -> i32 {
@@ -237,13 +242,7 @@ unsafe fn dot_i8_rows_avx2(q: &[i8], rows: &[i8], out: &mut [i32]) {
             let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(vx, vx), _mm256_sign_epi8(vy, vx));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
         }
-        let sum = _mm_add_epi32(
-            _mm256_castsi256_si128(acc),
-            _mm256_extracti128_si256::<1>(acc),
-        );
-        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
-        let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum));
-        *o = _mm_cvtsi128_si32(sum) + dot_i8_plain(q_rest, r_rest);
+        *o = hsum_epi32(acc) + dot_i8_plain(q_rest, r_rest);
     }
 }
 
