@@ -72,7 +72,7 @@ pub struct EmbedConfig {
     pub max_retries: u32,
 }
 
-fn default_model_dir() -> PathBuf {
+pub(crate) fn default_model_dir() -> PathBuf {
     PathBuf::from("~/.cache/loomem/models/all-MiniLM-L6-v2")
 }
 

@@ -340,13 +340,16 @@ mod tests {
         assert!(!path.with_extension("part").exists());
     }
 
-    /// The installed model's directory, as the default config names it.
+    /// The installed model's directory: the override, else the default
+    /// config's (its `~/` the home directory).
     fn model_dir() -> PathBuf {
-        match std::env::var_os("LOOMEM_EMBED__MODEL_DIR") {
-            Some(dir) => PathBuf::from(dir),
-            None => std::env::home_dir()
-                .expect("a home directory")
-                .join(".cache/loomem/models/all-MiniLM-L6-v2"),
+        if let Some(dir) = std::env::var_os("LOOMEM_EMBED__MODEL_DIR") {
+            return PathBuf::from(dir);
+        }
+        let default = super::super::config::default_model_dir();
+        match default.strip_prefix("~") {
+            Ok(rest) => std::env::home_dir().expect("a home directory").join(rest),
+            Err(_) => default,
         }
     }
 
