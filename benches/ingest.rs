@@ -260,6 +260,57 @@ const CASES: [(&str, BusAt, DataAt, &str, usize); 7] = [
     ),
 ];
 
+/// One import of `n` memories into a stream of its own, through the bus and
+/// the `import` pipeline; the time until all are committed.
+fn import_once(
+    rt: &tokio::runtime::Runtime,
+    rig: &Rig,
+    label: &str,
+    round: usize,
+    n: usize,
+) -> Duration {
+    let stream = format!("bench-{round}");
+    let text: String = texts(n, &format!("{label}{round}-"))
+        .into_iter()
+        .map(|t| serde_json::json!({ "content": t }).to_string() + "\n")
+        .collect();
+    rt.block_on(async {
+        let engine = &rig.engine;
+        let parsed = loomem::service::import::parse(
+            loomem::service::import::Format::Jsonl,
+            &text,
+            Some(&stream),
+            &Caller::admin("bench"),
+            &engine.ids,
+        )
+        .unwrap();
+        let pipeline = engine.pipelines.get("import").unwrap();
+        let before = written(&pipeline.stats());
+        let started = Instant::now();
+        loomem::service::import::publish(&engine.bus, Some(&engine.store), parsed, |_, _| {})
+            .await
+            .unwrap();
+        // The write stage's own counter says when the rows
+        // are committed; the table is asked once they are
+        // (a count of a large table, every 2 ms, took the
+        // CPU the import needed). Until then, or if some
+        // were dropped, it is asked every 100 ms.
+        let filter = Filter::new().stream(&stream);
+        let mut asked = Instant::now();
+        loop {
+            let done = written(&pipeline.stats()) >= before + n as u64;
+            if done || asked.elapsed() >= Duration::from_millis(100) {
+                if engine.store.count(&filter).await.unwrap() >= n {
+                    break;
+                }
+                asked = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        started.elapsed()
+    })
+}
+
 /// Records the pipeline's write stage has committed so far.
 fn written(stats: &[loomem::pipeline::StageStatsSnapshot]) -> u64 {
     stats
@@ -300,61 +351,38 @@ fn bench_e2e(c: &mut Criterion) {
         let mut round = 0;
         let mut wall = Duration::ZERO;
         group.throughput(Throughput::Elements(n as u64));
-        group.bench_function(format!("{label}_import_{n}"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
+        // `LOOMEM_BENCH_E2E_IMPORTS=k`: exactly k imports instead of
+        // criterion's plan, whose count of iterations (and so the size the
+        // table grows to, which sets the pace) follows the warm-up: the
+        // fixed size to compare two builds or settings by.
+        let fixed: Option<usize> = std::env::var("LOOMEM_BENCH_E2E_IMPORTS")
+            .ok()
+            .and_then(|s| s.parse().ok());
+        match fixed {
+            Some(k) => {
+                for _ in 0..k {
                     round += 1;
-                    let stream = format!("bench-{round}");
-                    let text: String = texts(n, &format!("{label}{round}-"))
-                        .into_iter()
-                        .map(|t| serde_json::json!({ "content": t }).to_string() + "\n")
-                        .collect();
-                    total += rt.block_on(async {
-                        let engine = &rig.engine;
-                        let parsed = loomem::service::import::parse(
-                            loomem::service::import::Format::Jsonl,
-                            &text,
-                            Some(&stream),
-                            &Caller::admin("bench"),
-                            &engine.ids,
-                        )
-                        .unwrap();
-                        let pipeline = engine.pipelines.get("import").unwrap();
-                        let before = written(&pipeline.stats());
-                        let started = Instant::now();
-                        loomem::service::import::publish(
-                            &engine.bus,
-                            Some(&engine.store),
-                            parsed,
-                            |_, _| {},
-                        )
-                        .await
-                        .unwrap();
-                        // The write stage's own counter says when the rows
-                        // are committed; the table is asked once they are
-                        // (a count of a large table, every 2 ms, took the
-                        // CPU the import needed). Until then, or if some
-                        // were dropped, it is asked every 100 ms.
-                        let filter = Filter::new().stream(&stream);
-                        let mut asked = Instant::now();
-                        loop {
-                            let done = written(&pipeline.stats()) >= before + n as u64;
-                            if done || asked.elapsed() >= Duration::from_millis(100) {
-                                if engine.store.count(&filter).await.unwrap() >= n {
-                                    break;
-                                }
-                                asked = Instant::now();
-                            }
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                        started.elapsed()
-                    });
+                    wall += import_once(&rt, &rig, label, round, n);
                 }
-                wall += total;
-                total
-            })
-        });
+                eprintln!(
+                    "\n{label}: {k} imports of {n}: {:.0} records/s",
+                    (k * n) as f64 / wall.as_secs_f64()
+                );
+            }
+            None => {
+                group.bench_function(format!("{label}_import_{n}"), |b| {
+                    b.iter_custom(|iters| {
+                        let mut total = Duration::ZERO;
+                        for _ in 0..iters {
+                            round += 1;
+                            total += import_once(&rt, &rig, label, round, n);
+                        }
+                        wall += total;
+                        total
+                    })
+                });
+            }
+        }
         // Per-stage share of the pipeline's time over the whole run.
         let stats = rig.engine.pipelines.get("import").unwrap().stats();
         let records: u64 = stats.first().map(|s| s.records_in).unwrap_or(0);
