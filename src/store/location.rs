@@ -35,6 +35,38 @@ use crate::core::ids::{IdKey, ID_KEY_FILE};
 /// before keep their format.
 pub const TABLE_FORMAT: LanceFileVersion = LanceFileVersion::V2_1;
 
+/// `schema` with the encoding its text columns are written in: LZ4 blocks
+/// instead of Lance's default FSST, whose symbol table is built afresh for
+/// every page written. Small commits, merges and index refreshes rewrite
+/// pages all the time, so FSST cost a twentieth of the CPU of a bulk import.
+pub(super) fn encoded(schema: &arrow_schema::Schema) -> arrow_schema::SchemaRef {
+    use arrow_schema::{DataType, Field};
+    let text = |t: &DataType| match t {
+        DataType::Utf8 | DataType::LargeUtf8 => true,
+        DataType::List(f) | DataType::LargeList(f) => {
+            matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8)
+        }
+        _ => false,
+    };
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let f = f.as_ref().clone();
+            if !text(f.data_type()) {
+                return f;
+            }
+            let mut meta = f.metadata().clone();
+            meta.insert("lance-encoding:compression".into(), "lz4".into());
+            f.with_metadata(meta)
+        })
+        .collect();
+    std::sync::Arc::new(arrow_schema::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ))
+}
+
 /// A data location.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {
@@ -350,6 +382,26 @@ mod tests {
                 TABLE_FORMAT.to_string(),
                 "{name}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_store_writes_its_text_columns_with_lz4() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        for (name, table) in store.tables() {
+            let schema = table.schema().await.unwrap();
+            for field in schema.fields() {
+                let codec = field.metadata().get("lance-encoding:compression");
+                let text = matches!(field.data_type(), arrow_schema::DataType::Utf8)
+                    || matches!(field.data_type(), arrow_schema::DataType::List(f) if f.data_type() == &arrow_schema::DataType::Utf8);
+                assert_eq!(
+                    codec.map(String::as_str),
+                    text.then_some("lz4"),
+                    "{name}.{}",
+                    field.name()
+                );
+            }
         }
     }
 

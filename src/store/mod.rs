@@ -62,7 +62,11 @@ async fn open_or_create(
     if existing.iter().any(|n| n == name) {
         return Ok(db.open_table(name).execute().await?);
     }
-    match db.create_empty_table(name, schema).execute().await {
+    match db
+        .create_empty_table(name, location::encoded(&schema))
+        .execute()
+        .await
+    {
         Ok(table) => Ok(table),
         // Another process sharing the location made it first.
         Err(created) => db
@@ -230,7 +234,7 @@ impl Store {
             }
             table
         } else {
-            db.create_empty_table(CHUNKS, chunk_schema(dim))
+            db.create_empty_table(CHUNKS, location::encoded(&chunk_schema(dim)))
                 .execute()
                 .await?
         };
