@@ -615,28 +615,39 @@ async fn commit(sink: &Sink, batch: WriteBatch, merger: &mut Merger) -> Result<u
         .partition(|c| !owners.contains_key(&c.id) && !repeated.contains(&c.id));
     fresh.extend(new);
     let started = std::time::Instant::now();
-    if !fresh.is_empty() {
-        sink.append(&fresh).await?;
-    }
-    let appended = started.elapsed();
-    if rows.is_empty() && side.is_empty() {
-        return Ok(fresh.len());
-    }
     let own: std::collections::HashSet<&str> = rows.iter().map(|c| c.id.as_str()).collect();
     let side: Vec<Chunk> = side
         .into_iter()
         .filter(|c| !own.contains(c.id.as_str()))
         .collect();
+    // The memories the side effects change are read while the new rows are
+    // appended: none of them is among those rows (a record that is also a
+    // side effect is merged, see `write::plan`), so the read finds the same
+    // rows before or after the append.
     let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-    let mut current: HashMap<String, Chunk> = if ids.is_empty() {
-        HashMap::new()
-    } else {
-        super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
-            .await?
-            .into_iter()
-            .map(|c| (c.id.clone(), c))
-            .collect()
+    let read_side = async {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let current: HashMap<String, Chunk> =
+            super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
+                .await?
+                .into_iter()
+                .map(|c| (c.id.clone(), c))
+                .collect();
+        Ok::<_, StoreError>(current)
     };
+    let append = async {
+        if !fresh.is_empty() {
+            sink.append(&fresh).await?;
+        }
+        Ok::<_, StoreError>(started.elapsed())
+    };
+    let (appended, current) = futures::join!(append, read_side);
+    let (appended, mut current) = (appended?, current?);
+    if rows.is_empty() && side.is_empty() {
+        return Ok(fresh.len());
+    }
     let rebased: Vec<Chunk> = side
         .into_iter()
         .map(|s| match current.remove(&s.id) {
@@ -644,7 +655,7 @@ async fn commit(sink: &Sink, batch: WriteBatch, merger: &mut Merger) -> Result<u
             None => s,
         })
         .collect();
-    let read = started.elapsed() - appended;
+    let read = started.elapsed().saturating_sub(appended);
     // Side effects first: a record's own row wins the fold by id. A merge
     // rewrites rows, so it waits for the fragment merge.
     merger.settle().await;
