@@ -352,13 +352,20 @@ async fn run(
     let mut since_compact = 0usize;
     let mut merger = Merger::default();
     loop {
-        if maintenance.compact_every_commits > 0
-            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
+        // A fragment merge and an index refresh do not run at once: the
+        // refresh's commit would preempt the merge's, which would then be done
+        // again. A merge that is due waits for a running refresh, and no
+        // refresh starts while a merge is due or runs.
+        let merge_due = maintenance.compact_every_commits > 0
+            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT;
+        if merge_due
             && !building.running()
+            && !refresher.busy()
             && merger.start(table, &gate, maintenance.target_rows_per_fragment)
         {
             since_compact = 0;
         }
+        let refresh_may_start = !merge_due && !merger.busy();
         let received = match next.take() {
             Some(op) => Some(op),
             // Rows left unindexed are indexed once the writer has been idle a while.
@@ -367,7 +374,7 @@ async fn run(
                     Ok(op) => op,
                     Err(_idle) => {
                         // Idle, any unindexed row is worth a refresh.
-                        if refresher.quiet() && refresher.start(table) {
+                        if refresh_may_start && refresher.quiet() && refresher.start(table) {
                             since_refresh = 0;
                         }
                         continue;
@@ -471,7 +478,9 @@ async fn run(
         }
         // Every kind of write counts (the pipeline's are `Commit`s): rows the
         // indexes do not cover are searched flat, at a cost that grows with them.
-        if refresher.due(since_refresh) && refresher.start(table) {
+        let merge_due = maintenance.compact_every_commits > 0
+            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT;
+        if !merge_due && !merger.busy() && refresher.due(since_refresh) && refresher.start(table) {
             since_refresh = 0;
         }
     }
@@ -494,7 +503,7 @@ struct Merger {
 impl Merger {
     /// Start a merge unless one is running; whether one was started.
     fn start(&mut self, table: &Table, gate: &super::TableGate, target_rows: usize) -> bool {
-        if self.running.as_ref().is_some_and(|h| !h.is_finished()) {
+        if self.busy() {
             return false;
         }
         let (table, gate) = (table.clone(), gate.clone());
@@ -508,6 +517,11 @@ impl Merger {
             }
         }));
         true
+    }
+
+    /// Whether a merge is running.
+    fn busy(&self) -> bool {
+        self.running.as_ref().is_some_and(|h| !h.is_finished())
     }
 
     /// Wait for the running merge, if any.
@@ -536,6 +550,11 @@ impl Refresher {
     /// `INDEX_REFRESH_QUIET` has passed since the last refresh began.
     fn quiet(&self) -> bool {
         self.last.is_none_or(|t| t.elapsed() >= INDEX_REFRESH_QUIET)
+    }
+
+    /// Whether a refresh is running.
+    fn busy(&self) -> bool {
+        self.running.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether `unindexed` rows call for a refresh now.
