@@ -351,21 +351,24 @@ async fn run(
     let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
     let mut merger = Merger::default();
-    loop {
-        // A fragment merge and an index refresh do not run at once: the
-        // refresh's commit would preempt the merge's, which would then be done
-        // again. A merge that is due waits for a running refresh, and no
-        // refresh starts while a merge is due or runs.
-        let merge_due = maintenance.compact_every_commits > 0
-            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT;
-        if merge_due
+    // A fragment merge and an index refresh do not run at once: the
+    // refresh's commit would preempt the merge's, which would then be done
+    // again. A merge that is due and may start (no vector index build under
+    // way) waits for a running refresh, and no refresh starts meanwhile or
+    // while a merge runs.
+    let merge_due = |since_compact: usize| {
+        maintenance.compact_every_commits > 0
+            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
             && !building.running()
+    };
+    loop {
+        if merge_due(since_compact)
             && !refresher.busy()
             && merger.start(table, &gate, maintenance.target_rows_per_fragment)
         {
             since_compact = 0;
         }
-        let refresh_may_start = !merge_due && !merger.busy();
+        let refresh_may_start = !merge_due(since_compact) && !merger.busy();
         let received = match next.take() {
             Some(op) => Some(op),
             // Rows left unindexed are indexed once the writer has been idle a while.
@@ -478,9 +481,11 @@ async fn run(
         }
         // Every kind of write counts (the pipeline's are `Commit`s): rows the
         // indexes do not cover are searched flat, at a cost that grows with them.
-        let merge_due = maintenance.compact_every_commits > 0
-            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT;
-        if !merge_due && !merger.busy() && refresher.due(since_refresh) && refresher.start(table) {
+        if !merge_due(since_compact)
+            && !merger.busy()
+            && refresher.due(since_refresh)
+            && refresher.start(table)
+        {
             since_refresh = 0;
         }
     }
