@@ -38,7 +38,7 @@ pub const TABLE_FORMAT: LanceFileVersion = LanceFileVersion::V2_1;
 /// `schema` with the encoding its text columns are written in: LZ4 blocks
 /// instead of Lance's default FSST, whose symbol table is built afresh for
 /// every page written. Small commits, merges and index refreshes rewrite
-/// pages all the time, so FSST cost a twentieth of the CPU of a bulk import.
+/// pages all the time: `fsst::compress` was 6.5% of a bulk import's CPU.
 pub(super) fn encoded(schema: &arrow_schema::Schema) -> arrow_schema::SchemaRef {
     use arrow_schema::{DataType, Field};
     let text = |t: &DataType| match t {

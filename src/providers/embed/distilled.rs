@@ -171,7 +171,7 @@ impl Table {
                     .tokenizer
                     .get_model()
                     .tokenize(word)
-                    .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+                    .map_err(EmbedError::tokenizer)?;
                 words.insert(word.to_string(), tokens.iter().map(|t| t.id).collect());
             }
             ids.extend_from_slice(&words[word]);
@@ -184,7 +184,7 @@ impl Table {
         let enc = self
             .tokenizer
             .encode(text, false)
-            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+            .map_err(EmbedError::tokenizer)?;
         Ok(enc.get_ids().to_vec())
     }
 }

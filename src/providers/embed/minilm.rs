@@ -512,7 +512,7 @@ impl Model {
         let encodings = self
             .tokenizer
             .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
-            .map_err(|e| EmbedError::Provider(format!("tokenizer: {e}")))?;
+            .map_err(EmbedError::tokenizer)?;
         // Shortest first, so each sub-batch pads to a length close to its
         // members'; the cuts balance the threads' work (see [`sub_batches`]).
         let mut order: Vec<usize> = (0..texts.len()).collect();

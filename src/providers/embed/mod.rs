@@ -29,6 +29,13 @@ pub enum EmbedError {
     Load(#[from] minilm::LoadError),
 }
 
+impl EmbedError {
+    /// The tokenizer failed on a text.
+    pub(crate) fn tokenizer(e: impl std::fmt::Display) -> EmbedError {
+        EmbedError::Provider(format!("tokenizer: {e}"))
+    }
+}
+
 /// Turns texts into unit-length vectors of a fixed dimension.
 pub trait Embedder: Send + Sync {
     /// The name recorded in each chunk's `embed_model`.
