@@ -44,6 +44,7 @@ fn bench(c: &mut Criterion) {
         cfg.embed.max_tokens,
         128,
         cfg.embed.precision,
+        cfg.embed.batch_niceness,
     )
     .expect("model installed (just setup)");
     let distilled = StaticEmbedder::load(&cfg.embed.model_dir, cfg.embed.max_tokens)

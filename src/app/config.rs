@@ -225,6 +225,9 @@ impl Config {
         if self.embed.batch_size == 0 {
             return Err(invalid("embed.batch_size", "must be > 0"));
         }
+        if !(0..=19).contains(&self.embed.batch_niceness) {
+            return Err(invalid("embed.batch_niceness", "must be between 0 and 19"));
+        }
         match self.embed.provider {
             EmbedProvider::Minilm | EmbedProvider::Static if self.embed.dim != 384 => {
                 return Err(invalid(
@@ -476,6 +479,7 @@ mod tests {
         assert_eq!(cfg.server.auth_token_env, "LOOMEM_AUTH_TOKEN");
         assert_eq!(cfg.storage.data_dir, PathBuf::from("./data"));
         assert_eq!(cfg.embed.dim, 384);
+        assert_eq!(cfg.embed.batch_niceness, 0);
         assert_eq!(cfg.bus.kind, BusKind::Jetstream);
         assert_eq!(cfg.bus.nats_url, "nats://127.0.0.1:4222");
     }
@@ -529,6 +533,8 @@ mod tests {
                 "llm.daily_cost_cap_usd",
             ),
             ("LOOMEM_EMBED__PROVIDER", "openai", "embed.base_url"),
+            ("LOOMEM_EMBED__BATCH_NICENESS", "20", "embed.batch_niceness"),
+            ("LOOMEM_EMBED__BATCH_NICENESS", "-1", "embed.batch_niceness"),
         ];
         for (var, value, key) in cases {
             let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))

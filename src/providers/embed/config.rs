@@ -55,6 +55,13 @@ pub struct EmbedConfig {
     /// MiniLM: the dense layers' arithmetic.
     #[serde(default)]
     pub precision: Precision,
+    /// MiniLM: the Linux nice value (0–19) of the threads that embed the
+    /// pipeline's batches. 0 shares the CPU evenly between stores and
+    /// searches; a higher value lets searches (the query lane and the async
+    /// runtime, at nice 0) take the CPU first, at the cost of store latency
+    /// whenever searches keep both cores busy.
+    #[serde(default)]
+    pub batch_niceness: i32,
     /// OpenAI: base URL, e.g. `https://api.openai.com/v1`.
     #[serde(default)]
     pub base_url: String,

@@ -813,12 +813,15 @@ pub(super) fn token_vectors(dir: &Path) -> Result<Vec<f32>, LoadError> {
 impl MiniLmEmbedder {
     /// Load the model from `dir` and start the inference thread.
     /// `max_tokens` truncates longer texts; `batch_size` bounds one forward
-    /// pass; `precision` is the dense layers' arithmetic.
+    /// pass; `precision` is the dense layers' arithmetic; `batch_niceness`
+    /// is the nice value of the threads that run the pipeline's passes (see
+    /// `embed.batch_niceness`; queries always run at the process's own).
     pub fn load(
         dir: &Path,
         max_tokens: usize,
         batch_size: usize,
         precision: Precision,
+        batch_niceness: i32,
     ) -> Result<MiniLmEmbedder, LoadError> {
         let cfg = read_config(dir)?;
         let start = |name: &str,
@@ -849,7 +852,7 @@ impl MiniLmEmbedder {
                     workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
                     kernel_threads: 1,
                 },
-                BULK_NICENESS,
+                batch_niceness,
             )?,
             queries: start(
                 "loomem-minilm-query",
@@ -867,11 +870,6 @@ impl MiniLmEmbedder {
 
 /// Most texts one merged pass takes from queued calls.
 const MERGE_LIMIT: usize = 1024;
-
-/// How much the pipeline's passes yield to everything else (Linux nice
-/// values, per thread): a search that waits for the CPU is a person waiting,
-/// a batch that does is a store taking a little longer.
-const BULK_NICENESS: i32 = 10;
 
 /// Lower the calling thread's scheduling priority (threads it spawns inherit
 /// it). Best effort: where it cannot be set, the thread runs as it is.

@@ -69,6 +69,7 @@ pub fn from_config(
             cfg.max_tokens,
             cfg.batch_size,
             cfg.precision,
+            cfg.batch_niceness,
         )?)),
         EmbedProvider::Static => Ok(Arc::new(StaticEmbedder::load(
             &cfg.model_dir,
