@@ -176,7 +176,7 @@ fn extractive(members: &[&Chunk]) -> String {
             }
         }
     }
-    let words: Vec<HashSet<String>> = sentences
+    let words: Vec<crate::service::search::rank::WordSet> = sentences
         .iter()
         .map(|(_, s)| crate::service::search::rank::word_set(s))
         .collect();

@@ -796,6 +796,51 @@ impl Store {
             .collect())
     }
 
+    /// The cosine distance from `query` to each memory of `ids` that has a
+    /// vector (`1 - v·query / |v|`), in the order of `ids`: from the hot
+    /// index's vectors in place when it holds the streams `filter` names,
+    /// from Lance otherwise (`at`, or the live table). Re-scoring a search's
+    /// pool this way copies no vector (copied out by id, the pool's vectors
+    /// were a seventh of a search's time).
+    pub async fn distances(
+        &self,
+        at: Option<&Table>,
+        filter: &Filter,
+        ids: Vec<String>,
+        query: &[f32],
+    ) -> Result<Vec<Scored>> {
+        let distance = |v: &[f32]| {
+            let norm = crate::core::vector::dot(v, v).sqrt();
+            (norm > 0.0).then(|| 1.0 - crate::core::vector::dot(v, query) / norm)
+        };
+        if at.is_none() {
+            if let Some(indexes) = self.hot_indexes(filter).await? {
+                let guards: Vec<_> = indexes
+                    .iter()
+                    .map(|ix| ix.read().expect("stream index lock"))
+                    .collect();
+                return Ok(ids
+                    .into_iter()
+                    .filter_map(|id| {
+                        let v = guards.iter().find_map(|ix| ix.vector(&id))?;
+                        Some(Scored {
+                            score: distance(v)?,
+                            id,
+                        })
+                    })
+                    .collect());
+            }
+        }
+        let vectors = self.vectors_of(at, filter, &ids).await?;
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| {
+                let score = distance(vectors.get(&id)?)?;
+                Some(Scored { score, id })
+            })
+            .collect())
+    }
+
     /// [`Store::search_vector`] always through Lance.
     pub async fn search_vector_lance(
         &self,

@@ -782,7 +782,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
 
     // Collapse near-identical results: the best of each group stays. Only
     // until the top k are found: what ranks below is never returned.
-    let mut kept: Vec<(Ranked, std::collections::HashSet<String>)> = Vec::new();
+    let mut kept: Vec<(Ranked, rank::WordSet)> = Vec::new();
     let mut dedup_removed = 0;
     for r in ranked {
         if kept.len() == top_k {
@@ -850,26 +850,14 @@ async fn look_again(
     if best.is_empty() {
         return Ok(pool);
     }
-    let ids: Vec<String> = pool.iter().map(|h| h.id.clone()).collect();
-    let vectors = engine.store.vectors_of(at, filter, &ids).await?;
-    let near: Vec<Vec<f32>> = best
-        .iter()
-        .filter_map(|id| vectors.get(*id).cloned())
-        .collect();
+    let best: Vec<String> = best.into_iter().map(str::to_string).collect();
+    let mut vectors = engine.store.vectors_of(at, filter, &best).await?;
+    let near: Vec<Vec<f32>> = best.iter().filter_map(|id| vectors.remove(id)).collect();
     let Some(moved) = rank::feedback_query(query, &near, s.vector_feedback) else {
         return Ok(pool);
     };
-    let mut rescored: Vec<Scored> = pool
-        .into_iter()
-        .filter_map(|h| {
-            let v = vectors.get(&h.id)?;
-            let norm = crate::core::vector::dot(v, v).sqrt();
-            (norm > 0.0).then(|| Scored {
-                score: 1.0 - crate::core::vector::dot(v, &moved) / norm,
-                id: h.id,
-            })
-        })
-        .collect();
+    let ids: Vec<String> = pool.into_iter().map(|h| h.id).collect();
+    let mut rescored = engine.store.distances(at, filter, ids, &moved).await?;
     rescored.sort_by(|a, b| a.score.total_cmp(&b.score).then_with(|| a.id.cmp(&b.id)));
     Ok(rescored)
 }
