@@ -769,20 +769,15 @@ impl Store {
         if ids.is_empty() {
             return Ok(Default::default());
         }
-        if at.is_none() {
-            if let Some(indexes) = self.hot_indexes(filter).await? {
-                let guards: Vec<_> = indexes
-                    .iter()
-                    .map(|ix| ix.read().expect("stream index lock"))
-                    .collect();
-                return Ok(ids
-                    .iter()
-                    .filter_map(|id| {
-                        let v = guards.iter().find_map(|ix| ix.vector(id))?;
-                        Some((id.clone(), v.to_vec()))
-                    })
-                    .collect());
-            }
+        let held = self
+            .with_hot_vectors(at, filter, |held| {
+                ids.iter()
+                    .filter_map(|id| Some((id.clone(), held.vector(id)?.to_vec())))
+                    .collect()
+            })
+            .await?;
+        if let Some(held) = held {
+            return Ok(held);
         }
         let found = read_chunks(
             at.unwrap_or(&self.chunks),
@@ -794,6 +789,30 @@ impl Store {
             .into_iter()
             .filter_map(|c| Some((c.id, c.embedding?)))
             .collect())
+    }
+
+    /// `with` given the vectors the hot index holds, when `at` is the live
+    /// table and the hot index holds the streams `filter` names; None
+    /// otherwise (the caller reads Lance).
+    async fn with_hot_vectors<T>(
+        &self,
+        at: Option<&Table>,
+        filter: &Filter,
+        with: impl FnOnce(&HotVectors<'_>) -> T,
+    ) -> Result<Option<T>> {
+        if at.is_some() {
+            return Ok(None);
+        }
+        let Some(indexes) = self.hot_indexes(filter).await? else {
+            return Ok(None);
+        };
+        let held = HotVectors(
+            indexes
+                .iter()
+                .map(|ix| ix.read().expect("stream index lock"))
+                .collect(),
+        );
+        Ok(Some(with(&held)))
     }
 
     /// The cosine distance from `query` to each memory of `ids` that has a
@@ -813,31 +832,24 @@ impl Store {
             let norm = crate::core::vector::dot(v, v).sqrt();
             (norm > 0.0).then(|| 1.0 - crate::core::vector::dot(v, query) / norm)
         };
-        if at.is_none() {
-            if let Some(indexes) = self.hot_indexes(filter).await? {
-                let guards: Vec<_> = indexes
-                    .iter()
-                    .map(|ix| ix.read().expect("stream index lock"))
-                    .collect();
-                return Ok(ids
-                    .into_iter()
-                    .filter_map(|id| {
-                        let v = guards.iter().find_map(|ix| ix.vector(&id))?;
-                        Some(Scored {
-                            score: distance(v)?,
-                            id,
-                        })
-                    })
-                    .collect());
+        let held = self
+            .with_hot_vectors(at, filter, |held| {
+                ids.iter()
+                    .map(|id| distance(held.vector(id)?))
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+        let scores = match held {
+            Some(scores) => scores,
+            None => {
+                let vectors = self.vectors_of(at, filter, &ids).await?;
+                ids.iter().map(|id| distance(vectors.get(id)?)).collect()
             }
-        }
-        let vectors = self.vectors_of(at, filter, &ids).await?;
+        };
         Ok(ids
             .into_iter()
-            .filter_map(|id| {
-                let score = distance(vectors.get(&id)?)?;
-                Some(Scored { score, id })
-            })
+            .zip(scores)
+            .filter_map(|(id, score)| Some(Scored { score: score?, id }))
             .collect())
     }
 
@@ -1443,6 +1455,17 @@ pub(crate) fn batch_reader(
     let batch = chunks_to_batch(chunks, dim)?;
     let schema = batch.schema();
     Ok(Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema)))
+}
+
+/// The vectors of the streams the hot index holds, read-locked (see
+/// [`Store::with_hot_vectors`]).
+struct HotVectors<'a>(Vec<std::sync::RwLockReadGuard<'a, hot::StreamIndex>>);
+
+impl HotVectors<'_> {
+    /// A memory's vector, of unit length, if one of the streams holds it.
+    fn vector(&self, id: &str) -> Option<&[f32]> {
+        self.0.iter().find_map(|ix| ix.vector(id))
+    }
 }
 
 impl From<StoreError> for crate::core::Error {
