@@ -561,7 +561,7 @@ impl Merger {
 
 /// Writes the access counters beside the writer, one flush at a time. A
 /// flush rewrites the counter columns of every memory searched since the
-/// last (under closed-loop searchers nearly the whole table every 2 s, 50
+/// last (under closed-loop searchers nearly the whole table every 2 s, 18
 /// to 240 ms at 6,000 memories); run inline it held every store queued
 /// behind it that long, and behind a running fragment merge before it. Like
 /// a merge, it lets appends go on; a write that replaces rows waits for it
