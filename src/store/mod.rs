@@ -776,9 +776,19 @@ impl Store {
                     .collect()
             })
             .await?;
-        if let Some(held) = held {
-            return Ok(held);
+        match held {
+            Some(held) => Ok(held),
+            None => self.lance_vectors(at, filter, ids).await,
         }
+    }
+
+    /// [`Store::vectors_of`] always through Lance.
+    async fn lance_vectors(
+        &self,
+        at: Option<&Table>,
+        filter: &Filter,
+        ids: &[String],
+    ) -> Result<std::collections::HashMap<String, Vec<f32>>> {
         let found = read_chunks(
             at.unwrap_or(&self.chunks),
             filter.clone().ids(ids).predicate(),
@@ -828,6 +838,9 @@ impl Store {
         ids: Vec<String>,
         query: &[f32],
     ) -> Result<Vec<Scored>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let distance = |v: &[f32]| {
             let norm = crate::core::vector::dot(v, v).sqrt();
             (norm > 0.0).then(|| 1.0 - crate::core::vector::dot(v, query) / norm)
@@ -842,7 +855,7 @@ impl Store {
         let scores = match held {
             Some(scores) => scores,
             None => {
-                let vectors = self.vectors_of(at, filter, &ids).await?;
+                let vectors = self.lance_vectors(at, filter, &ids).await?;
                 ids.iter().map(|id| distance(vectors.get(id)?)).collect()
             }
         };
