@@ -506,7 +506,7 @@ async fn run(
 /// commit conflict from it.
 #[derive(Default)]
 struct Merger {
-    running: Option<tokio::task::JoinHandle<()>>,
+    running: Beside,
     /// Held by the running merge or access flush: the two rewrite the same
     /// fragments, so they take turns (see [`Toucher`]).
     rewrite: Rewrite,
@@ -533,27 +533,44 @@ impl Merger {
             return false;
         };
         let table = table.clone();
-        self.running = Some(tokio::spawn(async move {
+        self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate) = (rewrite, gate);
             match merge_small_fragments(&table, target_rows).await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
-        }));
+        })));
         true
     }
 
     /// Whether a merge is running.
     fn busy(&self) -> bool {
-        self.running.as_ref().is_some_and(|h| !h.is_finished())
+        self.running.busy()
     }
 
     /// Wait for the running merge, if any.
     async fn settle(&mut self) {
-        if let Some(handle) = self.running.take() {
+        self.running.settle("chunk fragment merge").await;
+    }
+}
+
+/// A task that runs beside the writer's loop (a fragment merge, an access
+/// flush), if one was started.
+#[derive(Default)]
+struct Beside(Option<tokio::task::JoinHandle<()>>);
+
+impl Beside {
+    /// Whether the task is still running.
+    fn busy(&self) -> bool {
+        self.0.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    /// Wait for the task, if any; `what` names it in a warning if it panicked.
+    async fn settle(&mut self, what: &str) {
+        if let Some(handle) = self.0.take() {
             if let Err(e) = handle.await {
-                tracing::warn!(error = %e, "chunk fragment merge stopped");
+                tracing::warn!(error = %e, "{what} stopped");
             }
         }
     }
@@ -569,7 +586,7 @@ impl Merger {
 /// the same fragments: whichever committed second would be done again).
 #[derive(Default)]
 struct Toucher {
-    running: Option<tokio::task::JoinHandle<()>>,
+    running: Beside,
     /// Rows the flushes wrote, not yet counted towards an index refresh.
     written: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -587,7 +604,7 @@ impl Toucher {
     ) {
         self.settle().await;
         let (sink, rewrite, written) = (sink.clone(), rewrite.clone(), self.written.clone());
-        self.running = Some(tokio::spawn(async move {
+        self.running = Beside(Some(tokio::spawn(async move {
             let _gate = gate;
             let _rewrite = rewrite.lock_owned().await;
             let started = std::time::Instant::now();
@@ -597,21 +614,17 @@ impl Toucher {
                 written.fetch_add(*n, std::sync::atomic::Ordering::Relaxed);
             }
             let _ = done.send(result);
-        }));
+        })));
     }
 
     /// Whether a flush is running.
     fn busy(&self) -> bool {
-        self.running.as_ref().is_some_and(|h| !h.is_finished())
+        self.running.busy()
     }
 
     /// Wait for the running flush, if any.
     async fn settle(&mut self) {
-        if let Some(handle) = self.running.take() {
-            if let Err(e) = handle.await {
-                tracing::warn!(error = %e, "access counter flush stopped");
-            }
-        }
+        self.running.settle("access counter flush").await;
     }
 
     /// Rows written by flushes since the last call.
