@@ -263,7 +263,7 @@ impl MemoryServer {
             ..Default::default()
         };
         service!(
-            crate::service::search::search(&self.engine, &caller, req),
+            crate::service::search::search_on_reads(&self.engine.services, caller, req),
             |r| json(&r)
         )
     }
@@ -285,7 +285,7 @@ impl MemoryServer {
             now: None,
         };
         service!(
-            crate::service::context::context_pack(&self.engine, &caller, req),
+            crate::service::context::context_pack_on_reads(&self.engine.services, caller, req),
             |r| json(&r)
         )
     }

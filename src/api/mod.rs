@@ -530,7 +530,9 @@ async fn search_handler(
     caller: Caller,
     ApiJson(req): ApiJson<SearchRequest>,
 ) -> Result<Json<SearchResponse>> {
-    Ok(Json(search::search(&engine, &caller, req).await?))
+    Ok(Json(
+        search::search_on_reads(&engine.services, caller, req).await?,
+    ))
 }
 
 async fn sql_handler(

@@ -300,6 +300,9 @@ impl Config {
                 "must be between 1 and sql.max_rows_cap",
             ));
         }
+        if !(0..=19).contains(&self.search.read_niceness) {
+            return Err(invalid("search.read_niceness", "must be between 0 and 19"));
+        }
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));
         }
@@ -480,6 +483,7 @@ mod tests {
         assert_eq!(cfg.storage.data_dir, PathBuf::from("./data"));
         assert_eq!(cfg.embed.dim, 384);
         assert_eq!(cfg.embed.batch_niceness, 0);
+        assert_eq!(cfg.search.read_niceness, 5);
         assert_eq!(cfg.bus.kind, BusKind::Jetstream);
         assert_eq!(cfg.bus.nats_url, "nats://127.0.0.1:4222");
     }
@@ -535,6 +539,8 @@ mod tests {
             ("LOOMEM_EMBED__PROVIDER", "openai", "embed.base_url"),
             ("LOOMEM_EMBED__BATCH_NICENESS", "20", "embed.batch_niceness"),
             ("LOOMEM_EMBED__BATCH_NICENESS", "-1", "embed.batch_niceness"),
+            ("LOOMEM_SEARCH__READ_NICENESS", "20", "search.read_niceness"),
+            ("LOOMEM_SEARCH__READ_NICENESS", "-1", "search.read_niceness"),
         ];
         for (var, value, key) in cases {
             let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))

@@ -38,6 +38,8 @@ pub enum StartError {
     Rules(#[from] crate::service::facts::rules::RulesError),
     #[error("auth: {0}")]
     Auth(#[from] crate::service::auth::AuthError),
+    #[error("cannot start the read runtime: {0}")]
+    Reads(std::io::Error),
     #[error("the id key in the data directory: {0}")]
     IdKey(crate::store::location::LocationError),
 }
@@ -191,6 +193,8 @@ impl Engine {
             jobs: Default::default(),
             access,
             queries: Default::default(),
+            reads: crate::service::reads::Reads::start(cfg.search.read_niceness)
+                .map_err(StartError::Reads)?,
             profiles: Default::default(),
             ids,
             dreams: Default::default(),

@@ -7,6 +7,7 @@ pub mod error;
 pub mod ids;
 pub mod metrics;
 pub mod model;
+pub mod thread;
 pub mod time;
 pub mod tokens;
 pub mod vector;

@@ -25,6 +25,7 @@ pub mod listing;
 pub mod maintenance;
 pub mod memory;
 pub mod oauth;
+pub mod reads;
 pub mod reembed;
 pub mod reflect;
 pub mod relations;
@@ -89,6 +90,8 @@ pub struct Services {
     pub access: search::access::AccessTracker,
     /// Recent query vectors.
     pub queries: search::queries::QueryVectors,
+    /// The runtime searches and context packs run on (see [`reads`]).
+    pub reads: reads::Reads,
     /// Cached profiles per stream (see [`context`]).
     pub profiles: context::ProfileCache,
     /// Streams a dream is running on.

@@ -871,25 +871,9 @@ impl MiniLmEmbedder {
 /// Most texts one merged pass takes from queued calls.
 const MERGE_LIMIT: usize = 1024;
 
-/// Lower the calling thread's scheduling priority (threads it spawns inherit
-/// it). Best effort: where it cannot be set, the thread runs as it is.
-fn lower_priority(niceness: i32) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: gettid has no preconditions; setpriority only reads its
-    // arguments, and a failure is reported through its return value.
-    unsafe {
-        let tid = libc::gettid();
-        if libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, niceness) != 0 {
-            tracing::debug!("cannot lower the priority of the embedding thread");
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = niceness;
-}
-
 fn serve(model: Model, rx: std_mpsc::Receiver<Job>, niceness: i32) {
     if niceness > 0 {
-        lower_priority(niceness);
+        crate::core::thread::lower_priority(niceness);
     }
     // After the priority is set: the pools' threads inherit it.
     let pools = match model.layout.pools() {

@@ -31,6 +31,16 @@ pub struct Ambient {
 
 /// A few plain facts (one line each, no markup) within a small budget. Not
 /// counted as accesses: an agent may call it every turn.
+/// [`ambient`] on the read runtime (see [`crate::service::reads`]).
+pub async fn ambient_on_reads(
+    engine: &std::sync::Arc<Services>,
+    caller: Caller,
+    req: AmbientRequest,
+) -> Result<Ambient> {
+    crate::service::reads::read(engine, move |s| async move { ambient(&s, &caller, req).await })
+        .await
+}
+
 pub async fn ambient(engine: &Services, caller: &Caller, req: AmbientRequest) -> Result<Ambient> {
     let budget = req.budget_tokens.unwrap_or(250);
     if budget == 0 || budget > 8000 {

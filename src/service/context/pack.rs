@@ -96,6 +96,18 @@ pub(super) fn allocate(budget: usize, shares: &[f64], needed: &[usize]) -> Vec<u
     alloc
 }
 
+/// [`context_pack`] on the read runtime (see [`crate::service::reads`]).
+pub async fn context_pack_on_reads(
+    engine: &std::sync::Arc<Services>,
+    caller: Caller,
+    req: ContextPackRequest,
+) -> Result<ContextPack> {
+    crate::service::reads::read(engine, move |s| async move {
+        context_pack(&s, &caller, req).await
+    })
+    .await
+}
+
 pub async fn context_pack(
     engine: &Services,
     caller: &Caller,

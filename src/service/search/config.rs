@@ -74,6 +74,15 @@ pub struct SearchConfig {
     /// built in the background; below it the search is exact.
     #[serde(default = "default_vector_index_min_rows")]
     pub vector_index_min_rows: usize,
+    /// The Linux nice value (0–19) of the threads searches and context packs
+    /// run on (see [`crate::service::reads`]): above the pipeline's 0, so
+    /// that when searches keep every CPU busy the stores still get theirs.
+    #[serde(default = "default_read_niceness")]
+    pub read_niceness: i32,
+}
+
+fn default_read_niceness() -> i32 {
+    5
 }
 
 /// How the legs' candidates become one score.

@@ -486,6 +486,17 @@ fn fuse(legs: Vec<Leg>, fusion: Fusion, k: f32) -> Vec<Fused> {
     out
 }
 
+/// [`search`] on the read runtime (see [`crate::service::reads`]): what the
+/// HTTP and MCP edges call.
+pub async fn search_on_reads(
+    engine: &std::sync::Arc<Services>,
+    caller: Caller,
+    req: SearchRequest,
+) -> Result<SearchResponse> {
+    crate::service::reads::read(engine, move |s| async move { search(&s, &caller, req).await })
+        .await
+}
+
 pub async fn search(
     engine: &Services,
     caller: &Caller,
