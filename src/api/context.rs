@@ -18,7 +18,9 @@ pub async fn context_pack(
     caller: Caller,
     ApiJson(req): ApiJson<ContextPackRequest>,
 ) -> Result<Json<ContextPack>> {
-    Ok(Json(context::context_pack_on_reads(&engine.services, caller, req).await?))
+    Ok(Json(
+        context::context_pack_on_reads(&engine.services, caller, req).await?,
+    ))
 }
 
 pub async fn ambient(
@@ -26,7 +28,9 @@ pub async fn ambient(
     caller: Caller,
     ApiJson(req): ApiJson<AmbientRequest>,
 ) -> Result<Json<Ambient>> {
-    Ok(Json(context::ambient_on_reads(&engine.services, caller, req).await?))
+    Ok(Json(
+        context::ambient_on_reads(&engine.services, caller, req).await?,
+    ))
 }
 
 #[derive(schemars::JsonSchema, Deserialize)]

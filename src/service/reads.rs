@@ -123,13 +123,10 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_read_panics_in_its_caller() {
         let reads = Reads::start(0).unwrap();
-        let caught = tokio::spawn(async move {
-            reads
-                .run(async { panic!("boom") as Result<()> })
+        let caught =
+            tokio::spawn(async move { reads.run(async { panic!("boom") as Result<()> }).await })
                 .await
-        })
-        .await
-        .unwrap_err();
+                .unwrap_err();
         assert!(caught.is_panic());
     }
 }

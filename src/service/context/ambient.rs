@@ -37,8 +37,11 @@ pub async fn ambient_on_reads(
     caller: Caller,
     req: AmbientRequest,
 ) -> Result<Ambient> {
-    crate::service::reads::read(engine, move |s| async move { ambient(&s, &caller, req).await })
-        .await
+    crate::service::reads::read(
+        engine,
+        move |s| async move { ambient(&s, &caller, req).await },
+    )
+    .await
 }
 
 pub async fn ambient(engine: &Services, caller: &Caller, req: AmbientRequest) -> Result<Ambient> {

@@ -493,8 +493,11 @@ pub async fn search_on_reads(
     caller: Caller,
     req: SearchRequest,
 ) -> Result<SearchResponse> {
-    crate::service::reads::read(engine, move |s| async move { search(&s, &caller, req).await })
-        .await
+    crate::service::reads::read(
+        engine,
+        move |s| async move { search(&s, &caller, req).await },
+    )
+    .await
 }
 
 pub async fn search(
