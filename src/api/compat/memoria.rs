@@ -287,10 +287,16 @@ async fn find(engine: &Engine, caller: &Caller, req: Retrieve, by_session: bool)
         trace: explain == Some("trace"),
         ..Default::default()
     };
-    let mut found = service::search::search(engine, caller, ask(None)).await?;
+    let mut found =
+        service::search::search_on_reads(&engine.services, caller.clone(), ask(None)).await?;
     if let (true, Some(session)) = (by_session, &req.session_id) {
         // The session's own hits first, then the rest in their order.
-        let own = service::search::search(engine, caller, ask(Some(session.clone()))).await?;
+        let own = service::search::search_on_reads(
+            &engine.services,
+            caller.clone(),
+            ask(Some(session.clone())),
+        )
+        .await?;
         let first: std::collections::HashSet<String> =
             own.results.iter().map(|r| r.chunk_id.clone()).collect();
         let rest = found

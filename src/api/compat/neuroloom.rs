@@ -427,9 +427,9 @@ async fn related(
     let source = service::edit::get(&engine, &caller, &id)
         .await
         .map_err(|_| not_found(&id))?;
-    let found = service::search::search(
-        &engine,
-        &caller,
+    let found = service::search::search_on_reads(
+        &engine.services,
+        caller.clone(),
         service::search::SearchRequest {
             query: source["content"]
                 .as_str()
@@ -491,9 +491,9 @@ async fn explore(
     let seed_limit = super::limit_of("seed_limit", req.seed_limit, 5, 50)?;
     // loomem's edges here carry no confidence of their own: each is 1.0.
     let edges_wanted = req.min_edge_confidence.unwrap_or(0.0) <= 1.0;
-    let seeds = service::search::search(
-        &engine,
-        &caller,
+    let seeds = service::search::search_on_reads(
+        &engine.services,
+        caller.clone(),
         service::search::SearchRequest {
             query: req.query,
             top_k: Some(seed_limit),
