@@ -1,5 +1,5 @@
 //! The ground floor: the memory record and its Arrow schema, ids, time, token
-//! counting, the process's Prometheus metrics, the caller (who is asking and which streams it may see) and the
+//! counting, the process's Prometheus metrics, a thread's scheduling priority, the caller (who is asking and which streams it may see) and the
 //! error every service returns. Depends on nothing else in the crate.
 
 pub mod caller;

@@ -121,6 +121,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_last_handle_may_be_dropped_by_a_read() {
+        // A read whose caller went away holds the services, and so the
+        // runtime, until it ends; the runtime is then let go on its own thread.
+        let reads = std::sync::Arc::new(Reads::start(0).unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (done, dropped) = tokio::sync::oneshot::channel();
+        let held = reads.clone();
+        let runtime = reads.runtime.as_ref().unwrap();
+        runtime.spawn(async move {
+            let _ = rx.await;
+            drop(held);
+            // Not reached if the drop panicked.
+            let _ = done.send(std::thread::current().name().map(str::to_string));
+        });
+        drop(reads);
+        tx.send(()).unwrap();
+        let on = dropped
+            .await
+            .expect("the runtime is let go without a panic");
+        assert_eq!(on.as_deref(), Some("loomem-read"));
+        // And a new one starts and answers.
+        let again = Reads::start(0).unwrap();
+        assert_eq!(again.run(async { Ok(7) }).await.unwrap(), 7);
+    }
+
+    #[tokio::test]
     async fn a_panicking_read_panics_in_its_caller() {
         let reads = Reads::start(0).unwrap();
         let caught =
