@@ -29,8 +29,6 @@ pub struct Ambient {
     pub budget_tokens: usize,
 }
 
-/// A few plain facts (one line each, no markup) within a small budget. Not
-/// counted as accesses: an agent may call it every turn.
 /// [`ambient`] on the read runtime (see [`crate::service::reads`]).
 pub async fn ambient_on_reads(
     engine: &std::sync::Arc<Services>,
@@ -44,6 +42,8 @@ pub async fn ambient_on_reads(
     .await
 }
 
+/// A few plain facts (one line each, no markup) within a small budget. Not
+/// counted as accesses: an agent may call it every turn.
 pub async fn ambient(engine: &Services, caller: &Caller, req: AmbientRequest) -> Result<Ambient> {
     let budget = req.budget_tokens.unwrap_or(250);
     if budget == 0 || budget > 8000 {
