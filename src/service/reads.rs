@@ -28,11 +28,7 @@ impl Reads {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
             .thread_name("loomem-read")
-            .on_thread_start(move || {
-                if niceness > 0 {
-                    crate::core::thread::lower_priority(niceness);
-                }
-            })
+            .on_thread_start(move || crate::core::thread::lower_priority(niceness))
             .enable_all()
             .build()?;
         Ok(Reads {

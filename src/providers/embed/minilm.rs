@@ -872,9 +872,7 @@ impl MiniLmEmbedder {
 const MERGE_LIMIT: usize = 1024;
 
 fn serve(model: Model, rx: std_mpsc::Receiver<Job>, niceness: i32) {
-    if niceness > 0 {
-        crate::core::thread::lower_priority(niceness);
-    }
+    crate::core::thread::lower_priority(niceness);
     // After the priority is set: the pools' threads inherit it.
     let pools = match model.layout.pools() {
         Ok(pools) => pools,
