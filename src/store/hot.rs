@@ -1367,9 +1367,12 @@ mod against_lance {
         // index in segments (Lance scores across them); then merged into one.
         for part in chunks.chunks(50) {
             store.upsert(part.to_vec()).await.unwrap();
-            crate::store::maintain::refresh_indexes_routinely(store.chunks_table())
-                .await
-                .unwrap();
+            crate::store::maintain::refresh_indexes_routinely(
+                store.chunks_table(),
+                crate::store::maintain::RefreshScope::Everything,
+            )
+            .await
+            .unwrap();
         }
         let table = store.chunks_table();
         let fts = table.list_indices().await.unwrap();

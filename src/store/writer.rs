@@ -10,7 +10,9 @@ use tokio::sync::{mpsc, oneshot};
 use std::sync::Arc;
 
 use super::hot::HotIndex;
-use super::maintain::{merge_small_fragments, refresh_indexes_routinely, Maintenance};
+use super::maintain::{
+    merge_small_fragments, refresh_indexes_routinely, Maintenance, RefreshScope,
+};
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
 
@@ -375,12 +377,15 @@ async fn run(
         let received = match next.take() {
             Some(op) => Some(op),
             // Rows left unindexed are indexed once the writer has been idle a while.
-            None if since_refresh > 0 => {
+            None if since_refresh > 0 || refresher.behind() => {
                 match tokio::time::timeout(INDEX_REFRESH_QUIET, rx.recv()).await {
                     Ok(op) => op,
                     Err(_idle) => {
                         // Idle, any unindexed row is worth a refresh.
-                        if refresh_may_start && refresher.quiet() && refresher.start(table) {
+                        if refresh_may_start
+                            && refresher.quiet()
+                            && refresher.start(table, RefreshScope::Everything)
+                        {
                             since_refresh = 0;
                         }
                         continue;
@@ -485,12 +490,10 @@ async fn run(
         // Every kind of write counts (the pipeline's are `Commit`s): rows the
         // indexes do not cover are searched flat, at a cost that grows with them.
         since_refresh += toucher.take_written();
-        if !merge_due(since_compact)
-            && !merger.busy()
-            && refresher.due(since_refresh)
-            && refresher.start(table)
-        {
-            since_refresh = 0;
+        if let Some(scope) = refresher.due(since_refresh) {
+            if !merge_due(since_compact) && !merger.busy() && refresher.start(table, scope) {
+                since_refresh = 0;
+            }
         }
     }
 }
@@ -641,6 +644,9 @@ impl Toucher {
 #[derive(Default)]
 struct Refresher {
     running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A refresh is running, or the last one left a scalar or full-text
+    /// index behind (see [`RefreshScope::Pressing`]) or failed.
+    behind: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// When the last refresh began.
     last: Option<std::time::Instant>,
 }
@@ -656,19 +662,35 @@ impl Refresher {
         self.running.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Whether `unindexed` rows call for a refresh now.
-    fn due(&self, unindexed: usize) -> bool {
-        unindexed >= INDEX_REFRESH_ROWS || (unindexed >= INDEX_REFRESH_MIN_ROWS && self.quiet())
+    /// Whether an index may still lack rows written before the last refresh.
+    fn behind(&self) -> bool {
+        self.behind.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether `unindexed` rows call for a refresh now, and of what: rows
+    /// that pour in (`INDEX_REFRESH_ROWS` within `INDEX_REFRESH_QUIET`) a
+    /// pressing one, rows that trickle in all of them.
+    fn due(&self, unindexed: usize) -> Option<RefreshScope> {
+        if unindexed >= INDEX_REFRESH_MIN_ROWS && self.quiet() {
+            Some(RefreshScope::Everything)
+        } else if unindexed >= INDEX_REFRESH_ROWS {
+            Some(RefreshScope::Pressing)
+        } else {
+            None
+        }
     }
 
     /// Start a refresh unless one is running; whether one was started.
-    fn start(&mut self, table: &Table) -> bool {
+    fn start(&mut self, table: &Table, scope: RefreshScope) -> bool {
         use std::sync::atomic::Ordering;
         if self.running.swap(true, Ordering::AcqRel) {
             return false;
         }
         self.last = Some(std::time::Instant::now());
-        let (table, running) = (table.clone(), self.running.clone());
+        // Behind until the refresh says otherwise: a writer that falls idle
+        // while it runs must still wake to fold in what it leaves.
+        self.behind.store(true, Ordering::Release);
+        let (table, running, behind) = (table.clone(), self.running.clone(), self.behind.clone());
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             // On the engine's runtime, not `apart`: a refresh opens the
@@ -677,9 +699,15 @@ impl Refresher {
             // runtime's one thread while it builds a vector index. The
             // vector index's appends build only the new rows (see
             // `vector_fold`).
-            match refresh_indexes_routinely(&table).await {
-                Ok(_) => tracing::debug!(took = ?started.elapsed(), "indexes refreshed"),
-                Err(e) => tracing::warn!(error = %e, "index refresh failed; will retry"),
+            match refresh_indexes_routinely(&table, scope).await {
+                Ok(left) => {
+                    behind.store(left, Ordering::Release);
+                    tracing::debug!(took = ?started.elapsed(), ?scope, "indexes refreshed");
+                }
+                Err(e) => {
+                    behind.store(true, Ordering::Release);
+                    tracing::warn!(error = %e, "index refresh failed; will retry");
+                }
             }
             running.store(false, Ordering::Release);
         });
@@ -864,6 +892,52 @@ mod tests {
             );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+    }
+
+    /// Rows that pour in get the `id` index at once and the other indexes
+    /// once the writer is idle: after a second burst of 2,100 rows (the
+    /// first refresh folds in everything, the next ones only `id`) every
+    /// index covers every row without another write.
+    #[tokio::test]
+    async fn indexes_left_behind_under_a_burst_catch_up_when_idle() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        for b in 0..2 {
+            for part in 0..7 {
+                let rows = (0..300)
+                    .map(|i| {
+                        let text = format!("burst {b} part {part} memory {i}");
+                        Chunk::new(format!("m{b}-{part}-{i}"), "s".into(), text, 0)
+                    })
+                    .collect();
+                store.commit_with_side_effects(rows, vec![]).await.unwrap();
+            }
+        }
+        let table = store.chunks_table();
+        let unindexed = || async {
+            let mut left = Vec::new();
+            for index in table.list_indices().await.unwrap() {
+                let s = table.index_stats(&index.name).await.unwrap().unwrap();
+                left.push((index.name, s.num_unindexed_rows));
+            }
+            left
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let left = unindexed().await;
+            if left.iter().all(|(_, n)| *n == 0) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "rows still unindexed: {left:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            store.count(&crate::store::Filter::new()).await.unwrap(),
+            4_200
+        );
     }
 
     /// While a vector index is built the writer merges no fragments (Lance
