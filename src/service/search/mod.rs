@@ -12,6 +12,7 @@ pub mod queries;
 pub mod rank;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{Datelike, Duration as ChronoDuration, TimeZone, Utc};
@@ -22,7 +23,7 @@ use crate::core::model::{now_micros, Chunk, Micros};
 use crate::core::time::{is_date_only, parse_instant, to_secs, DAY_MICROS};
 use crate::core::Caller;
 use crate::service::Services;
-use crate::store::{AsOf, AsOfError, Filter, Hit, Scored};
+use crate::store::{AsOf, AsOfError, Filter, Scored};
 use config::Fusion;
 use rank::Factors;
 
@@ -373,9 +374,25 @@ fn complexity(query: &str) -> &'static str {
 }
 
 struct Fused {
-    chunk: Chunk,
+    chunk: Arc<Chunk>,
     score: f32,
-    legs: HashMap<&'static str, LegTrace>,
+    /// Where each leg (in the order `fuse` was given them) ranked it.
+    legs: [Option<(&'static str, LegTrace)>; LEGS],
+}
+
+/// The search's legs: BM25, vector, graph.
+const LEGS: usize = 3;
+
+impl Fused {
+    /// Where the leg called `name` ranked the memory.
+    #[cfg(test)]
+    fn leg(&self, name: &str) -> Option<&LegTrace> {
+        self.legs
+            .iter()
+            .flatten()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t)
+    }
 }
 
 /// One recalled memory: fused score, factors, final score.
@@ -426,7 +443,8 @@ struct Leg {
     name: &'static str,
     weight: f32,
     scale: Scale,
-    hits: Vec<Hit>,
+    /// Each memory with the leg's raw score.
+    hits: Vec<(Arc<Chunk>, f32)>,
 }
 
 /// The legs fused into one list, best first; every score in [0, 1].
@@ -434,37 +452,32 @@ struct Leg {
 /// missed a memory adds 0). `Fusion::Rrf`: `Σ weight / (k + rank)`, over what
 /// a memory ranked first by every leg would get.
 fn fuse(legs: Vec<Leg>, fusion: Fusion, k: f32) -> Vec<Fused> {
+    assert!(legs.len() <= LEGS, "{} legs", legs.len());
     let total: f32 = legs.iter().map(|l| l.weight).sum();
     let rrf_max: f32 = legs.iter().map(|l| l.weight / (k + 1.0)).sum();
     let mut by_id: HashMap<String, Fused> = HashMap::new();
-    for leg in legs {
-        let best = leg.hits.iter().map(|h| h.score).fold(0.0f32, f32::max);
-        for (i, hit) in leg.hits.into_iter().enumerate() {
+    for (n, leg) in legs.into_iter().enumerate() {
+        let best = leg.hits.iter().map(|h| h.1).fold(0.0f32, f32::max);
+        for (i, (chunk, score)) in leg.hits.into_iter().enumerate() {
             let rank = i + 1;
             let part = match fusion {
                 Fusion::Rrf => leg.weight / (k + rank as f32),
                 Fusion::Score => {
                     let relevance = match leg.scale {
-                        Scale::Distance => 1.0 - hit.score,
-                        Scale::OfBest if best > 0.0 => hit.score / best,
+                        Scale::Distance => 1.0 - score,
+                        Scale::OfBest if best > 0.0 => score / best,
                         Scale::OfBest => 0.0,
                     };
                     leg.weight * relevance.clamp(0.0, 1.0)
                 }
             };
-            let e = by_id.entry(hit.chunk.id.clone()).or_insert_with(|| Fused {
-                chunk: hit.chunk,
+            let e = by_id.entry(chunk.id.clone()).or_insert_with(|| Fused {
+                chunk,
                 score: 0.0,
-                legs: HashMap::new(),
+                legs: [None; LEGS],
             });
             e.score += part;
-            e.legs.insert(
-                leg.name,
-                LegTrace {
-                    rank,
-                    score: hit.score,
-                },
-            );
+            e.legs[n] = Some((leg.name, LegTrace { rank, score }));
         }
     }
     let norm = match fusion {
@@ -710,9 +723,13 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     // The BM25 and vector legs return ids only; their memories are read once,
     // together (reading every column of each leg's candidates cost more than
     // the searches themselves).
-    let mut rows: HashMap<String, Chunk> = graph
+    let graph: Vec<(Arc<Chunk>, f32)> = graph
+        .into_iter()
+        .map(|h| (Arc::new(h.chunk), h.score))
+        .collect();
+    let mut rows: HashMap<String, Arc<Chunk>> = graph
         .iter()
-        .map(|h| (h.chunk.id.clone(), h.chunk.clone()))
+        .map(|(c, _)| (c.id.clone(), Arc::clone(c)))
         .collect();
     let missing: Vec<String> = bm25
         .iter()
@@ -723,20 +740,15 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         .into_iter()
         .collect();
     if !missing.is_empty() {
-        for h in engine.store.read_candidates(at, &filter, &missing).await? {
-            rows.insert(h.chunk.id.clone(), h.chunk);
+        for chunk in engine.store.read_shared(at, &filter, &missing).await? {
+            rows.insert(chunk.id.clone(), chunk);
         }
     }
     timings.fetch = micros_since(phase);
     let phase = Instant::now();
-    let as_hits = |leg: Vec<Scored>| -> Vec<Hit> {
+    let as_hits = |leg: Vec<Scored>| -> Vec<(Arc<Chunk>, f32)> {
         leg.into_iter()
-            .filter_map(|x| {
-                rows.get(&x.id).map(|c| Hit {
-                    chunk: c.clone(),
-                    score: x.score,
-                })
-            })
+            .filter_map(|x| rows.get(&x.id).map(|c| (Arc::clone(c), x.score)))
             .collect()
     };
     let fused = fuse(
@@ -771,45 +783,47 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     } else {
         Vec::new()
     };
-    let mut ranked: Vec<Ranked> = fused
+    // Every candidate is scored while it is still shared with the hot
+    // index; only the top k are copied out.
+    let mut ranked: Vec<(f32, Factors, Fused)> = fused
         .into_iter()
         .map(|f| {
             let mut factors =
                 Factors::of(s, &f.chunk, engine.store.feedback.tally(&f.chunk.id), now);
             factors.speaker = rank::speaker_factor(s, &f.chunk, about_assistant);
             factors.time = rank::time_factor(s, &f.chunk, &windows);
-            Ranked {
-                score: f.score * factors.product(),
-                rrf: f.score,
-                factors,
-                legs: f.legs,
-                chunk: f.chunk,
-            }
+            (f.score * factors.product(), factors, f)
         })
         .collect();
-    ranked.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| b.chunk.created_at.cmp(&a.chunk.created_at))
-            .then_with(|| a.chunk.id.cmp(&b.chunk.id))
+    ranked.sort_by(|(a, _, fa), (b, _, fb)| {
+        b.total_cmp(a)
+            .then_with(|| fb.chunk.created_at.cmp(&fa.chunk.created_at))
+            .then_with(|| fa.chunk.id.cmp(&fb.chunk.id))
     });
 
     // Collapse near-identical results: the best of each group stays. Only
     // until the top k are found: what ranks below is never returned.
     let mut kept: Vec<(Ranked, rank::WordSet)> = Vec::new();
     let mut dedup_removed = 0;
-    for r in ranked {
+    for (score, factors, f) in ranked {
         if kept.len() == top_k {
             break;
         }
-        let words = rank::word_set(&r.chunk.content);
+        let words = rank::word_set(&f.chunk.content);
         let duplicate = kept.iter().any(|(k, w)| {
-            k.chunk.content_hash == r.chunk.content_hash
+            k.chunk.content_hash == f.chunk.content_hash
                 || rank::jaccard(w, &words) >= s.near_duplicate
         });
         if duplicate {
             dedup_removed += 1;
         } else {
+            let r = Ranked {
+                score,
+                rrf: f.score,
+                factors,
+                legs: f.legs.into_iter().flatten().collect(),
+                chunk: Arc::unwrap_or_clone(f.chunk),
+            };
             kept.push((r, words));
         }
     }
@@ -910,18 +924,18 @@ fn result(r: Ranked, trace: bool) -> SearchResult {
 mod tests {
     use super::*;
 
-    fn hit(id: &str) -> Hit {
+    fn hit(id: &str) -> (Arc<Chunk>, f32) {
         scored(id, 0.5)
     }
 
-    fn scored(id: &str, score: f32) -> Hit {
-        Hit {
-            chunk: Chunk::new(id.into(), "s".into(), id.into(), 0),
+    fn scored(id: &str, score: f32) -> (Arc<Chunk>, f32) {
+        (
+            Arc::new(Chunk::new(id.into(), "s".into(), id.into(), 0)),
             score,
-        }
+        )
     }
 
-    fn leg(name: &'static str, weight: f32, hits: Vec<Hit>) -> Leg {
+    fn leg(name: &'static str, weight: f32, hits: Vec<(Arc<Chunk>, f32)>) -> Leg {
         Leg {
             name,
             weight,
@@ -948,8 +962,8 @@ mod tests {
         // b: ranks 2 and 1; a: 1 and 3; d: 2 in one leg; c: 3 in one leg.
         assert_eq!(ids, vec!["b", "a", "d", "c"]);
         assert!(fused[0].score <= 1.0 && fused[0].score > 0.9);
-        assert_eq!(fused[0].legs["bm25"].rank, 2);
-        assert_eq!(fused[0].legs["vector"].rank, 1);
+        assert_eq!(fused[0].leg("bm25").unwrap().rank, 2);
+        assert_eq!(fused[0].leg("vector").unwrap().rank, 1);
     }
 
     #[test]
@@ -999,8 +1013,8 @@ mod tests {
             assert!((score - want_score).abs() < 1e-6, "{got:?}");
         }
         // Ranks stay each leg's own; scores the raw ones.
-        assert_eq!(fused[0].legs["bm25"].rank, 3);
-        assert_eq!(fused[0].legs["vector"].score, 0.2);
+        assert_eq!(fused[0].leg("bm25").unwrap().rank, 3);
+        assert_eq!(fused[0].leg("vector").unwrap().score, 0.2);
     }
 
     #[test]
