@@ -353,8 +353,17 @@ impl StreamIndex {
     /// a row the quantisation error pushed past the pool would have made the
     /// top `k` (a test holds recall@10 against the exact scan).
     pub fn nearest(&self, q: &[f32], conds: &[Cond], k: usize, out: &mut Vec<(f32, String)>) {
+        out.extend(
+            self.nearest_rows(q, conds, k)
+                .into_iter()
+                .map(|c| (c.distance, c.id.to_string())),
+        );
+    }
+
+    /// [`StreamIndex::nearest`]'s rows, nearest first, where they lie.
+    fn nearest_rows(&self, q: &[f32], conds: &[Cond], k: usize) -> Vec<Candidate<'_>> {
         if k == 0 || q.len() != self.dim {
-            return;
+            return Vec::new();
         }
         let query = Query::new(q);
         let n = self.ids.len();
@@ -385,7 +394,12 @@ impl StreamIndex {
         };
         found.sort();
         found.truncate(k);
-        out.extend(found.into_iter().map(|c| (c.distance, c.id.to_string())));
+        found
+    }
+
+    /// The vector of the memory in row `row`.
+    fn row_vector(&self, row: usize) -> &[f32] {
+        &self.vectors[row * self.dim..(row + 1) * self.dim]
     }
 
     /// The best of `rows` meeting `conds` by the int8 scan (at most
@@ -430,6 +444,7 @@ impl StreamIndex {
             .map(|a| Candidate {
                 distance: 1.0 - dot(q.exact, &self.vectors[a.row * d..(a.row + 1) * d]),
                 id: &self.ids[a.row],
+                row: a.row,
             })
             .collect()
     }
@@ -494,6 +509,7 @@ const PARALLEL_ROWS: usize = 32_768;
 struct Candidate<'a> {
     distance: f32,
     id: &'a str,
+    row: usize,
 }
 
 impl Eq for Candidate<'_> {}
@@ -910,6 +926,54 @@ pub(super) fn nearest_in(
     out.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
     out.truncate(k);
     out
+}
+
+/// [`nearest_in`] with a second look: `again` is given the pool's rows,
+/// nearest first, as (cosine distance, vector), and the query it returns,
+/// if any, re-scores the pool (`1 - v·q / |v|`). The first `keep`, nearest
+/// first. The rows are read where they lie, under one hold of the streams'
+/// locks: looked up again by id, the pool cost a search more than both its
+/// scans.
+pub(super) fn nearest_again_in(
+    indexes: &[Arc<RwLock<StreamIndex>>],
+    query: &[f32],
+    conds: &[Cond],
+    k: usize,
+    keep: usize,
+    again: impl FnOnce(&[(f32, &[f32])]) -> Option<Vec<f32>>,
+) -> Vec<(f32, String)> {
+    let mut q = query.to_vec();
+    l2_normalize(&mut q);
+    let guards: Vec<_> = indexes
+        .iter()
+        .map(|ix| ix.read().expect("stream index lock"))
+        .collect();
+    let mut pool: Vec<(f32, &str, &[f32])> = Vec::new();
+    for g in &guards {
+        pool.extend(
+            g.nearest_rows(&q, conds, k)
+                .into_iter()
+                .map(|c| (c.distance, c.id, g.row_vector(c.row))),
+        );
+    }
+    let order = |a: &(f32, &str, &[f32]), b: &(f32, &str, &[f32])| {
+        a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1))
+    };
+    pool.sort_by(order);
+    pool.truncate(k);
+    let near: Vec<(f32, &[f32])> = pool.iter().map(|&(d, _, v)| (d, v)).collect();
+    if let Some(moved) = again(&near) {
+        pool.retain_mut(|(distance, _, v)| {
+            let norm = dot(v, v).sqrt();
+            *distance = 1.0 - dot(v, &moved) / norm;
+            norm > 0.0
+        });
+        pool.sort_by(order);
+    }
+    pool.truncate(keep);
+    pool.into_iter()
+        .map(|(d, id, _)| (d, id.to_string()))
+        .collect()
 }
 
 /// The `k` memories of `indexes` meeting `conds` that score best for `query`
@@ -1333,6 +1397,51 @@ mod against_lance {
                     crate::core::vector::l2_normalize(&mut l);
                     assert!(h.iter().zip(&l).all(|(a, b)| (a - b).abs() < 1e-5));
                 }
+                // The second look in one pass gives what the pool, its first
+                // vectors read by id and the pool re-scored by id give.
+                let moved = |near: &[&[f32]]| {
+                    let mut m = v.clone();
+                    for n in near {
+                        m.iter_mut().zip(*n).for_each(|(a, b)| *a += b);
+                    }
+                    crate::core::vector::l2_normalize(&mut m);
+                    m
+                };
+                let pool = store.search_vector(None, &v, filter, 12).await.unwrap();
+                let first = ids(&pool[..pool.len().min(3)]);
+                let near = store.vectors_of(None, filter, &first).await.unwrap();
+                let near: Vec<&[f32]> = first.iter().map(|id| near[id].as_slice()).collect();
+                let mut by_id = store
+                    .distances(None, filter, ids(&pool), &moved(&near))
+                    .await
+                    .unwrap();
+                by_id.sort_by(|a, b| a.score.total_cmp(&b.score).then_with(|| a.id.cmp(&b.id)));
+                by_id.truncate(7);
+                let again = |near: &[(f32, &[f32])]| {
+                    let first: Vec<&[f32]> = near.iter().take(3).map(|&(_, v)| v).collect();
+                    Some(moved(&first))
+                };
+                let one_pass = store
+                    .nearest_again(None, &v, filter, 12, 7, again)
+                    .await
+                    .unwrap()
+                    .expect("the hot index holds the stream");
+                assert_eq!(
+                    one_pass, by_id,
+                    "{round}: filter {f}, query {q}, second look"
+                );
+                assert!(one_pass.len() == 7 || pool.len() < 7, "{round}: filter {f}");
+                // Without a second query the pool stays as the first look left it.
+                let kept = store
+                    .nearest_again(None, &v, filter, 12, 7, |_| None)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    kept,
+                    pool[..pool.len().min(7)],
+                    "{round}: filter {f}, query {q}"
+                );
             }
         }
     }

@@ -1229,6 +1229,35 @@ impl Store {
         Ok(out)
     }
 
+    /// The vector leg with a second look, from the hot index (None when it
+    /// cannot answer): the `pool` nearest memories, re-scored against the
+    /// query `again` makes of their (distance, vector), nearest first, if it
+    /// makes one; the first `keep`. See [`hot::nearest_again_in`].
+    pub async fn nearest_again(
+        &self,
+        at: Option<&Table>,
+        vector: &[f32],
+        filter: &Filter,
+        pool: usize,
+        keep: usize,
+        again: impl FnOnce(&[(f32, &[f32])]) -> Option<Vec<f32>>,
+    ) -> Result<Option<Vec<Scored>>> {
+        if at.is_some() {
+            return Ok(None);
+        }
+        let Some(indexes) = self.hot_indexes(filter).await? else {
+            return Ok(None);
+        };
+        let conds = filter.conds().expect("hot_indexes checked them");
+        let found = hot::nearest_again_in(&indexes, vector, conds, pool, keep, again);
+        Ok(Some(
+            found
+                .into_iter()
+                .map(|(score, id)| Scored { id, score })
+                .collect(),
+        ))
+    }
+
     /// The nearest `limit` memories from the hot index, as (cosine
     /// distance, id); None when it cannot answer.
     async fn hot_nearest(

@@ -690,10 +690,34 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             } else {
                 candidates
             };
-            let mut hits = engine.store.search_vector(at, &v, &filter, pool).await?;
-            if feedback {
-                hits = look_again(engine, at, &filter, &v, hits, min_similarity).await?;
-            }
+            let again = |near: &[(f32, &[f32])]| {
+                let best: Vec<&[f32]> = near
+                    .iter()
+                    .take_while(|(distance, _)| 1.0 - distance >= min_similarity)
+                    .take(s.vector_feedback_docs)
+                    .map(|&(_, v)| v)
+                    .collect();
+                rank::feedback_query(&v, &best, s.vector_feedback)
+            };
+            let held = match feedback {
+                true => {
+                    let store = &engine.store;
+                    store
+                        .nearest_again(at, &v, &filter, pool, candidates, again)
+                        .await?
+                }
+                false => None,
+            };
+            let mut hits = match held {
+                Some(hits) => hits,
+                None => {
+                    let hits = engine.store.search_vector(at, &v, &filter, pool).await?;
+                    match feedback {
+                        true => look_again(engine, at, &filter, &v, hits, min_similarity).await?,
+                        false => hits,
+                    }
+                }
+            };
             hits.truncate(candidates);
             // `_distance` is cosine distance: similarity = 1 - distance.
             hits.retain(|h| 1.0 - h.score >= min_similarity);
@@ -856,7 +880,9 @@ const FEEDBACK_POOL: usize = 8;
 /// vectors.
 const MAX_FEEDBACK_POOL: usize = 1000;
 
-/// The vector leg's second look (`search.vector_feedback`): the query moved
+/// The vector leg's second look (`search.vector_feedback`) through Lance, for
+/// what the hot index does not hold ([`crate::store::Store::nearest_again`]
+/// answers the rest in one pass): the query moved
 /// toward the first `vector_feedback_docs` hits that pass `min_similarity`
 /// re-scores the first search's pool (`candidates × FEEDBACK_POOL` nearest),
 /// nearest first. Without such hits the pool stays as it was.

@@ -162,15 +162,15 @@ pub fn time_factor(cfg: &SearchConfig, chunk: &Chunk, windows: &[TimeWindow]) ->
 /// The query vector moved toward the mean of `near` (the vector leg's first
 /// hits) by `weight`, normalised: `q/|q| + weight * mean(near)`. None when
 /// `near` is empty or holds vectors of another dimension.
-pub fn feedback_query(query: &[f32], near: &[Vec<f32>], weight: f32) -> Option<Vec<f32>> {
-    if near.is_empty() || near.iter().any(|v| v.len() != query.len()) {
+pub fn feedback_query<V: AsRef<[f32]>>(query: &[f32], near: &[V], weight: f32) -> Option<Vec<f32>> {
+    if near.is_empty() || near.iter().any(|v| v.as_ref().len() != query.len()) {
         return None;
     }
     let mut q = query.to_vec();
     l2_normalize(&mut q);
     let share = weight / near.len() as f32;
     for v in near {
-        let mut v = v.clone();
+        let mut v = v.as_ref().to_vec();
         l2_normalize(&mut v);
         q.iter_mut().zip(&v).for_each(|(a, b)| *a += share * b);
     }
@@ -386,7 +386,7 @@ mod tests {
         // Closer to each hit than the question was, still nearest the question.
         assert!(dot(&moved, &[0.0, 1.0, 0.0]) > 0.0);
         assert!(dot(&moved, &[1.0, 0.0, 0.0]) > 0.8);
-        assert_eq!(feedback_query(&q, &[], 0.5), None);
+        assert_eq!(feedback_query::<Vec<f32>>(&q, &[], 0.5), None);
         assert_eq!(
             feedback_query(&q, &[vec![1.0, 0.0]], 0.5),
             None,
