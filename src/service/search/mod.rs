@@ -699,22 +699,23 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                     .collect();
                 rank::feedback_query(&v, &best, s.vector_feedback)
             };
-            let held = match feedback {
-                true => {
-                    let store = &engine.store;
-                    store
-                        .nearest_again(at, &v, &filter, pool, candidates, again)
-                        .await?
-                }
-                false => None,
+            // From the hot index in one pass when it holds the streams.
+            let held = if feedback {
+                let store = &engine.store;
+                store
+                    .nearest_again(at, &v, &filter, pool, candidates, again)
+                    .await?
+            } else {
+                None
             };
             let mut hits = match held {
                 Some(hits) => hits,
                 None => {
                     let hits = engine.store.search_vector(at, &v, &filter, pool).await?;
-                    match feedback {
-                        true => look_again(engine, at, &filter, &v, hits, min_similarity).await?,
-                        false => hits,
+                    if feedback {
+                        look_again(engine, at, &filter, &v, hits, min_similarity).await?
+                    } else {
+                        hits
                     }
                 }
             };
