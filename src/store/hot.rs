@@ -345,14 +345,10 @@ impl StreamIndex {
         self.ids.pop();
     }
 
-    /// The `k` rows meeting `conds` nearest to the unit vector `q`, as
-    /// (cosine distance, id), nearest first; ties go to the smaller id.
-    ///
-    /// The int8 codes are scanned for the best [`rerank_pool`]`(k)` rows,
-    /// which are then scored exactly: the answer is the exact scan's unless
-    /// a row the quantisation error pushed past the pool would have made the
-    /// top `k` (a test holds recall@10 against the exact scan).
-    pub fn nearest(&self, q: &[f32], conds: &[Cond], k: usize, out: &mut Vec<(f32, String)>) {
+    /// [`StreamIndex::nearest_rows`] as (cosine distance, id), for the tests
+    /// of the scan.
+    #[cfg(test)]
+    fn nearest(&self, q: &[f32], conds: &[Cond], k: usize, out: &mut Vec<(f32, String)>) {
         out.extend(
             self.nearest_rows(q, conds, k)
                 .into_iter()
@@ -360,7 +356,13 @@ impl StreamIndex {
         );
     }
 
-    /// [`StreamIndex::nearest`]'s rows, nearest first, where they lie.
+    /// The `k` rows meeting `conds` nearest to the unit vector `q`, nearest
+    /// first, where they lie; ties go to the smaller id.
+    ///
+    /// The int8 codes are scanned for the best [`rerank_pool`]`(k)` rows,
+    /// which are then scored exactly: the answer is the exact scan's unless
+    /// a row the quantisation error pushed past the pool would have made the
+    /// top `k` (a test holds recall@10 against the exact scan).
     fn nearest_rows(&self, q: &[f32], conds: &[Cond], k: usize) -> Vec<Candidate<'_>> {
         if k == 0 || q.len() != self.dim {
             return Vec::new();
@@ -907,25 +909,15 @@ fn reap(victims: Vec<Slot>) {
 }
 
 /// The nearest `k` memories to `query` over several streams' indexes, as
-/// (cosine distance, id), nearest first.
+/// (cosine distance, id), nearest first: [`nearest_again_in`] without a
+/// second look.
 pub(super) fn nearest_in(
     indexes: &[Arc<RwLock<StreamIndex>>],
     query: &[f32],
     conds: &[Cond],
     k: usize,
 ) -> Vec<(f32, String)> {
-    let mut q = query.to_vec();
-    l2_normalize(&mut q);
-    let mut out = Vec::new();
-    for index in indexes {
-        index
-            .read()
-            .expect("stream index lock")
-            .nearest(&q, conds, k, &mut out);
-    }
-    out.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-    out.truncate(k);
-    out
+    nearest_again_in(indexes, query, conds, k, k, |_| None)
 }
 
 /// [`nearest_in`] with a second look: `again` is given the pool's rows,

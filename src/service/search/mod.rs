@@ -691,12 +691,8 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
                 candidates
             };
             let again = |near: &[(f32, &[f32])]| {
-                let best: Vec<&[f32]> = near
-                    .iter()
-                    .take_while(|(distance, _)| 1.0 - distance >= min_similarity)
-                    .take(s.vector_feedback_docs)
-                    .map(|&(_, v)| v)
-                    .collect();
+                let n = feedback_docs(s, near.iter().map(|&(d, _)| d), min_similarity);
+                let best: Vec<&[f32]> = near[..n].iter().map(|&(_, v)| v).collect();
                 rank::feedback_query(&v, &best, s.vector_feedback)
             };
             // From the hot index in one pass when it holds the streams.
@@ -881,6 +877,20 @@ const FEEDBACK_POOL: usize = 8;
 /// vectors.
 const MAX_FEEDBACK_POOL: usize = 1000;
 
+/// How many of the vector leg's first hits (their cosine distances, nearest
+/// first) move its query: the first `vector_feedback_docs` that pass
+/// `min_similarity`.
+fn feedback_docs(
+    s: &config::SearchConfig,
+    distances: impl Iterator<Item = f32>,
+    min_similarity: f32,
+) -> usize {
+    distances
+        .take_while(|d| 1.0 - d >= min_similarity)
+        .take(s.vector_feedback_docs)
+        .count()
+}
+
 /// The vector leg's second look (`search.vector_feedback`) through Lance, for
 /// what the hot index does not hold ([`crate::store::Store::nearest_again`]
 /// answers the rest in one pass): the query moved
@@ -896,16 +906,11 @@ async fn look_again(
     min_similarity: f32,
 ) -> Result<Vec<Scored>> {
     let s = &engine.cfg.search;
-    let best: Vec<&str> = pool
-        .iter()
-        .take_while(|h| 1.0 - h.score >= min_similarity)
-        .take(s.vector_feedback_docs)
-        .map(|h| h.id.as_str())
-        .collect();
-    if best.is_empty() {
+    let n = feedback_docs(s, pool.iter().map(|h| h.score), min_similarity);
+    if n == 0 {
         return Ok(pool);
     }
-    let best: Vec<String> = best.into_iter().map(str::to_string).collect();
+    let best: Vec<String> = pool[..n].iter().map(|h| h.id.clone()).collect();
     let mut vectors = engine.store.vectors_of(at, filter, &best).await?;
     let near: Vec<Vec<f32>> = best.iter().filter_map(|id| vectors.remove(id)).collect();
     let Some(moved) = rank::feedback_query(query, &near, s.vector_feedback) else {
