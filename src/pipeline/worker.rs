@@ -69,11 +69,18 @@ impl Worker {
         let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         let mut tasks = tokio::task::JoinSet::new();
         let mut previous: Option<tokio::sync::oneshot::Receiver<()>> = None;
-        while let Some(batch) = consumer
-            .next_batch(this.cfg.batch_size, this.cfg.batch_wait)
-            .await
-        {
+        loop {
+            // A slot first, then the batch: messages that arrive while both
+            // slots are taken join the next batch, instead of a batch pulled
+            // early (from what came within `batch_wait` of the last pull)
+            // waiting for a slot half full.
             let Ok(slot) = slots.clone().acquire_owned().await else {
+                break;
+            };
+            let Some(batch) = consumer
+                .next_batch(this.cfg.batch_size, this.cfg.batch_wait)
+                .await
+            else {
                 break;
             };
             let (done, turn) = tokio::sync::oneshot::channel();

@@ -432,6 +432,8 @@ struct StubApi {
     url: String,
     dim: usize,
     requests: Arc<AtomicUsize>,
+    /// Requests that reached the stand-in, held or not.
+    arrived: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<(Option<String>, Value)>>>,
     hold: tokio::sync::watch::Sender<bool>,
 }
@@ -454,13 +456,20 @@ async fn stub_api(dim: usize) -> StubApi {
     use axum::http::{HeaderMap, StatusCode};
     use axum::routing::post;
     let requests = Arc::new(AtomicUsize::new(0));
+    let arrived = Arc::new(AtomicUsize::new(0));
     let seen: Arc<Mutex<Vec<(Option<String>, Value)>>> = Default::default();
     let hold = tokio::sync::watch::channel(false).0;
-    let (r, s, h) = (requests.clone(), seen.clone(), hold.clone());
+    let (r, a, s, h) = (
+        requests.clone(),
+        arrived.clone(),
+        seen.clone(),
+        hold.clone(),
+    );
     let app = axum::Router::new().route(
         "/v1/embeddings",
         post(move |headers: HeaderMap, axum::Json(body): axum::Json<Value>| {
             let (r, s, mut h) = (r.clone(), s.clone(), h.subscribe());
+            a.fetch_add(1, Ordering::SeqCst);
             async move {
                 let _ = h.wait_for(|held| !*held).await;
                 let auth = headers
@@ -488,6 +497,7 @@ async fn stub_api(dim: usize) -> StubApi {
         url,
         dim,
         requests,
+        arrived,
         seen,
         hold,
     }
@@ -570,6 +580,85 @@ async fn openai_provider_batches_retries_and_records_its_model() {
     assert!(seen
         .iter()
         .all(|(_, body)| body["input"].as_array().unwrap().len() <= 2));
+}
+
+/// The worker takes a batch only once one of its two slots is free: writes
+/// that arrive while both batches in flight wait (here on a held embedding
+/// API) go into the next batch together, instead of a batch pulled from the
+/// first few milliseconds' arrivals waiting half empty for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_arrive_while_both_batches_wait_form_the_next_batch() {
+    let api = stub_api(16).await;
+    let d = Daemon::start(
+        api.configure(Options::default())
+            .env("LOOMEM_BUS__BATCH_SIZE", "64")
+            .env("LOOMEM_EMBED__BATCH_SIZE", "64"),
+    )
+    .await;
+    api.hold.send_replace(true);
+    let store = |content: String| {
+        let d = &d;
+        async move {
+            let (status, resp) = d
+                .call(
+                    "POST",
+                    "/v1/store",
+                    Some(json!({"content": content, "stream": "s", "wait": false})),
+                )
+                .await;
+            assert_eq!(status, 200, "{resp}");
+        }
+    };
+    // Two batches of one memory each, both held in the embedding API.
+    for n in 1..=2 {
+        store(format!("Opening note number {n} about the garden")).await;
+        wait_until("a held embedding request", || {
+            api.arrived.load(Ordering::SeqCst) >= n
+        })
+        .await;
+    }
+    // Sixty more while both slots are taken, one at a time.
+    let words = ["apple", "river", "violin", "granite", "pepper", "comet"];
+    let texts: Vec<String> = (0..60)
+        .map(|i| {
+            format!(
+                "{} {} {} entry {i}",
+                words[i % 6],
+                words[(i / 6) % 6],
+                words[(i / 36) % 6]
+            )
+        })
+        .collect();
+    for t in &texts {
+        store(t.clone()).await;
+    }
+    api.hold.send_replace(false);
+    let embedded = || -> Vec<usize> {
+        api.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, body)| body["input"].as_array().map_or(0, Vec::len))
+            .collect()
+    };
+    wait_until("every text embedded", || {
+        embedded().iter().sum::<usize>() >= 62
+    })
+    .await;
+    let sizes = embedded();
+    assert!(
+        sizes.contains(&60),
+        "the sixty writes were embedded as one batch: requests of {sizes:?}"
+    );
+}
+
+/// Poll `ok` until it holds; fail after a minute, naming `what`.
+async fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ok() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
