@@ -215,6 +215,16 @@ impl ChunkWriter {
 /// bulk one.
 const BIG_COMMIT_WEIGHT: usize = 8;
 
+/// A commit of at least this share of `target_rows_per_fragment` (256 of
+/// 8,192 rows) leaves a fair fragment, and counts as a bulk one. A bulk
+/// import's batches are taken as they arrive, 100 to 2,500 rows each: when
+/// those under a quarter of a target fragment counted in full, a 300,000-row
+/// import was merged every few dozen commits, each merge rewriting the rows
+/// the last one had just written, and the merges on `id` that supersede
+/// stored memories waited for it (README: "Fragments merged when the writer
+/// rests").
+const FAIR_FRAGMENT_SHARE: usize = 32;
+
 /// Rows written since the last index refresh that start the next one (rows
 /// the indexes do not cover are searched and joined flat: a merge on `id`
 /// reads every column of every row the `id` index does not cover, so a bulk
@@ -348,9 +358,11 @@ async fn run(
     let mut since_refresh = 0usize;
     let mut refresher = Refresher::default();
     // Commits weigh by the fragment they leave: a small one (an agent's store)
-    // counts in full, a bulk one (an import batch, already a fair fragment)
-    // an eighth, so bulk loads are not slowed by merges they barely need.
-    let small = (maintenance.target_rows_per_fragment / 4).max(1);
+    // counts in full, a bulk one (an import batch of a few hundred rows or
+    // more, already a fair fragment) an eighth, so bulk loads are not slowed
+    // by merges they barely need; what they leave is merged once the writer
+    // is idle.
+    let small = (maintenance.target_rows_per_fragment / FAIR_FRAGMENT_SHARE).max(1);
     let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
     let mut merger = Merger::default();
@@ -374,19 +386,33 @@ async fn run(
             since_compact = 0;
         }
         let refresh_may_start = !merge_due(since_compact) && !merger.busy();
+        let unindexed = since_refresh > 0 || refresher.behind();
+        let unmerged = since_compact > 0 && maintenance.compact_every_commits > 0;
         let received = match next.take() {
             Some(op) => Some(op),
-            // Rows left unindexed are indexed once the writer has been idle a while.
-            None if since_refresh > 0 || refresher.behind() => {
+            // Rows left unindexed are indexed, and fragments left unmerged
+            // merged, once the writer has been idle a while.
+            None if unindexed || unmerged => {
                 match tokio::time::timeout(INDEX_REFRESH_QUIET, rx.recv()).await {
                     Ok(op) => op,
                     Err(_idle) => {
-                        // Idle, any unindexed row is worth a refresh.
-                        if refresh_may_start
-                            && refresher.quiet()
-                            && refresher.start(table, RefreshScope::Everything)
+                        // Idle, any unindexed row is worth a refresh, and
+                        // then any fragment left since the last merge. Asked
+                        // again now: a refresh started before the wait is
+                        // behind until it ends.
+                        if since_refresh > 0 || refresher.behind() {
+                            if refresh_may_start
+                                && refresher.quiet()
+                                && refresher.start(table, RefreshScope::Everything)
+                            {
+                                since_refresh = 0;
+                            }
+                        } else if !refresher.busy()
+                            && !toucher.busy()
+                            && !building.running()
+                            && merger.start(table, &gate, maintenance.target_rows_per_fragment)
                         {
-                            since_refresh = 0;
+                            since_compact = 0;
                         }
                         continue;
                     }
@@ -937,6 +963,51 @@ mod tests {
         assert_eq!(
             store.count(&crate::store::Filter::new()).await.unwrap(),
             4_200
+        );
+    }
+
+    /// A bulk load's batches are fair fragments already: none is merged
+    /// while they come in, and what they leave is merged, with every row
+    /// kept, once the writer is idle.
+    #[tokio::test]
+    async fn a_bulk_loads_fragments_are_merged_once_the_writer_rests() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        let fragments = || async {
+            store
+                .chunks_table()
+                .stats()
+                .await
+                .unwrap()
+                .fragment_stats
+                .num_fragments
+        };
+        // Eighty batches of 300 rows: small commits, as many, would have
+        // called for a merge after every thirty-two.
+        for b in 0..80 {
+            let rows = (0..300)
+                .map(|i| {
+                    let text = format!("batch {b} memory {i}");
+                    Chunk::new(format!("m{b}-{i}"), "s".into(), text, 0)
+                })
+                .collect();
+            store.commit_with_side_effects(rows, vec![]).await.unwrap();
+        }
+        assert_eq!(fragments().await, 80, "a merge ran during the load");
+        // Lance merges only fragments the same indexes cover: the refreshes
+        // during the load leave a few such runs.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while fragments().await > 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fragments left unmerged: {}",
+                fragments().await
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            store.count(&crate::store::Filter::new()).await.unwrap(),
+            24_000
         );
     }
 
