@@ -966,6 +966,17 @@ mod tests {
         );
     }
 
+    /// How many fragments the store's chunk table has.
+    async fn fragments_of(store: &Store) -> usize {
+        store
+            .chunks_table()
+            .stats()
+            .await
+            .unwrap()
+            .fragment_stats
+            .num_fragments
+    }
+
     /// A bulk load's batches are fair fragments already: none is merged
     /// while they come in, and what they leave is merged, with every row
     /// kept, once the writer is idle.
@@ -973,15 +984,7 @@ mod tests {
     async fn a_bulk_loads_fragments_are_merged_once_the_writer_rests() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path(), 8, 100).await.unwrap();
-        let fragments = || async {
-            store
-                .chunks_table()
-                .stats()
-                .await
-                .unwrap()
-                .fragment_stats
-                .num_fragments
-        };
+        let fragments = || fragments_of(&store);
         // Eighty batches of 300 rows: small commits, as many, would have
         // called for a merge after every thirty-two.
         for b in 0..80 {
@@ -1018,15 +1021,7 @@ mod tests {
     async fn fragments_wait_for_a_vector_index_build() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path(), 8, 100).await.unwrap();
-        let fragments = || async {
-            store
-                .chunks_table()
-                .stats()
-                .await
-                .unwrap()
-                .fragment_stats
-                .num_fragments
-        };
+        let fragments = || fragments_of(&store);
         let commit = |n: usize| {
             let row = Chunk::new(format!("m{n}"), "s".into(), format!("memory {n}"), 0);
             store.commit_with_side_effects(vec![row], vec![])
