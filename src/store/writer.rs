@@ -219,10 +219,11 @@ const BIG_COMMIT_WEIGHT: usize = 8;
 /// 8,192 rows) leaves a fair fragment, and counts as a bulk one. A bulk
 /// import's batches are taken as they arrive, 100 to 2,500 rows each: when
 /// those under a quarter of a target fragment counted in full, a 300,000-row
-/// import was merged every few dozen commits, each merge rewriting the rows
-/// the last one had just written, and the merges on `id` that supersede
-/// stored memories waited for it (README: "Fragments merged when the writer
-/// rests").
+/// import was merged every few dozen commits, and the merges on `id` that
+/// supersede stored memories waited for each (README, Benchmarks: "Fuller
+/// batches, and fragments merged when the writer rests"). A bar of 64 rows
+/// was slower still: the few merges the smallest batches call for pay for
+/// themselves.
 const FAIR_FRAGMENT_SHARE: usize = 32;
 
 /// Rows written since the last index refresh that start the next one (rows
@@ -407,7 +408,9 @@ async fn run(
                             {
                                 since_refresh = 0;
                             }
-                        } else if !refresher.busy()
+                        } else if since_compact > 0
+                            && maintenance.compact_every_commits > 0
+                            && !refresher.busy()
                             && !toucher.busy()
                             && !building.running()
                             && merger.start(table, &gate, maintenance.target_rows_per_fragment)
