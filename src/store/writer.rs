@@ -368,27 +368,37 @@ async fn run(
     let mut since_compact = 0usize;
     let mut merger = Merger::default();
     let mut toucher = Toucher::default();
+    // Commits since the last merge weigh at least `at_least` (merges on).
+    let owed = |since_compact: usize, at_least: usize| {
+        maintenance.compact_every_commits > 0 && since_compact >= at_least.max(1)
+    };
+    // ...and may be merged now (no vector index build under way).
+    let merge_may = |since_compact: usize, at_least: usize| {
+        owed(since_compact, at_least) && !building.running()
+    };
     // A fragment merge and an index refresh do not run at once: the
     // refresh's commit would preempt the merge's, which would then be done
-    // again. A merge that is due and may start (no vector index build under
-    // way) waits for a running refresh, and no refresh starts meanwhile or
-    // while a merge runs.
+    // again. A merge that is due and may start waits for a running refresh,
+    // and no refresh starts meanwhile or while a merge runs.
     let merge_due = |since_compact: usize| {
-        maintenance.compact_every_commits > 0
-            && since_compact >= maintenance.compact_every_commits * BIG_COMMIT_WEIGHT
-            && !building.running()
+        merge_may(
+            since_compact,
+            maintenance.compact_every_commits * BIG_COMMIT_WEIGHT,
+        )
     };
-    loop {
-        if merge_due(since_compact)
-            && !refresher.busy()
+    // Start a merge unless a refresh or an access flush is running.
+    let start_merge = |merger: &mut Merger, refresher: &Refresher, toucher: &Toucher| {
+        !refresher.busy()
             && !toucher.busy()
             && merger.start(table, &gate, maintenance.target_rows_per_fragment)
-        {
+    };
+    loop {
+        if merge_due(since_compact) && start_merge(&mut merger, &refresher, &toucher) {
             since_compact = 0;
         }
         let refresh_may_start = !merge_due(since_compact) && !merger.busy();
-        let unindexed = since_refresh > 0 || refresher.behind();
-        let unmerged = since_compact > 0 && maintenance.compact_every_commits > 0;
+        let unindexed = refresher.lacking(since_refresh);
+        let unmerged = owed(since_compact, 1);
         let received = match next.take() {
             Some(op) => Some(op),
             // Rows left unindexed are indexed, and fragments left unmerged
@@ -401,19 +411,15 @@ async fn run(
                         // then any fragment left since the last merge. Asked
                         // again now: a refresh started before the wait is
                         // behind until it ends.
-                        if since_refresh > 0 || refresher.behind() {
+                        if refresher.lacking(since_refresh) {
                             if refresh_may_start
                                 && refresher.quiet()
                                 && refresher.start(table, RefreshScope::Everything)
                             {
                                 since_refresh = 0;
                             }
-                        } else if since_compact > 0
-                            && maintenance.compact_every_commits > 0
-                            && !refresher.busy()
-                            && !toucher.busy()
-                            && !building.running()
-                            && merger.start(table, &gate, maintenance.target_rows_per_fragment)
+                        } else if merge_may(since_compact, 1)
+                            && start_merge(&mut merger, &refresher, &toucher)
                         {
                             since_compact = 0;
                         }
@@ -694,6 +700,12 @@ impl Refresher {
     /// Whether an index may still lack rows written before the last refresh.
     fn behind(&self) -> bool {
         self.behind.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether an index lacks rows: `unindexed` written since the last
+    /// refresh began, or rows it left behind.
+    fn lacking(&self, unindexed: usize) -> bool {
+        unindexed > 0 || self.behind()
     }
 
     /// Whether `unindexed` rows call for a refresh now, and of what: rows
