@@ -103,14 +103,13 @@ fn remember(kept: &mut Chunk, duplicate: &Chunk) {
 /// The numbers in a text, in order. Texts that differ only in a number ("at 3
 /// pm" / "at 4 pm", "lake 1" / "lake 11") embed almost alike but are different
 /// facts, so a near duplicate must also have the same numbers.
-fn numbers(text: &str) -> Vec<&str> {
+fn numbers(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_ascii_digit())
         .filter(|s| !s.is_empty())
-        .collect()
 }
 
 fn same_numbers(a: &str, b: &str) -> bool {
-    numbers(a) == numbers(b)
+    numbers(a).eq(numbers(b))
 }
 
 impl Dedupe {

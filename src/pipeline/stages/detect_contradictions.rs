@@ -463,28 +463,38 @@ impl Stage for DetectContradictions {
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
         Box::pin(async move {
             let mut memo = Lookups::new();
+            // The batch's records so far by stream and subject: only those can
+            // be replaced (`may_replace`), where a bulk batch of thousands
+            // asked every earlier record for each update.
+            let mut by_subject: HashMap<(String, String), Vec<usize>> = HashMap::new();
             for i in 0..batch.len() {
-                if !batch[i].is_kept() || batch[i].chunk.subject.is_none() {
-                    continue;
-                }
-                let Some(update) = self.update_of(&batch[i].chunk) else {
+                let Some(subject) = batch[i].chunk.subject.as_deref() else {
                     continue;
                 };
-                let mut stored = self
-                    .stored_candidates(&update, &batch[i].chunk, &mut memo)
-                    .await?;
-                stored.truncate(self.max_superseded);
-                let (earlier, rest) = batch.split_at_mut(i);
-                let r = &mut rest[0];
-                for mut old in stored {
-                    supersede(&mut r.chunk, &mut old, &update.cue, &mut r.history);
-                    r.also_write.push(old);
-                }
-                for e in earlier.iter_mut().filter(|e| e.is_kept()) {
-                    if self.replaces(&update, &r.chunk, &e.chunk) {
-                        supersede(&mut r.chunk, &mut e.chunk, &update.cue, &mut r.history);
+                let key = (batch[i].chunk.stream.clone(), subject.to_lowercase());
+                let update = match batch[i].is_kept() {
+                    true => self.update_of(&batch[i].chunk),
+                    false => None,
+                };
+                if let Some(update) = update {
+                    let mut stored = self
+                        .stored_candidates(&update, &batch[i].chunk, &mut memo)
+                        .await?;
+                    stored.truncate(self.max_superseded);
+                    let (earlier, rest) = batch.split_at_mut(i);
+                    let r = &mut rest[0];
+                    for mut old in stored {
+                        supersede(&mut r.chunk, &mut old, &update.cue, &mut r.history);
+                        r.also_write.push(old);
+                    }
+                    for &j in by_subject.get(&key).into_iter().flatten() {
+                        let e = &mut earlier[j];
+                        if e.is_kept() && self.replaces(&update, &r.chunk, &e.chunk) {
+                            supersede(&mut r.chunk, &mut e.chunk, &update.cue, &mut r.history);
+                        }
                     }
                 }
+                by_subject.entry(key).or_default().push(i);
             }
             if let Some(llm) = &self.judge {
                 self.judge_batch(llm, batch).await?;
@@ -570,6 +580,35 @@ mod tests {
             "{:?}",
             batch[1].history
         );
+    }
+
+    #[tokio::test]
+    async fn an_update_in_a_batch_replaces_only_its_own_subject_and_stream() {
+        let (s, _t) = stage().await;
+        let about = |id: &str, stream: &str, subject: &str, text: &str, entity: &str, at| {
+            let mut c = chunk(id, text, &[entity], at);
+            c.stream = stream.into();
+            c.subject = Some(subject.into());
+            Record::new(c)
+        };
+        let mut batch = vec![
+            about("alice", "s", "Alice", "Alice uses VS Code", "vscode", 1),
+            about("mine", "s", "User", "I use VS Code at work", "vscode", 2),
+            about("other", "t", "user", "I use VS Code at home", "vscode", 3),
+            about("bob", "s", "Bob", "Bob switched to Cursor", "cursor", 4),
+            about("new", "s", "user", "I switched to Cursor", "cursor", 5),
+        ];
+        s.process(&mut batch).await.unwrap();
+        let by = |i: usize| batch[i].chunk.superseded_by.as_deref();
+        assert_eq!(
+            by(1),
+            Some("new"),
+            "the user's own memory (subject case aside)"
+        );
+        assert_eq!(by(0), None, "Alice's memory is not the user's");
+        assert_eq!(by(2), None, "another stream's memory is left alone");
+        assert_eq!(by(3), None);
+        assert_eq!(batch[4].chunk.supersedes.as_deref(), Some("mine"));
     }
 
     #[tokio::test]

@@ -21,16 +21,27 @@ impl HashEmbedder {
 
     pub fn embed_one(&self, text: &str) -> Vec<f32> {
         let mut v = vec![0.0f32; self.dim];
+        // One buffer for every word ("^word$", lower-cased) and the char
+        // boundaries in it: a trigram is the bytes between three of them.
+        let (mut padded, mut bounds) = (String::new(), Vec::new());
         for word in text
             .split(|c: char| !c.is_alphanumeric())
             .filter(|w| !w.is_empty())
         {
-            let word = word.to_lowercase();
-            self.add(&mut v, word.as_bytes(), 1.0);
-            let padded: Vec<char> = format!("^{word}$").chars().collect();
-            for tri in padded.windows(3) {
-                let s: String = tri.iter().collect();
-                self.add(&mut v, s.as_bytes(), 0.25);
+            padded.clear();
+            padded.push('^');
+            match word.is_ascii() {
+                true => padded.extend(word.bytes().map(|b| char::from(b.to_ascii_lowercase()))),
+                // `str::to_lowercase` knows context (a final sigma), `char`'s does not.
+                false => padded.push_str(&word.to_lowercase()),
+            }
+            self.add(&mut v, padded[1..].as_bytes(), 1.0);
+            padded.push('$');
+            bounds.clear();
+            bounds.extend(padded.char_indices().map(|(i, _)| i));
+            bounds.push(padded.len());
+            for w in bounds.windows(4) {
+                self.add(&mut v, padded[w[0]..w[3]].as_bytes(), 0.25);
             }
         }
         l2_normalize(&mut v);
@@ -89,6 +100,37 @@ mod tests {
         assert_eq!(a.len(), 64);
         assert!((dot(&a, &a) - 1.0).abs() < 1e-5);
         assert_eq!(a, e.embed_one("User prefers dark mode"));
+    }
+
+    /// The vectors stored by earlier releases stay comparable: the features
+    /// are those of the first version (a string per word and per trigram).
+    #[test]
+    fn vectors_match_the_first_versions_features() {
+        fn first_version(e: &HashEmbedder, text: &str) -> Vec<f32> {
+            let mut v = vec![0.0f32; e.dim];
+            for word in text
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+            {
+                let word = word.to_lowercase();
+                e.add(&mut v, word.as_bytes(), 1.0);
+                let padded: Vec<char> = format!("^{word}$").chars().collect();
+                for tri in padded.windows(3) {
+                    let s: String = tri.iter().collect();
+                    e.add(&mut v, s.as_bytes(), 0.25);
+                }
+            }
+            l2_normalize(&mut v);
+            v
+        }
+        let e = HashEmbedder::new(384);
+        for text in [
+            "User prefers dark mode in VS Code (note 42)",
+            "a I x9 ΟΔΟΣ Straße İstanbul naïve café 東京 — ok",
+            "",
+        ] {
+            assert_eq!(e.embed_one(text), first_version(&e, text), "{text}");
+        }
     }
 
     #[test]
