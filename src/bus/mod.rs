@@ -70,7 +70,9 @@ pub struct Delivery {
 
 enum Settle {
     Embedded(embedded::Requeue),
-    JetStream(Box<async_nats::jetstream::Message>),
+    /// The message this delivery came in, shared with the other writes it
+    /// carried (see [`jetstream::Held`]).
+    JetStream(std::sync::Arc<jetstream::Held>),
 }
 
 impl Delivery {
@@ -78,7 +80,7 @@ impl Delivery {
     pub async fn ack(self) {
         match &self.settle {
             Settle::Embedded(_) => {}
-            Settle::JetStream(m) => jetstream::ack(m).await,
+            Settle::JetStream(m) => m.settle(None).await,
         }
     }
 
@@ -90,7 +92,7 @@ impl Delivery {
                     requeue.later(envelope, self.attempt + 1, delay);
                 }
             }
-            Settle::JetStream(m) => jetstream::nak(&m, delay).await,
+            Settle::JetStream(m) => m.settle(Some(delay)).await,
         }
     }
 }
@@ -101,16 +103,22 @@ impl Delivery {
 pub struct Keepalive(Option<tokio::task::JoinHandle<()>>);
 
 impl Keepalive {
-    /// Send an in-progress acknowledgement for every JetStream delivery in
-    /// `batch` each `every`, until the returned guard is dropped.
+    /// Send an in-progress acknowledgement for every JetStream message in
+    /// `batch` (once for a message that carried several writes) each `every`,
+    /// until the returned guard is dropped.
     pub fn start(batch: &[Delivery], every: Duration) -> Keepalive {
-        let messages: Vec<_> = batch
-            .iter()
-            .filter_map(|d| match &d.settle {
-                Settle::JetStream(m) => Some((**m).clone()),
-                Settle::Embedded(_) => None,
-            })
-            .collect();
+        let mut messages: Vec<std::sync::Arc<jetstream::Held>> = Vec::new();
+        for d in batch {
+            if let Settle::JetStream(m) = &d.settle {
+                // A pack's writes arrive side by side.
+                if !messages
+                    .last()
+                    .is_some_and(|l| std::sync::Arc::ptr_eq(l, m))
+                {
+                    messages.push(m.clone());
+                }
+            }
+        }
         if messages.is_empty() {
             return Keepalive(None);
         }
@@ -118,7 +126,7 @@ impl Keepalive {
             loop {
                 tokio::time::sleep(every).await;
                 for m in &messages {
-                    jetstream::in_progress(m).await;
+                    m.in_progress().await;
                 }
             }
         })))

@@ -428,24 +428,12 @@ async fn messages_are_acknowledged_once_their_graph_rows_are_committed() {
     assert_eq!(s, 200, "{e}");
     assert_eq!(e["entity"]["chunk_count"], 4, "{e}");
 
-    let mut consumer = pipeline_consumer(&d).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let info = consumer.info().await.unwrap();
-        if info.num_ack_pending == 0 && info.num_pending == 0 {
-            assert_eq!(info.ack_floor.stream_sequence, 4, "{info:?}");
-            assert_eq!(
-                info.delivered.consumer_sequence, 4,
-                "none delivered twice: {info:?}"
-            );
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "messages still unacknowledged: {info:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let info = all_acknowledged(&d).await;
+    assert_eq!(info.ack_floor.stream_sequence, 4, "{info:?}");
+    assert_eq!(
+        info.delivered.consumer_sequence, 4,
+        "none delivered twice: {info:?}"
+    );
     let (_, st) = d.call("GET", "/v1/status", None).await;
     assert_eq!(st["chunks"], 4, "{st}");
     assert_eq!(st["dead_letters"], 0, "{st}");
@@ -570,4 +558,127 @@ async fn a_write_of_the_same_id_and_text_is_not_taken_for_a_retry() {
         "{r}"
     );
     wait_rows(1).await;
+}
+
+/// Wait until the pipeline's consumer has every message acknowledged, and
+/// return its info then.
+async fn all_acknowledged(d: &Daemon) -> async_nats::jetstream::consumer::Info {
+    let mut consumer = pipeline_consumer(d).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = consumer.info().await.unwrap().clone();
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "messages still unacknowledged: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An import's writes travel 64 to a message (one message a write made
+/// JetStream store, deliver and take an acknowledgement for each); every
+/// write is stored once, and every message acknowledged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_travels_in_packs_and_every_write_is_stored_once() {
+    let d = Daemon::start(Options::default()).await;
+    let file: String = (0..200)
+        .map(|i| {
+            json!({"content": format!("Pack note {i}: the heron {i} came back")}).to_string() + "\n"
+        })
+        .collect();
+    let resp = d
+        .http
+        .post(format!("{}/v1/import?format=jsonl&stream=packs", d.url))
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let report: Value = resp.json().await.unwrap();
+    assert_eq!(report["accepted"], 200, "{report}");
+    wait_status(&d, 30, "200 imported memories", |st| st["chunks"] == 200).await;
+    let info = all_acknowledged(&d).await;
+    // 64 + 64 + 64 + 8.
+    assert_eq!(info.delivered.stream_sequence, 4, "{info:?}");
+    assert_eq!(
+        info.delivered.consumer_sequence, 4,
+        "none delivered twice: {info:?}"
+    );
+    let (_, st) = d.call("GET", "/v1/status", None).await;
+    assert_eq!(st["dead_letters"], 0, "{st}");
+    let (_, found) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "Pack note 117", "stream": "packs", "top_k": 1})),
+        )
+        .await;
+    let top = found["results"][0]["content"].as_str().unwrap_or_default();
+    assert!(top.contains("heron 117"), "{found}");
+}
+
+/// A pack whose one write fails: the message is delivered again whole, the
+/// good write is stored once all the same, the bad one ends in
+/// `dead_letters` after `max_deliver` attempts, and then the message is
+/// acknowledged. A pack that does not decode is one dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_with_a_failing_write_is_delivered_again_whole_then_settled() {
+    let d = Daemon::start(Options::default().env("LOOMEM_BUS__MAX_DELIVER", "2")).await;
+    publish_raw(
+        &d,
+        "loomem.in.pk",
+        "garbage-pack",
+        b"[{\"pipeline\": 1".to_vec(),
+    )
+    .await;
+    // Its 3-dimensional vector cannot be written to a 384-d table.
+    let mut bad = Chunk::new(
+        "bad-vector".into(),
+        "pk".into(),
+        "vector of the wrong size".into(),
+        1,
+    );
+    bad.embedding = Some(vec![0.1, 0.2, 0.3]);
+    bad.embed_model = Some("hash-384".into());
+    let good = Chunk::new(
+        "good-one".into(),
+        "pk".into(),
+        "a perfectly good memory".into(),
+        1,
+    );
+    let pack: Vec<Envelope> = [bad, good]
+        .into_iter()
+        .map(|chunk| Envelope {
+            pipeline: "store".into(),
+            chunk,
+            notify: false,
+            minted: false,
+            resend: 0,
+        })
+        .collect();
+    publish_raw(
+        &d,
+        "loomem.in.pk",
+        "a-pack",
+        serde_json::to_vec(&pack).unwrap(),
+    )
+    .await;
+    let st = wait_status(&d, 30, "two dead letters", |st| st["dead_letters"] == 2).await;
+    assert_eq!(st["chunks"], 1, "{st}");
+    let info = all_acknowledged(&d).await;
+    // The garbage once; the pack twice (its bad write was retried).
+    assert_eq!(info.delivered.consumer_sequence, 3, "{info:?}");
+    assert_eq!(
+        d.search_ids(json!({"query": "perfectly good", "stream": "pk"}))
+            .await,
+        vec!["good-one".to_string()]
+    );
+    let dead = d
+        .sql("SELECT memory_id FROM dead_letters ORDER BY memory_id")
+        .await;
+    assert_eq!(dead[0]["memory_id"], "bad-vector", "{dead:?}");
+    assert!(dead[1]["memory_id"].is_null(), "{dead:?}");
 }
