@@ -1,6 +1,6 @@
 //! The durable bus: NATS JetStream. Every write is published on
 //! `loomem.in.<stream>` with its memory id as `Nats-Msg-Id` (writes published
-//! together go up to 64 a message, see [`packs`]) and is *accepted* once
+//! together go up to 256 a message, see [`packs`]) and is *accepted* once
 //! JetStream acknowledges it; a durable pull consumer, shared by every
 //! loomem process, feeds the pipeline worker. A delivered message that is not
 //! acknowledged within `ack_wait` is redelivered, so a worker that dies
@@ -62,7 +62,7 @@ pub struct JetStreamConsumer {
     consumer: consumer::Consumer<consumer::pull::Config>,
     messages: Option<consumer::pull::Stream>,
     prefetch: usize,
-    /// Most bytes one pull asks for: packs carry up to 64 writes a message,
+    /// Most bytes one pull asks for: packs carry up to 256 writes a message,
     /// and `prefetch` of them would be hundreds of thousands of writes.
     prefetch_bytes: usize,
     stop: watch::Receiver<bool>,
@@ -354,7 +354,7 @@ pub fn message_id(memory_id: &str, payload: &[u8]) -> String {
 }
 
 /// Most writes one message carries.
-pub const PACK_WRITES: usize = 64;
+pub const PACK_WRITES: usize = 256;
 
 /// Most payload bytes a message of several writes carries, for a server
 /// whose `max_payload` is `max_payload` (1 MiB unless configured): a quarter
@@ -615,9 +615,11 @@ mod tests {
 
     #[test]
     fn runs_of_one_stream_travel_together_up_to_the_limits() {
-        let mut all: Vec<Envelope> = (0..70).map(|i| env(&format!("a{i}"), "a", "x")).collect();
+        let mut all: Vec<Envelope> = (0..PACK_WRITES + 6)
+            .map(|i| env(&format!("a{i}"), "a", "x"))
+            .collect();
         all.push(env("b0", "b", "y"));
-        all.push(env("a70", "a", "z"));
+        all.push(env("a-last", "a", "z"));
         let packs = packs(all, 1 << 20).unwrap();
         let sizes: Vec<usize> = packs.iter().map(|p| p.envelopes.len()).collect();
         assert_eq!(sizes, vec![PACK_WRITES, 6, 1, 1]);
@@ -631,7 +633,8 @@ mod tests {
         let lone: Envelope = serde_json::from_slice(&packs[2].payload).unwrap();
         assert_eq!(lone.chunk.id, "b0");
         assert_eq!(packs[2].id, message_id("b0", &packs[2].payload));
-        assert!(packs[1].id.starts_with("a64+5:"), "{}", packs[1].id);
+        let second = format!("a{PACK_WRITES}+5:");
+        assert!(packs[1].id.starts_with(&second), "{}", packs[1].id);
     }
 
     #[test]
