@@ -163,15 +163,12 @@ async fn a_redelivered_write_never_duplicates_a_memory() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
-    let d = Daemon::start(Options::default().env("LOOMEM_BUS__MAX_DELIVER", "2")).await;
-    // Undecodable bytes.
-    publish_raw(&d, "loomem.in.p", "garbage-1", b"{not an envelope".to_vec()).await;
-    // Decodable, but its 3-dimensional vector cannot be written to a 384-d table.
+/// Two writes to the store pipeline of `stream`: `bad-vector`, decodable but
+/// with a 3-dimensional vector a 384-d table cannot take, then `good-one`.
+fn bad_and_good(stream: &str) -> Vec<Envelope> {
     let mut bad = Chunk::new(
         "bad-vector".into(),
-        "p".into(),
+        stream.into(),
         "vector of the wrong size".into(),
         1,
     );
@@ -179,18 +176,28 @@ async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
     bad.embed_model = Some("hash-384".into());
     let good = Chunk::new(
         "good-one".into(),
-        "p".into(),
+        stream.into(),
         "a perfectly good memory".into(),
         1,
     );
-    for c in [bad, good] {
-        let env = Envelope {
+    [bad, good]
+        .into_iter()
+        .map(|chunk| Envelope {
             pipeline: "store".into(),
-            chunk: c,
+            chunk,
             notify: false,
             minted: false,
             resend: 0,
-        };
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_end_in_dead_letters_and_spare_their_batch() {
+    let d = Daemon::start(Options::default().env("LOOMEM_BUS__MAX_DELIVER", "2")).await;
+    // Undecodable bytes.
+    publish_raw(&d, "loomem.in.p", "garbage-1", b"{not an envelope".to_vec()).await;
+    for env in bad_and_good("p") {
         let payload = serde_json::to_vec(&env).unwrap();
         publish_raw(
             &d,
@@ -636,31 +643,7 @@ async fn a_pack_with_a_failing_write_is_delivered_again_whole_then_settled() {
         b"[{\"pipeline\": 1".to_vec(),
     )
     .await;
-    // Its 3-dimensional vector cannot be written to a 384-d table.
-    let mut bad = Chunk::new(
-        "bad-vector".into(),
-        "pk".into(),
-        "vector of the wrong size".into(),
-        1,
-    );
-    bad.embedding = Some(vec![0.1, 0.2, 0.3]);
-    bad.embed_model = Some("hash-384".into());
-    let good = Chunk::new(
-        "good-one".into(),
-        "pk".into(),
-        "a perfectly good memory".into(),
-        1,
-    );
-    let pack: Vec<Envelope> = [bad, good]
-        .into_iter()
-        .map(|chunk| Envelope {
-            pipeline: "store".into(),
-            chunk,
-            notify: false,
-            minted: false,
-            resend: 0,
-        })
-        .collect();
+    let pack = bad_and_good("pk");
     publish_raw(
         &d,
         "loomem.in.pk",
