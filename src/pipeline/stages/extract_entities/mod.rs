@@ -116,6 +116,18 @@ struct Token<'a> {
     sentence_start: bool,
 }
 
+/// Into `key`, the `entity_key` of tokens `i..i + n` and the text between
+/// them, from each token's key (`token_keys`) and each gap's (`gap_keys[j]`
+/// lies between tokens `j` and `j + 1`).
+fn ngram_key(key: &mut String, token_keys: &[String], gap_keys: &[String], i: usize, n: usize) {
+    key.clear();
+    key.push_str(&token_keys[i]);
+    for j in i + 1..i + n {
+        key.push_str(&gap_keys[j - 1]);
+        key.push_str(&token_keys[j]);
+    }
+}
+
 fn is_capitalised(s: &str) -> bool {
     s.chars().next().is_some_and(char::is_uppercase)
 }
@@ -161,17 +173,26 @@ impl ExtractEntities {
                 end: m.end(),
             });
         }
-        // Dictionary n-grams, longest first.
+        // Dictionary n-grams, longest first. An n-gram's key is its surface's
+        // `entity_key`: the keys of its tokens and of the gaps between them
+        // (empty unless a gap holds a letter or digit), put together in one
+        // buffer, since `entity_key` keeps or drops each char alone.
+        let token_keys: Vec<String> = tokens.iter().map(|t| entity_key(t.text)).collect();
+        let gap_keys: Vec<String> = tokens
+            .windows(2)
+            .map(|w| entity_key(&text[w[0].end..w[1].start]))
+            .collect();
+        let mut key = String::new();
         for n in (1..=self.dictionary.max_words.max(1)).rev() {
             for i in 0..tokens.len().saturating_sub(n - 1) {
                 if used[i..i + n].iter().any(|u| *u) {
                     continue;
                 }
-                let surface = &text[tokens[i].start..tokens[i + n - 1].end];
-                let key = entity_key(surface);
+                ngram_key(&mut key, &token_keys, &gap_keys, i, n);
                 let Some(entry) = self.dictionary.get(&key) else {
                     continue;
                 };
+                let surface = &text[tokens[i].start..tokens[i + n - 1].end];
                 if n == 1 && COMMON_WORDS.contains(&key.as_str()) && !is_capitalised(tokens[i].text)
                 {
                     continue;
@@ -494,6 +515,36 @@ mod tests {
             .iter()
             .map(|f| (f.key.as_str(), f.entity_type.as_str()))
             .collect()
+    }
+
+    /// An n-gram's key put together from its tokens' and gaps' keys is the
+    /// key of its whole surface, for any text (a Devanagari vowel sign is
+    /// alphanumeric to `entity_key` but not a word character, so it can sit
+    /// in a gap).
+    #[tokio::test]
+    async fn an_ngrams_key_is_the_key_of_its_surface() {
+        let (s, _t) = stage().await;
+        for text in [
+            "I moved to New York City and use VS Code, Acme-Labs' v2.0 C++ #rust",
+            "नमस्ते दुनिया ा x — Ünïcode ÉCOLE Ⅻ ½ 東京 タワー",
+            "",
+            "one",
+        ] {
+            let tokens = s.tokens(text);
+            let token_keys: Vec<String> = tokens.iter().map(|t| entity_key(t.text)).collect();
+            let gap_keys: Vec<String> = tokens
+                .windows(2)
+                .map(|w| entity_key(&text[w[0].end..w[1].start]))
+                .collect();
+            let mut key = String::new();
+            for n in 1..=4 {
+                for i in 0..tokens.len().saturating_sub(n - 1) {
+                    ngram_key(&mut key, &token_keys, &gap_keys, i, n);
+                    let surface = &text[tokens[i].start..tokens[i + n - 1].end];
+                    assert_eq!(key, entity_key(surface), "{surface:?} in {text:?}");
+                }
+            }
+        }
     }
 
     #[tokio::test]
