@@ -35,13 +35,13 @@ impl HashEmbedder {
                 // `str::to_lowercase` knows context (a final sigma), `char`'s does not.
                 false => padded.push_str(&word.to_lowercase()),
             }
-            self.add(&mut v, padded[1..].as_bytes(), 1.0);
+            self.add(&mut v, &padded.as_bytes()[1..], 1.0);
             padded.push('$');
             bounds.clear();
             bounds.extend(padded.char_indices().map(|(i, _)| i));
             bounds.push(padded.len());
             for w in bounds.windows(4) {
-                self.add(&mut v, padded[w[0]..w[3]].as_bytes(), 0.25);
+                self.add(&mut v, &padded.as_bytes()[w[0]..w[3]], 0.25);
             }
         }
         l2_normalize(&mut v);
