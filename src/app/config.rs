@@ -219,6 +219,12 @@ impl Config {
         if self.bus.max_ack_pending < 1 {
             return Err(invalid("bus.max_ack_pending", "must be > 0"));
         }
+        if self.bus.pack_writes == 0 {
+            return Err(invalid(
+                "bus.pack_writes",
+                "must be > 0 (1: a message a write)",
+            ));
+        }
         if !(8..=4096).contains(&self.embed.dim) {
             return Err(invalid("embed.dim", "must be between 8 and 4096"));
         }
@@ -527,6 +533,7 @@ mod tests {
             ("LOOMEM_BUS__KIND", "kafka", "bus.kind"),
             ("LOOMEM_SERVER__PORT", "70000", "server.port"),
             ("LOOMEM_BUS__BATCH_SIZE", "0", "bus.batch_size"),
+            ("LOOMEM_BUS__PACK_WRITES", "0", "bus.pack_writes"),
             ("LOOMEM_SEARCH__RRF_K", "-1.0", "search.rrf_k"),
             ("LOOMEM_SERVER__PROT", "1", "server"),
             ("LOOMEM_LLM__BASE_URL", "ftp://llm", "llm.base_url"),

@@ -42,8 +42,16 @@ pub struct BusConfig {
     pub max_ack_pending: i64,
     /// How long a publish waits for JetStream's acknowledgement.
     pub publish_timeout_ms: u64,
+    /// Most writes of one stream published together that share a message
+    /// (1: a message a write, as before packs).
+    #[serde(default = "pack_writes")]
+    pub pack_writes: usize,
 }
 
 fn one() -> usize {
     1
+}
+
+fn pack_writes() -> usize {
+    super::jetstream::PACK_WRITES
 }

@@ -24,6 +24,8 @@ pub struct JetStreamBus {
     js: jetstream::Context,
     url: String,
     publish_timeout: Duration,
+    /// Most writes a message carries (`bus.pack_writes`).
+    pack_writes: usize,
     stream_name: String,
     consumer_name: String,
     replicas: usize,
@@ -161,6 +163,7 @@ impl JetStreamBus {
                 replicas: cfg.replicas.max(1),
                 claims: Default::default(),
                 publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
+                pack_writes: cfg.pack_writes.max(1),
                 stream_name: cfg.stream_name.clone(),
                 consumer_name: cfg.consumer_name.clone(),
             },
@@ -199,7 +202,7 @@ impl JetStreamBus {
 
     /// Publish every envelope (pipelined), then wait for each acknowledgement.
     /// Consecutive envelopes of one memory stream travel together, up to
-    /// [`PACK_WRITES`] in one message (see [`packs`]). Returns those
+    /// `bus.pack_writes` in one message (see [`packs`]). Returns those
     /// JetStream recognised as duplicates (same message id within the
     /// duplicate window: already accepted, not delivered again).
     pub async fn publish(&self, envelopes: Vec<Envelope>) -> Result<Vec<Envelope>, BusError> {
@@ -207,7 +210,7 @@ impl JetStreamBus {
             return Err(unavailable(&self.url, "not connected"));
         }
         let max_payload = self.client.server_info().max_payload;
-        let packs = packs(envelopes, pack_bytes(max_payload))?;
+        let packs = packs(envelopes, self.pack_writes, pack_bytes(max_payload))?;
         let mut acks = Vec::with_capacity(packs.len());
         for pack in &packs {
             let msg = jetstream::message::PublishMessage::build()
@@ -353,7 +356,7 @@ pub fn message_id(memory_id: &str, payload: &[u8]) -> String {
     format!("{memory_id}:{hex}")
 }
 
-/// Most writes one message carries.
+/// Most writes one message carries, unless `bus.pack_writes` says otherwise.
 pub const PACK_WRITES: usize = 256;
 
 /// Most payload bytes a message of several writes carries, for a server
@@ -382,14 +385,18 @@ struct Pack {
 }
 
 /// `envelopes` as messages, in order. A run of envelopes with the same
-/// subject goes in one message, up to [`PACK_WRITES`] of them and
+/// subject goes in one message, up to `max_writes` of them and
 /// `max_bytes` of payload, as a JSON array of envelopes; a lone envelope is
 /// its own JSON object, as every write was before packs. One message a write
 /// made JetStream store, deliver and take an acknowledgement for each
 /// (a fifth of a bulk import's CPU, README: Benchmarks). A pack's
 /// `Nats-Msg-Id` is its first write's id, the number of the others and a
 /// digest of the whole, so the very same pack published again is dropped.
-fn packs(envelopes: Vec<Envelope>, max_bytes: usize) -> Result<Vec<Pack>, BusError> {
+fn packs(
+    envelopes: Vec<Envelope>,
+    max_writes: usize,
+    max_bytes: usize,
+) -> Result<Vec<Pack>, BusError> {
     let mut out: Vec<Pack> = Vec::new();
     let close = |p: &mut Pack| match p.envelopes.len() {
         1 => p.id = message_id(&p.envelopes[0].chunk.id, &p.payload),
@@ -406,7 +413,7 @@ fn packs(envelopes: Vec<Envelope>, max_bytes: usize) -> Result<Vec<Pack>, BusErr
         match out.last_mut() {
             Some(p)
                 if p.subject == subject
-                    && p.envelopes.len() < PACK_WRITES
+                    && p.envelopes.len() < max_writes
                     && p.payload.len() + payload.len() + 3 <= max_bytes =>
             {
                 p.payload.push(b',');
@@ -620,7 +627,7 @@ mod tests {
             .collect();
         all.push(env("b0", "b", "y"));
         all.push(env("a-last", "a", "z"));
-        let packs = packs(all, 1 << 20).unwrap();
+        let packs = packs(all, PACK_WRITES, 1 << 20).unwrap();
         let sizes: Vec<usize> = packs.iter().map(|p| p.envelopes.len()).collect();
         assert_eq!(sizes, vec![PACK_WRITES, 6, 1, 1]);
         assert_eq!(packs[1].subject, "loomem.in.a");
@@ -638,6 +645,17 @@ mod tests {
     }
 
     #[test]
+    fn packs_of_one_are_a_message_a_write() {
+        let all: Vec<Envelope> = (0..3).map(|i| env(&format!("a{i}"), "a", "x")).collect();
+        let packs = packs(all, 1, 1 << 20).unwrap();
+        assert_eq!(packs.len(), 3);
+        for p in &packs {
+            let e: Envelope = serde_json::from_slice(&p.payload).unwrap();
+            assert_eq!(p.id, message_id(&e.chunk.id, &p.payload));
+        }
+    }
+
+    #[test]
     fn a_pack_stays_within_its_bytes_and_a_large_write_goes_alone() {
         let big = "w".repeat(3000);
         let all = vec![
@@ -646,7 +664,7 @@ mod tests {
             env("big", "a", &big),
             env("s3", "a", "small"),
         ];
-        let packs = packs(all, 2048).unwrap();
+        let packs = packs(all, PACK_WRITES, 2048).unwrap();
         let groups: Vec<Vec<&str>> = packs.iter().map(ids).collect();
         assert_eq!(groups, vec![vec!["s1", "s2"], vec!["big"], vec!["s3"]]);
         assert!(packs[0].payload.len() <= 2048);
@@ -655,10 +673,14 @@ mod tests {
     #[test]
     fn the_same_pack_has_the_same_message_id_and_any_change_another() {
         let make = |text: &str| {
-            packs(vec![env("a", "s", "one"), env("b", "s", text)], 1 << 20)
-                .unwrap()
-                .remove(0)
-                .id
+            packs(
+                vec![env("a", "s", "one"), env("b", "s", text)],
+                PACK_WRITES,
+                1 << 20,
+            )
+            .unwrap()
+            .remove(0)
+            .id
         };
         assert_eq!(make("two"), make("two"));
         assert_ne!(make("two"), make("three"));

@@ -210,6 +210,8 @@ async fn two_processes_sharing_the_bus_dream_a_quiet_stream_once() {
     let opts = Options::default()
         .env("LOOMEM_SCHEDULER__DREAM_AFTER_IDLE_SECS", "1")
         .env("LOOMEM_BUS__BATCH_SIZE", "20")
+        // A message a write, so a burst's messages are many to share.
+        .env("LOOMEM_BUS__PACK_WRITES", "1")
         .env("LOOMEM_STORAGE__READ_CONSISTENCY_MS", "0");
     let a = Daemon::start_with(&data, Some(nats), opts.clone()).await;
     let b = Daemon::start_with(&data, Some(crate::nats::NatsServer::external(&url)), opts).await;
