@@ -30,11 +30,7 @@ impl HashEmbedder {
         {
             padded.clear();
             padded.push('^');
-            match word.is_ascii() {
-                true => padded.extend(word.bytes().map(|b| char::from(b.to_ascii_lowercase()))),
-                // `str::to_lowercase` knows context (a final sigma), `char`'s does not.
-                false => padded.push_str(&word.to_lowercase()),
-            }
+            crate::core::model::push_lowercase(&mut padded, word);
             self.add(&mut v, &padded.as_bytes()[1..], 1.0);
             padded.push('$');
             bounds.clear();
