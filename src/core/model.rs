@@ -167,8 +167,8 @@ pub fn push_lowercase(out: &mut String, word: &str) {
 
 /// SHA-256 (hex) of the text lower-cased with whitespace runs folded to one space.
 pub fn content_hash(content: &str) -> String {
-    // Built in one buffer: it is asked for every write, on the way in and
-    // again after sanitizing.
+    // Built in one buffer: it is asked at least once for every write (an
+    // import asks twice, for the id it derives and for the memory).
     let mut normalised = String::with_capacity(content.len());
     for word in content.split_whitespace() {
         if !normalised.is_empty() {
