@@ -116,6 +116,17 @@ struct Token<'a> {
     sentence_start: bool,
 }
 
+/// The `entity_key` of each of `tokens` (of `text`) and of each gap between
+/// two of them (empty unless it holds a letter or digit).
+fn piece_keys(text: &str, tokens: &[Token<'_>]) -> (Vec<String>, Vec<String>) {
+    let token_keys = tokens.iter().map(|t| entity_key(t.text)).collect();
+    let gap_keys = tokens
+        .windows(2)
+        .map(|w| entity_key(&text[w[0].end..w[1].start]))
+        .collect();
+    (token_keys, gap_keys)
+}
+
 /// Into `key`, the `entity_key` of tokens `i..i + n` and the text between
 /// them, from each token's key (`token_keys`) and each gap's (`gap_keys[j]`
 /// lies between tokens `j` and `j + 1`).
@@ -177,11 +188,7 @@ impl ExtractEntities {
         // `entity_key`: the keys of its tokens and of the gaps between them
         // (empty unless a gap holds a letter or digit), put together in one
         // buffer, since `entity_key` keeps or drops each char alone.
-        let token_keys: Vec<String> = tokens.iter().map(|t| entity_key(t.text)).collect();
-        let gap_keys: Vec<String> = tokens
-            .windows(2)
-            .map(|w| entity_key(&text[w[0].end..w[1].start]))
-            .collect();
+        let (token_keys, gap_keys) = piece_keys(text, &tokens);
         let mut key = String::new();
         for n in (1..=self.dictionary.max_words.max(1)).rev() {
             for i in 0..tokens.len().saturating_sub(n - 1) {
@@ -531,11 +538,7 @@ mod tests {
             "one",
         ] {
             let tokens = s.tokens(text);
-            let token_keys: Vec<String> = tokens.iter().map(|t| entity_key(t.text)).collect();
-            let gap_keys: Vec<String> = tokens
-                .windows(2)
-                .map(|w| entity_key(&text[w[0].end..w[1].start]))
-                .collect();
+            let (token_keys, gap_keys) = piece_keys(text, &tokens);
             let mut key = String::new();
             for n in 1..=4 {
                 for i in 0..tokens.len().saturating_sub(n - 1) {
