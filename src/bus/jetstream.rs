@@ -352,8 +352,7 @@ impl JetStreamBus {
 pub fn message_id(memory_id: &str, payload: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(payload);
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{memory_id}:{hex}")
+    format!("{memory_id}:{}", crate::core::model::hex(&digest[..8]))
 }
 
 /// Most writes one message carries, unless `bus.pack_writes` says otherwise.

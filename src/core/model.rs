@@ -176,14 +176,18 @@ pub fn content_hash(content: &str) -> String {
         }
         push_lowercase(&mut normalised, word);
     }
-    let digest = Sha256::digest(normalised.as_bytes());
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut hex = String::with_capacity(2 * digest.len());
-    for b in digest {
-        hex.push(char::from(HEX[usize::from(b >> 4)]));
-        hex.push(char::from(HEX[usize::from(b & 15)]));
+    hex(&Sha256::digest(normalised.as_bytes()))
+}
+
+/// `bytes` in lower-case hex, two digits a byte.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
     }
-    hex
+    out
 }
 
 fn ts() -> DataType {
@@ -586,6 +590,12 @@ mod tests {
             assert_eq!(content_hash(text), first_version(text), "{text:?}");
         }
         assert_eq!(content_hash("Likes tea"), content_hash("likes   TEA"));
+    }
+
+    #[test]
+    fn hex_is_two_lower_case_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
     }
 
     #[test]

@@ -70,8 +70,7 @@ pub struct KeyWithSecret {
 }
 
 pub fn digest_hex(secret: &str) -> String {
-    let d = Sha256::digest(secret.as_bytes());
-    d.iter().map(|b| format!("{b:02x}")).collect()
+    crate::core::model::hex(&Sha256::digest(secret.as_bytes()))
 }
 
 fn new_secret() -> String {

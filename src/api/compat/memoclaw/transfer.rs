@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::core::model::hex;
 
 // ---------------------------------------------------------------- export
 
@@ -375,10 +376,6 @@ pub(super) async fn migrate(
         out["errors"] = json!(errors);
     }
     Ok((StatusCode::CREATED, Json(out)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
