@@ -212,29 +212,25 @@ impl JetStreamBus {
         let max_payload = self.client.server_info().max_payload;
         let packs = packs(envelopes, self.pack_writes, pack_bytes(max_payload))?;
         let mut acks = Vec::with_capacity(packs.len());
-        for pack in &packs {
+        for pack in packs {
             let msg = jetstream::message::PublishMessage::build()
-                .payload(pack.payload.clone().into())
-                .message_id(pack.id.clone());
-            let ack = self
-                .js
-                .send_publish(pack.subject.clone(), msg)
-                .await
-                .map_err(|e| {
-                    if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
-                        BusError::TooLarge(format!(
-                            "{e} (raise the server's max_payload for larger memories)"
-                        ))
-                    } else {
-                        unavailable(&self.url, e)
-                    }
-                })?;
-            acks.push(ack);
+                .payload(pack.payload.into())
+                .message_id(pack.id);
+            let ack = self.js.send_publish(pack.subject, msg).await.map_err(|e| {
+                if e.kind() == jetstream::context::PublishErrorKind::MaxPayloadExceeded {
+                    BusError::TooLarge(format!(
+                        "{e} (raise the server's max_payload for larger memories)"
+                    ))
+                } else {
+                    unavailable(&self.url, e)
+                }
+            })?;
+            acks.push((ack, pack.envelopes));
         }
         let mut duplicates = Vec::new();
-        for (ack, pack) in acks.into_iter().zip(packs) {
+        for (ack, envelopes) in acks {
             match tokio::time::timeout(self.publish_timeout, ack).await {
-                Ok(Ok(a)) if a.duplicate => duplicates.extend(pack.envelopes),
+                Ok(Ok(a)) if a.duplicate => duplicates.extend(envelopes),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(unavailable(&self.url, e)),
                 Err(_) => return Err(unavailable(&self.url, "no acknowledgement in time")),
