@@ -598,15 +598,10 @@ async fn an_import_travels_in_packs_and_every_write_is_stored_once() {
             json!({"content": format!("Pack note {i}: the heron {i} came back")}).to_string() + "\n"
         })
         .collect();
-    let resp = d
-        .http
-        .post(format!("{}/v1/import?format=jsonl&stream=packs", d.url))
-        .body(file)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let report: Value = resp.json().await.unwrap();
+    let (status, report) = d
+        .post_raw("/v1/import?format=jsonl&stream=packs", file.into_bytes())
+        .await;
+    assert_eq!(status, 200, "{report}");
     assert_eq!(report["accepted"], n, "{report}");
     wait_status(&d, 60, "every imported memory", |st| st["chunks"] == n).await;
     let info = all_acknowledged(&d).await;
