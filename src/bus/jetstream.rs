@@ -163,7 +163,7 @@ impl JetStreamBus {
                 replicas: cfg.replicas.max(1),
                 claims: Default::default(),
                 publish_timeout: Duration::from_millis(cfg.publish_timeout_ms),
-                pack_writes: cfg.pack_writes.max(1),
+                pack_writes: cfg.pack_writes,
                 stream_name: cfg.stream_name.clone(),
                 consumer_name: cfg.consumer_name.clone(),
             },
