@@ -321,19 +321,26 @@ impl ExtractEntities {
 
     /// Relations between the found entities (and the user, for first-person text).
     pub fn relations(&self, text: &str, found: &[Found]) -> Vec<(String, String, String)> {
-        let lower = text.to_lowercase();
+        // Every relation needs an entity for its object.
+        if found.iter().all(|f| f.entity_type == "DATE") {
+            return Vec::new();
+        }
+        // ASCII lowercasing keeps every byte where it was, so an offset in
+        // `lower` is the same offset in `text` and in `found` (full Unicode
+        // lowercasing can change a char's length: "İ" becomes three bytes).
+        let lower = text.to_ascii_lowercase();
+        let bytes = lower.as_bytes();
+        let in_word = |i: usize| i < bytes.len() && bytes[i].is_ascii_alphanumeric();
         let mut out = Vec::new();
-        for (surface, relation) in RELATION_VERBS {
-            for (pos, _) in lower.match_indices(surface) {
+        // A verb starts a word and ends one: try the verbs at word starts only.
+        for pos in (0..bytes.len()).filter(|&i| in_word(i) && (i == 0 || !in_word(i - 1))) {
+            for (surface, relation) in RELATION_VERBS {
                 let end = pos + surface.len();
-                let boundary =
-                    |i: usize| i >= lower.len() || !lower.as_bytes()[i].is_ascii_alphanumeric();
-                if (pos > 0 && !boundary(pos - 1)) || !boundary(end) {
+                if !bytes[pos..].starts_with(surface.as_bytes()) || in_word(end) {
                     continue;
                 }
                 // Subject: the nearest entity before the verb in the same clause, else the user.
-                let before = &lower[..pos];
-                let clause_start = before
+                let clause_start = lower[..pos]
                     .rfind(['.', '!', '?', '\n', ';'])
                     .map(|i| i + 1)
                     .unwrap_or(0);
@@ -607,6 +614,92 @@ mod tests {
         assert!(
             rels.contains(&("user".into(), "prefers".into(), "vim".into())),
             "{rels:?}"
+        );
+    }
+
+    /// The relations of the first version, which searched the text once per
+    /// verb (and lowercased it in full, which moved offsets past an "İ").
+    fn relations_searched_per_verb(
+        s: &ExtractEntities,
+        text: &str,
+        found: &[Found],
+    ) -> Vec<(String, String, String)> {
+        let lower = text.to_lowercase();
+        let mut out = Vec::new();
+        for (surface, relation) in RELATION_VERBS {
+            for (pos, _) in lower.match_indices(surface) {
+                let end = pos + surface.len();
+                let boundary =
+                    |i: usize| i >= lower.len() || !lower.as_bytes()[i].is_ascii_alphanumeric();
+                if (pos > 0 && !boundary(pos - 1)) || !boundary(end) {
+                    continue;
+                }
+                let before = &lower[..pos];
+                let clause_start = before
+                    .rfind(['.', '!', '?', '\n', ';'])
+                    .map(|i| i + 1)
+                    .unwrap_or(0);
+                let subject = found
+                    .iter()
+                    .rfind(|f| f.end <= pos && f.start >= clause_start && f.entity_type != "DATE")
+                    .map(|f| f.key.clone())
+                    .or_else(|| {
+                        s.is_first_person(&text[clause_start..pos])
+                            .then(|| "user".to_string())
+                    });
+                let object = found
+                    .iter()
+                    .find(|f| {
+                        f.start >= end
+                            && f.entity_type != "DATE"
+                            && text[end..f.start].split_whitespace().count() <= 3
+                    })
+                    .map(|f| f.key.clone());
+                if let (Some(sub), Some(o)) = (subject, object) {
+                    if sub != o {
+                        out.push((sub, relation.to_string(), o));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    #[tokio::test]
+    async fn relations_at_word_starts_are_the_relations_searched_per_verb() {
+        let (s, _t) = stage().await;
+        let mut some = 0;
+        for text in [
+            "Alice uses Cursor. I prefer Vim.",
+            "My colleague Bob uses Vim, and I use Zed",
+            "Bob works at Acme Labs and lives in Lisbon; Carol manages Project Atlas",
+            "I switched to Cursor on March 3rd. Dmitri knows Eve, Eve married Gustavo",
+            "users of Vim misuse it; reuse Emacs. Hana joined Acme Labs, founded Globex Corp",
+            "I love Tokyo and like Lisbon, I own a Tesla and lead the Atlas project",
+            "useless overuse: uses. use! using? (works for) Farah work on Kubernetes",
+            "Nothing here relates to anyone at all.",
+            "",
+        ] {
+            let found = s.find(text);
+            let want = relations_searched_per_verb(&s, text, &found);
+            some += want.len();
+            assert_eq!(s.relations(text, &found), want, "{text:?}");
+        }
+        assert!(some > 10, "{some} relations in all");
+    }
+
+    /// Offsets of the lowercased text are offsets of the text: a verb after
+    /// chars whose lowercase is longer than they are is still read right.
+    #[tokio::test]
+    async fn relations_after_chars_that_lowercase_longer() {
+        let (s, _t) = stage().await;
+        let text = "İİİİİİ. Then Alice use ééé Cursor";
+        let found = s.find(text);
+        assert_eq!(
+            s.relations(text, &found),
+            vec![("alice".into(), "uses".into(), "cursor".into())]
         );
     }
 
