@@ -73,6 +73,21 @@ pub struct Record {
     /// What `extract_entities` recorded in the graph for this record, so
     /// `write` can take it back when the record is not stored after all.
     pub graph_refs: crate::store::graph::ChunkRefs,
+    /// The record's highest similarity to an earlier record of its stream in
+    /// the batch, found by `dedupe`'s within-batch scan, for
+    /// `score_surprise` to reuse rather than scan the batch again.
+    pub earlier_best: Option<EarlierBest>,
+}
+
+/// A record's highest similarity to an earlier kept, embedded record of its
+/// stream in the same batch (0 when none is positive), and that record's
+/// position in the batch (None when the highest is 0). It holds while that
+/// record is still kept, since the records kept later are a subset of those
+/// scanned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EarlierBest {
+    pub similarity: f32,
+    pub at: Option<usize>,
 }
 
 /// A write running beside the pipeline; cloneable so records stay `Clone`.
@@ -164,6 +179,7 @@ impl Record {
             pending: Vec::new(),
             new_id: false,
             graph_refs: Default::default(),
+            earlier_best: None,
         }
     }
 
@@ -340,21 +356,19 @@ impl StreamVectors {
         (approx, bound)
     }
 
-    /// For each row, the rows before it (in order) whose similarity to it
-    /// may pass `threshold`; None for a row with more than [`NEAR_CAP`] of
-    /// them (a batch of near-copies), whose scan [`Self::first_earlier_above`]
-    /// then redoes. Rows are scanned in parallel.
-    pub fn maybe_above(&self, threshold: f32) -> Vec<Option<Vec<usize>>> {
-        self.per_row(|p, dots| {
-            let mut out = Vec::new();
-            for q in self.earlier_maybe_above(p, dots, threshold) {
-                if out.len() == NEAR_CAP {
-                    return None;
-                }
-                out.push(q);
+    /// The rows before a row (in order) whose similarity to it may pass
+    /// `threshold`, from their approximate similarities and bounds; None past
+    /// [`NEAR_CAP`] of them (a batch of near-copies), for
+    /// [`Self::first_earlier_above`] to rescan.
+    fn maybe_listed(approx: &[f32], bound: &[f32], threshold: f32) -> Option<Vec<usize>> {
+        let mut out = Vec::new();
+        for q in (0..approx.len()).filter(|&q| approx[q] + bound[q] > threshold) {
+            if out.len() == NEAR_CAP {
+                return None;
             }
-            Some(out)
-        })
+            out.push(q);
+        }
+        Some(out)
     }
 
     /// The rows before `p` whose similarity to it may pass `threshold`.
@@ -369,8 +383,8 @@ impl StreamVectors {
     }
 
     /// The first row before `p` (in batch order) more similar to it than
-    /// `threshold` that `accept` takes; `maybe` is the row's entry of
-    /// [`Self::maybe_above`] for the same threshold.
+    /// `threshold` that `accept` takes; `maybe` is the row's list from
+    /// [`Self::scan_earlier`] for the same threshold.
     pub fn first_earlier_above(
         &self,
         p: usize,
@@ -390,20 +404,54 @@ impl StreamVectors {
     /// For each row, the highest similarity to a row before it (0 when none
     /// is positive). Rows are scanned in parallel.
     pub fn max_earlier(&self) -> Vec<f32> {
+        self.per_row(|p, dots| self.best_earlier(p, dots).0)
+    }
+
+    /// Row `p`'s [`Self::max_earlier`] alone.
+    pub fn max_earlier_of(&self, p: usize) -> f32 {
+        self.best_earlier(p, &self.dots_of(p)).0
+    }
+
+    /// One scan for both of `dedupe`'s questions: for each row, the rows
+    /// before it whose similarity may pass `threshold` (see
+    /// [`Self::maybe_listed`]), and its highest
+    /// similarity to a row before it with that row (None when the highest is
+    /// 0), which `score_surprise` reuses.
+    pub fn scan_earlier(&self, threshold: f32) -> Vec<(Option<Vec<usize>>, (f32, Option<usize>))> {
         self.per_row(|p, dots| {
             let (approx, bound) = self.approx_earlier(p, dots);
-            // The exact maximum is at least the best lower bound, so only rows
-            // whose upper bound reaches it can hold it.
-            let floor = approx
-                .iter()
-                .zip(&bound)
-                .map(|(a, b)| a - b)
-                .fold(0.0f32, f32::max);
-            (0..p)
-                .filter(|&q| approx[q] + bound[q] >= floor)
-                .map(|q| self.sim(p, q))
-                .fold(0.0f32, f32::max)
+            let maybe = Self::maybe_listed(&approx, &bound, threshold);
+            (maybe, self.best_of(p, &approx, &bound))
         })
+    }
+
+    /// Row `p`'s highest similarity to a row before it, and that row.
+    fn best_earlier(&self, p: usize, dots: &[i32]) -> (f32, Option<usize>) {
+        let (approx, bound) = self.approx_earlier(p, dots);
+        self.best_of(p, &approx, &bound)
+    }
+
+    fn best_of(&self, p: usize, approx: &[f32], bound: &[f32]) -> (f32, Option<usize>) {
+        // The exact maximum is at least the best lower bound, so only rows
+        // whose upper bound reaches it can hold it.
+        let floor = approx
+            .iter()
+            .zip(bound)
+            .map(|(a, b)| a - b)
+            .fold(0.0f32, f32::max);
+        (0..p)
+            .filter(|&q| approx[q] + bound[q] >= floor)
+            .map(|q| (self.sim(p, q), q))
+            .fold(
+                (0.0f32, None),
+                |best, (s, q)| {
+                    if s > best.0 {
+                        (s, Some(q))
+                    } else {
+                        best
+                    }
+                },
+            )
     }
 
     /// `f(p, dots)` of every row `p`, in row order, where `dots` are row
@@ -758,29 +806,38 @@ mod tests {
         let groups = StreamVectors::of(&batch);
         assert_eq!(groups.len(), 2);
         let best: Vec<Vec<f32>> = groups.iter().map(StreamVectors::max_earlier).collect();
-        let maybe: Vec<Vec<(f32, Vec<Option<Vec<usize>>>)>> = groups
+        type Scanned = Vec<(Option<Vec<usize>>, (f32, Option<usize>))>;
+        let scanned: Vec<Vec<(f32, Scanned)>> = groups
             .iter()
             .map(|g| {
                 [0.5, 0.8, 0.92, 0.999]
                     .into_iter()
-                    .map(|t| (t, g.maybe_above(t)))
+                    .map(|t| (t, g.scan_earlier(t)))
                     .collect()
             })
             .collect();
         // Some rows have too many close ones to list; they are rescanned.
-        assert!(maybe
+        assert!(scanned
             .iter()
             .flatten()
-            .any(|(_, m)| m.iter().any(Option::is_none)));
+            .any(|(_, m)| m.iter().any(|(listed, _)| listed.is_none())));
         let (mut close, mut equal) = (0, 0);
         for (gi, g) in groups.iter().enumerate() {
             for p in 0..g.idx.len() {
                 let exact = (0..p).map(|q| g.sim(p, q)).fold(0.0f32, f32::max);
                 assert_eq!(best[gi][p], exact, "row {p}");
-                for (threshold, maybe) in &maybe[gi] {
+                assert_eq!(g.max_earlier_of(p), exact, "row {p}");
+                for (threshold, scanned) in &scanned[gi] {
+                    // The same highest, and the row that has it.
+                    let (similarity, at) = scanned[p].1;
+                    assert_eq!(similarity, exact, "row {p}");
+                    match at {
+                        Some(q) => assert!(q < p && g.sim(p, q) == exact, "row {p}"),
+                        None => assert_eq!(exact, 0.0, "row {p}"),
+                    }
                     let odd = |q: &usize| q % 2 == 1;
                     let want = (0..p).find(|q| g.sim(p, *q) > *threshold && odd(q));
-                    for listed in [maybe[p].as_deref(), None] {
+                    for listed in [scanned[p].0.as_deref(), None] {
                         assert_eq!(
                             g.first_earlier_above(p, *threshold, listed, |q| odd(&q)),
                             want,

@@ -14,7 +14,8 @@ use serde::Deserialize;
 use super::parse_params;
 use crate::core::model::Chunk;
 use crate::pipeline::{
-    ensure_neighbors, BuildContext, Disposition, PipelineError, Record, Stage, StreamVectors,
+    ensure_neighbors, BuildContext, Disposition, EarlierBest, PipelineError, Record, Stage,
+    StreamVectors,
 };
 use crate::store::Store;
 
@@ -222,14 +223,19 @@ impl Stage for Dedupe {
             // Near: within the batch (the earlier memory is kept).
             if self.cfg.near_within_batch {
                 for g in StreamVectors::of(batch) {
-                    let maybe = g.maybe_above(self.cfg.near_threshold);
-                    for p in 0..g.idx.len() {
+                    let scanned = g.scan_earlier(self.cfg.near_threshold);
+                    for (p, (maybe, (similarity, at))) in scanned.into_iter().enumerate() {
                         let i = g.idx[p];
+                        // For score_surprise, which would scan the batch again.
+                        batch[i].earlier_best = Some(EarlierBest {
+                            similarity,
+                            at: at.map(|q| g.idx[q]),
+                        });
                         if !batch[i].is_kept() {
                             continue;
                         }
                         let near = self.cfg.near_threshold;
-                        let earlier = g.first_earlier_above(p, near, maybe[p].as_deref(), |q| {
+                        let earlier = g.first_earlier_above(p, near, maybe.as_deref(), |q| {
                             let j = g.idx[q];
                             batch[j].is_kept()
                                 && batch[j].chunk.id != batch[i].chunk.id

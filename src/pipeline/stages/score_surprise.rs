@@ -57,6 +57,43 @@ pub fn build(params: toml::Table, ctx: &BuildContext) -> Result<Box<dyn Stage>, 
     Ok(Box::new(cfg.build(ctx.store.clone())?))
 }
 
+/// For each record, its highest similarity to an earlier kept memory of the
+/// same stream in the batch (0 when none is positive). `dedupe`'s scan left
+/// it on each record (`earlier_best`); it still holds while the memory it
+/// names is kept, and the others are rescanned alone. A group with a record
+/// dedupe did not scan (a pipeline without it) is scanned whole.
+fn most_similar_earlier(batch: &[Record]) -> Vec<f32> {
+    let mut in_batch = vec![0.0f32; batch.len()];
+    let holds = |r: &Record| {
+        r.earlier_best
+            .filter(|b| b.at.is_none_or(|j| batch[j].is_kept()))
+            .map(|b| b.similarity)
+    };
+    let scanned = |r: &Record| r.is_kept() && r.chunk.embedding.is_some();
+    if batch
+        .iter()
+        .filter(|r| scanned(r))
+        .all(|r| holds(r).is_some())
+    {
+        for (best, r) in in_batch.iter_mut().zip(batch) {
+            *best = holds(r).unwrap_or(0.0);
+        }
+        return in_batch;
+    }
+    for g in StreamVectors::of(batch) {
+        if g.idx.iter().all(|&i| batch[i].earlier_best.is_some()) {
+            for (p, &i) in g.idx.iter().enumerate() {
+                in_batch[i] = holds(&batch[i]).unwrap_or_else(|| g.max_earlier_of(p));
+            }
+        } else {
+            for (p, best) in g.max_earlier().into_iter().enumerate() {
+                in_batch[g.idx[p]] = best;
+            }
+        }
+    }
+    in_batch
+}
+
 pub struct ScoreSurprise {
     cfg: ScoreSurpriseConfig,
     store: Arc<Store>,
@@ -72,13 +109,7 @@ impl Stage for ScoreSurprise {
             if self.cfg.against_store {
                 ensure_neighbors(&self.store, batch, 3).await?;
             }
-            // Most similar earlier kept memory of the same stream in this batch.
-            let mut in_batch = vec![0.0f32; batch.len()];
-            for g in StreamVectors::of(batch) {
-                for (p, best) in g.max_earlier().into_iter().enumerate() {
-                    in_batch[g.idx[p]] = best;
-                }
-            }
+            let in_batch = most_similar_earlier(batch);
             for i in 0..batch.len() {
                 if !batch[i].is_kept() {
                     continue;
@@ -113,5 +144,119 @@ impl Stage for ScoreSurprise {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::Chunk;
+    use crate::pipeline::stages::dedupe::DedupeConfig;
+    use crate::providers::embed::{Embedder, HashEmbedder};
+
+    /// `texts` (in streams by `stream_of`) through dedupe and score_surprise,
+    /// and through score_surprise again without what dedupe's scan left:
+    /// the first run's records, how many kept records' closest earlier one
+    /// was dropped, and whether both runs scored alike.
+    async fn scored_both_ways(texts: &[(String, usize)]) -> (Vec<Record>, usize, bool) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(tmp.path(), 64, 100).await.unwrap());
+        let e = HashEmbedder::new(64);
+        let mut batch: Vec<Record> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, (text, stream))| {
+                let mut c = Chunk::new(format!("r{i}"), format!("s{stream}"), text.clone(), 0);
+                c.embedding = Some(e.embed_one(text));
+                Record::new(c)
+            })
+            .collect();
+        let dedupe = DedupeConfig {
+            near_threshold: 0.92,
+            near_against_store: false,
+            near_within_batch: true,
+        }
+        .build(store.clone())
+        .unwrap();
+        dedupe.process(&mut batch).await.unwrap();
+        let lost_best = batch
+            .iter()
+            .filter(|r| r.is_kept())
+            .filter(|r| {
+                r.earlier_best
+                    .unwrap()
+                    .at
+                    .is_some_and(|j| !batch[j].is_kept())
+            })
+            .count();
+        let mut alone = batch.clone();
+        for r in &mut alone {
+            r.earlier_best = None;
+        }
+        let surprise = ScoreSurpriseConfig {
+            weight: 0.4,
+            preference_importance: 2.0,
+            against_store: false,
+        }
+        .build(store)
+        .unwrap();
+        surprise.process(&mut batch).await.unwrap();
+        surprise.process(&mut alone).await.unwrap();
+        let scores = |b: &[Record]| -> Vec<(f32, f32)> {
+            b.iter()
+                .map(|r| (r.chunk.surprise, r.chunk.importance))
+                .collect()
+        };
+        let same = scores(&batch) == scores(&alone);
+        (batch, lost_best, same)
+    }
+
+    /// What dedupe's scan leaves on the records gives the scores a scan of
+    /// its own would, also where the memory a record was closest to was
+    /// dropped as a duplicate after the scan.
+    #[tokio::test]
+    async fn scores_from_dedupes_scan_are_the_scores_of_a_scan_of_its_own() {
+        let words = ["heron", "lake", "tea", "boat", "Lisbon", "cello"];
+        // Triples "… 1", "… 1!" (a near duplicate of the first, dropped),
+        // "… 2!" (kept: other numbers; closest to the dropped one).
+        let triples: Vec<(String, usize)> = (0..600usize)
+            .map(|i| {
+                let t = i / 3;
+                let text = format!(
+                    "the {} nests by the {} near {} {}",
+                    words[t % 6],
+                    words[(t / 6) % 6],
+                    words[(t / 36) % 6],
+                    ["1", "1!", "2!"][i % 3]
+                );
+                (text, t % 2)
+            })
+            .collect();
+        let (batch, lost_best, same) = scored_both_ways(&triples).await;
+        let dropped = batch.iter().filter(|r| !r.is_kept()).count();
+        assert!(
+            dropped > 100 && lost_best > 10,
+            "{dropped} dropped, {lost_best} lost their best"
+        );
+        assert!(same);
+        assert!(batch.iter().any(|r| r.is_kept() && r.chunk.surprise > 0.5));
+        assert!(batch.iter().any(|r| r.is_kept() && r.chunk.surprise < 0.1));
+        // Nothing dropped: every record's scan result holds.
+        let distinct: Vec<(String, usize)> = (0..300usize)
+            .map(|i| {
+                (
+                    format!(
+                        "the {} nests by the {} {i}",
+                        words[i % 6],
+                        words[(i / 6) % 6]
+                    ),
+                    i % 2,
+                )
+            })
+            .collect();
+        let (batch, lost_best, same) = scored_both_ways(&distinct).await;
+        assert!(batch.iter().all(Record::is_kept) && lost_best == 0);
+        assert!(same);
+        assert!(batch.iter().any(|r| r.chunk.surprise < 0.2));
     }
 }
