@@ -261,6 +261,9 @@ pub struct StreamVectors {
     err: Vec<f32>,
     norm: Vec<f32>,
     code_norm: Vec<f32>,
+    /// The largest `norm` and `err` of the group, for a bound of every row's.
+    max_norm: f32,
+    max_err: f32,
     dim: usize,
 }
 
@@ -285,6 +288,8 @@ impl StreamVectors {
                     err: Vec::new(),
                     norm: Vec::new(),
                     code_norm: Vec::new(),
+                    max_norm: 0.0,
+                    max_err: 0.0,
                     dim: v.len(),
                 });
             if v.len() == g.dim {
@@ -312,6 +317,8 @@ impl StreamVectors {
         self.err.push(err.sqrt());
         self.norm.push(norm.sqrt());
         self.code_norm.push(code_norm.sqrt());
+        self.max_norm = self.max_norm.max(norm.sqrt());
+        self.max_err = self.max_err.max(err.sqrt());
     }
 
     /// Cosine similarity of rows `p` and `q`.
@@ -335,51 +342,30 @@ impl StreamVectors {
         dots
     }
 
-    /// The rows before `p` as approximate similarities and their error
-    /// bounds, from `dots` (row `p`'s int8 dots with them): the exact
-    /// similarity to row `q` lies within `bound[q]` of `approx[q]`. Plain
-    /// loops over the columns, which the compiler vectorises.
-    fn approx_earlier(&self, p: usize, dots: &[i32]) -> (Vec<f32>, Vec<f32>) {
-        let n = dots.len();
-        let (sp, ep, cp) = (self.scales[p], self.err[p], self.code_norm[p]);
-        let approx: Vec<f32> = dots
+    /// Row `p`'s approximate similarities to the rows before it, from
+    /// `dots` (its int8 dots with them). One plain loop, which the compiler
+    /// vectorises; the error bounds are computed only for the rows that the
+    /// widest of them leaves in question.
+    fn earlier(&self, p: usize, dots: &[i32]) -> Earlier<'_> {
+        let sp = self.scales[p];
+        let approx = dots
             .iter()
-            .zip(&self.scales[..n])
+            .zip(&self.scales[..dots.len()])
             .map(|(&dot, &sq)| sp * sq * dot as f32)
             .collect();
-        // v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
-        let bound: Vec<f32> = self.norm[..n]
-            .iter()
-            .zip(&self.err[..n])
-            .map(|(&nq, &eq)| ep * nq + cp * eq + ROUNDING_SLACK)
-            .collect();
-        (approx, bound)
-    }
-
-    /// The rows before a row (in order) whose similarity to it may pass
-    /// `threshold`, from their approximate similarities and bounds; None past
-    /// [`NEAR_CAP`] of them (a batch of near-copies), for
-    /// [`Self::first_earlier_above`] to rescan.
-    fn maybe_listed(approx: &[f32], bound: &[f32], threshold: f32) -> Option<Vec<usize>> {
-        let mut out = Vec::new();
-        for q in (0..approx.len()).filter(|&q| approx[q] + bound[q] > threshold) {
-            if out.len() == NEAR_CAP {
-                return None;
-            }
-            out.push(q);
+        Earlier {
+            g: self,
+            p,
+            approx,
+            widest: self.bound(p, self.max_norm, self.max_err),
         }
-        Some(out)
     }
 
-    /// The rows before `p` whose similarity to it may pass `threshold`.
-    fn earlier_maybe_above(
-        &self,
-        p: usize,
-        dots: &[i32],
-        threshold: f32,
-    ) -> impl Iterator<Item = usize> + use<> {
-        let (approx, bound) = self.approx_earlier(p, dots);
-        (0..approx.len()).filter(move |&q| approx[q] + bound[q] > threshold)
+    /// How far row `p`'s approximate similarity to a row of length `nq` and
+    /// quantisation error `eq` can be from the exact one:
+    /// v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
+    fn bound(&self, p: usize, nq: f32, eq: f32) -> f32 {
+        self.err[p] * nq + self.code_norm[p] * eq + ROUNDING_SLACK
     }
 
     /// The first row before `p` (in batch order) more similar to it than
@@ -396,7 +382,8 @@ impl StreamVectors {
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
             None => self
-                .earlier_maybe_above(p, &self.dots_of(p), threshold)
+                .earlier(p, &self.dots_of(p))
+                .maybe_above(threshold)
                 .find(|&q| exact(q)),
         }
     }
@@ -404,54 +391,35 @@ impl StreamVectors {
     /// For each row, the highest similarity to a row before it (0 when none
     /// is positive). Rows are scanned in parallel.
     pub fn max_earlier(&self) -> Vec<f32> {
-        self.per_row(|p, dots| self.best_earlier(p, dots).0)
+        self.per_row(|p, dots| self.earlier(p, dots).best().0)
     }
 
     /// Row `p`'s [`Self::max_earlier`] alone.
     pub fn max_earlier_of(&self, p: usize) -> f32 {
-        self.best_earlier(p, &self.dots_of(p)).0
+        self.earlier(p, &self.dots_of(p)).best().0
     }
 
     /// One scan for both of `dedupe`'s questions: for each row, the rows
-    /// before it whose similarity may pass `threshold` (see
-    /// [`Self::maybe_listed`]), and its highest
-    /// similarity to a row before it with that row (None when the highest is
-    /// 0), which `score_surprise` reuses.
+    /// before it (in order) whose similarity may pass `threshold`, None past
+    /// [`NEAR_CAP`] of them (a batch of near-copies, for
+    /// [`Self::first_earlier_above`] to rescan); and its highest similarity
+    /// to a row before it with that row (None when the highest is 0), which
+    /// `score_surprise` reuses.
     pub fn scan_earlier(&self, threshold: f32) -> Vec<(Option<Vec<usize>>, (f32, Option<usize>))> {
         self.per_row(|p, dots| {
-            let (approx, bound) = self.approx_earlier(p, dots);
-            let maybe = Self::maybe_listed(&approx, &bound, threshold);
-            (maybe, self.best_of(p, &approx, &bound))
-        })
-    }
-
-    /// Row `p`'s highest similarity to a row before it, and that row.
-    fn best_earlier(&self, p: usize, dots: &[i32]) -> (f32, Option<usize>) {
-        let (approx, bound) = self.approx_earlier(p, dots);
-        self.best_of(p, &approx, &bound)
-    }
-
-    fn best_of(&self, p: usize, approx: &[f32], bound: &[f32]) -> (f32, Option<usize>) {
-        // The exact maximum is at least the best lower bound, so only rows
-        // whose upper bound reaches it can hold it.
-        let floor = approx
-            .iter()
-            .zip(bound)
-            .map(|(a, b)| a - b)
-            .fold(0.0f32, f32::max);
-        (0..p)
-            .filter(|&q| approx[q] + bound[q] >= floor)
-            .map(|q| (self.sim(p, q), q))
-            .fold(
-                (0.0f32, None),
-                |best, (s, q)| {
-                    if s > best.0 {
-                        (s, Some(q))
-                    } else {
-                        best
+            let earlier = self.earlier(p, dots);
+            let mut maybe = Some(Vec::new());
+            for q in earlier.maybe_above(threshold) {
+                match &mut maybe {
+                    Some(rows) if rows.len() < NEAR_CAP => rows.push(q),
+                    _ => {
+                        maybe = None;
+                        break;
                     }
-                },
-            )
+                }
+            }
+            (maybe, earlier.best())
+        })
     }
 
     /// `f(p, dots)` of every row `p`, in row order, where `dots` are row
@@ -531,6 +499,55 @@ impl StreamVectors {
             }
             p0 += 4;
         }
+    }
+}
+
+/// Row `p` of a group against the rows before it: their approximate
+/// similarities; the exact similarity to row `q` lies within
+/// `g.bound(p, norm[q], err[q])` of `approx[q]`, and within `widest` for
+/// every row.
+struct Earlier<'a> {
+    g: &'a StreamVectors,
+    p: usize,
+    approx: Vec<f32>,
+    widest: f32,
+}
+
+impl Earlier<'_> {
+    /// The upper bound of the similarity to row `q`.
+    fn upper(&self, q: usize) -> f32 {
+        self.approx[q] + self.g.bound(self.p, self.g.norm[q], self.g.err[q])
+    }
+
+    /// The rows whose similarity may pass `threshold`, in order.
+    fn maybe_above(&self, threshold: f32) -> impl Iterator<Item = usize> + '_ {
+        (0..self.approx.len())
+            .filter(move |&q| self.approx[q] + self.widest > threshold && self.upper(q) > threshold)
+    }
+
+    /// The highest similarity (0 when none is positive) and its first row.
+    fn best(&self) -> (f32, Option<usize>) {
+        // The exact maximum is at least the best approximate one less the
+        // widest bound, so only rows whose upper bound reaches that can hold it.
+        let top = self
+            .approx
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let floor = (top - self.widest).max(0.0);
+        (0..self.approx.len())
+            .filter(|&q| self.approx[q] + self.widest >= floor && self.upper(q) >= floor)
+            .map(|q| (self.g.sim(self.p, q), q))
+            .fold(
+                (0.0f32, None),
+                |best, (s, q)| {
+                    if s > best.0 {
+                        (s, Some(q))
+                    } else {
+                        best
+                    }
+                },
+            )
     }
 }
 

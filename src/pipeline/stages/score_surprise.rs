@@ -152,7 +152,7 @@ mod tests {
     use super::*;
     use crate::core::model::Chunk;
     use crate::pipeline::stages::dedupe::DedupeConfig;
-    use crate::providers::embed::{Embedder, HashEmbedder};
+    use crate::providers::embed::HashEmbedder;
 
     /// `texts` (in streams by `stream_of`) through dedupe and score_surprise,
     /// and through score_surprise again without what dedupe's scan left:
