@@ -154,7 +154,7 @@ mod tests {
     use crate::pipeline::stages::dedupe::DedupeConfig;
     use crate::providers::embed::HashEmbedder;
 
-    /// `texts` (in streams by `stream_of`) through dedupe and score_surprise,
+    /// `texts` (each with its stream's number) through dedupe and score_surprise,
     /// and through score_surprise again without what dedupe's scan left:
     /// the first run's records, how many kept records' closest earlier one
     /// was dropped, and whether both runs scored alike.
