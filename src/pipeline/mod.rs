@@ -77,22 +77,6 @@ pub struct Record {
     /// the batch, found by `dedupe`'s within-batch scan, for
     /// `score_surprise` to reuse rather than scan the batch again.
     pub earlier_best: Option<EarlierBest>,
-    /// The earlier records of its stream in the batch that `dedupe`'s
-    /// within-batch scan found may be near duplicates of this one (scanned
-    /// ahead of dedupe's turn, see [`Stage::prepare`]); dedupe takes it.
-    pub near_earlier: Option<NearEarlier>,
-}
-
-/// The earlier records of a record's stream in its batch whose similarity to
-/// it may pass dedupe's `near_threshold` (the scan's upper bound does), for
-/// dedupe to check exactly.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NearEarlier {
-    /// Their positions in the batch, in order.
-    Rows(Vec<usize>),
-    /// More than [`NEAR_CAP`] of them (a batch of near-copies): every earlier
-    /// record of the stream is checked.
-    Many,
 }
 
 /// A record's highest similarity to an earlier kept, embedded record of its
@@ -196,7 +180,6 @@ impl Record {
             new_id: false,
             graph_refs: Default::default(),
             earlier_best: None,
-            near_earlier: None,
         }
     }
 
@@ -221,12 +204,6 @@ pub trait Stage: Send + Sync {
     fn runs_ahead(&self) -> bool {
         false
     }
-    /// Work on a batch that depends only on its own records as the stages
-    /// that run ahead leave them (`dedupe`'s within-batch scan): done for
-    /// the first stage that does not run ahead, right after those that do,
-    /// so it too overlaps the write of the batch before. What it leaves on
-    /// the records must hold for any of them the stage's turn drops first.
-    fn prepare(&self, _batch: &mut [Record]) {}
 }
 
 /// A stage that looks at one record at a time.
@@ -391,21 +368,23 @@ impl StreamVectors {
         self.err[p] * nq + self.code_norm[p] * eq + ROUNDING_SLACK
     }
 
-    /// [`Self::scan_earlier`] left on the group's records: each one's
-    /// [`NearEarlier`] for `threshold` and its [`EarlierBest`], in batch
-    /// positions.
-    pub fn scan_into(&self, batch: &mut [Record], threshold: f32) {
-        let scanned = self.scan_earlier(threshold);
-        for (p, (maybe, (similarity, at))) in scanned.into_iter().enumerate() {
-            let r = &mut batch[self.idx[p]];
-            r.earlier_best = Some(EarlierBest {
-                similarity,
-                at: at.map(|q| self.idx[q]),
-            });
-            r.near_earlier = Some(match maybe {
-                Some(rows) => NearEarlier::Rows(rows.into_iter().map(|q| self.idx[q]).collect()),
-                None => NearEarlier::Many,
-            });
+    /// The first row before `p` (in batch order) more similar to it than
+    /// `threshold` that `accept` takes; `maybe` is the row's list from
+    /// [`Self::scan_earlier`] for the same threshold.
+    pub fn first_earlier_above(
+        &self,
+        p: usize,
+        threshold: f32,
+        maybe: Option<&[usize]>,
+        mut accept: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
+        match maybe {
+            Some(rows) => rows.iter().copied().find(|&q| exact(q)),
+            None => self
+                .earlier(p, &self.dots_of(p))
+                .maybe_above(threshold)
+                .find(|&q| exact(q)),
         }
     }
 
@@ -423,7 +402,7 @@ impl StreamVectors {
     /// One scan for both of `dedupe`'s questions: for each row, the rows
     /// before it (in order) whose similarity may pass `threshold`, None past
     /// [`NEAR_CAP`] of them (a batch of near-copies, for
-    /// [`first_near_earlier`] to check them all); and its highest similarity
+    /// [`Self::first_earlier_above`] to rescan); and its highest similarity
     /// to a row before it with that row (None when the highest is 0), which
     /// `score_surprise` reuses.
     pub fn scan_earlier(&self, threshold: f32) -> Vec<(Option<Vec<usize>>, (f32, Option<usize>))> {
@@ -572,35 +551,8 @@ impl Earlier<'_> {
     }
 }
 
-/// The first record before `i` in `batch` more similar to it than
-/// `threshold` that `accept` takes, among `near` (every earlier embedded
-/// record of its stream for [`NearEarlier::Many`]), checked exactly.
-pub fn first_near_earlier(
-    batch: &[Record],
-    i: usize,
-    threshold: f32,
-    near: &NearEarlier,
-    mut accept: impl FnMut(usize) -> bool,
-) -> Option<usize> {
-    let v = batch[i].chunk.embedding.as_deref()?;
-    let vector_of = |j: usize| {
-        batch[j]
-            .chunk
-            .embedding
-            .as_deref()
-            .filter(|u| u.len() == v.len() && batch[j].chunk.stream == batch[i].chunk.stream)
-    };
-    let mut exact = |j: usize| {
-        vector_of(j).is_some_and(|u| crate::providers::embed::dot(v, u) > threshold) && accept(j)
-    };
-    match near {
-        NearEarlier::Rows(rows) => rows.iter().copied().find(|&j| exact(j)),
-        NearEarlier::Many => (0..i).find(|&j| exact(j)),
-    }
-}
-
 /// Rows a within-batch scan keeps as maybe-near per row before it gives up
-/// ([`NearEarlier::Many`]: the row is checked against every earlier one).
+/// and rescans that row when asked.
 const NEAR_CAP: usize = 64;
 /// Groups at least this large are scanned on several threads...
 const PARALLEL_SCAN_ROWS: usize = 512;
@@ -733,17 +685,8 @@ impl Pipeline {
     }
 
     /// The leading stages that may run while earlier batches are written.
-    /// Then the next stage's [`Stage::prepare`], its time counted as that
-    /// stage's.
     pub async fn run_ahead(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
-        let ahead = self.ahead();
-        let reports = self.run_stages(batch, 0..ahead).await?;
-        if let (Some(next), Some(stats)) = (self.stages.get(ahead), self.stats.get(ahead)) {
-            let started = Instant::now();
-            next.prepare(batch);
-            stats.add_micros(started.elapsed().as_micros() as u64);
-        }
-        Ok(reports)
+        self.run_stages(batch, 0..self.ahead()).await
     }
 
     /// The stages after [`Pipeline::run_ahead`]'s, in batch order.
@@ -909,22 +852,14 @@ mod tests {
                         Some(q) => assert!(q < p && g.sim(p, q) == exact, "row {p}"),
                         None => assert_eq!(exact, 0.0, "row {p}"),
                     }
-                    // The first earlier row past the threshold that a test
-                    // takes, from the listed rows or from all of them.
-                    let odd = |q: usize| q % 2 == 1;
-                    let want = (0..p)
-                        .find(|&q| g.sim(p, q) > *threshold && odd(q))
-                        .map(|q| g.idx[q]);
-                    let listed = scanned[p]
-                        .0
-                        .as_ref()
-                        .map(|rows| NearEarlier::Rows(rows.iter().map(|&q| g.idx[q]).collect()));
-                    for near in listed.into_iter().chain([NearEarlier::Many]) {
-                        let i = g.idx[p];
-                        let got = first_near_earlier(&batch, i, *threshold, &near, |j| {
-                            odd(g.idx.binary_search(&j).expect("a row of the group"))
-                        });
-                        assert_eq!(got, want, "row {p}, threshold {threshold}");
+                    let odd = |q: &usize| q % 2 == 1;
+                    let want = (0..p).find(|q| g.sim(p, *q) > *threshold && odd(q));
+                    for listed in [scanned[p].0.as_deref(), None] {
+                        assert_eq!(
+                            g.first_earlier_above(p, *threshold, listed, |q| odd(&q)),
+                            want,
+                            "row {p}, threshold {threshold}"
+                        );
                     }
                 }
                 close += usize::from(exact > 0.8);
@@ -963,35 +898,6 @@ mod tests {
                 "write"
             ]
         );
-    }
-
-    /// The import pipeline's dedupe scans a batch while the stages ahead
-    /// run (its `prepare`), and takes what it left on the records in its turn.
-    #[tokio::test]
-    async fn the_first_stage_not_run_ahead_prepares_with_them() {
-        let tmp = tempfile::tempdir().unwrap();
-        let ctx = ctx(tmp.path()).await;
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
-        let all = Pipelines::load(&dir, &["import"], &ctx).unwrap();
-        let import = all.get("import").unwrap();
-        assert_eq!(import.stage_names()[import.ahead()], "dedupe");
-        let mut batch: Vec<Record> = ["Alice likes tea", "Bob owns a boat", "Alice likes tea!"]
-            .iter()
-            .enumerate()
-            .map(|(i, t)| Record::new(Chunk::new(format!("r{i}"), "s".into(), t.to_string(), 0)))
-            .collect();
-        import.run_ahead(&mut batch).await.unwrap();
-        assert!(batch
-            .iter()
-            .all(|r| r.near_earlier.is_some() && r.earlier_best.is_some()));
-        assert_eq!(batch[0].near_earlier, Some(NearEarlier::Rows(vec![])));
-        import.run_rest(&mut batch).await.unwrap();
-        assert!(batch.iter().all(|r| r.near_earlier.is_none()));
-        assert!(batch[0].is_kept() && batch[1].is_kept());
-        assert!(matches!(
-            &batch[2].disposition,
-            Disposition::Drop { reason: "near_duplicate", existing_id: Some(id) } if id == "r0"
-        ));
     }
 
     #[tokio::test]

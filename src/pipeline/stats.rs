@@ -66,11 +66,6 @@ impl StageStats {
         }
     }
 
-    /// Time the stage spent on a batch before its turn ([`super::Stage::prepare`]).
-    pub fn add_micros(&self, micros: u64) {
-        self.totals.lock().expect("stats lock").total_micros += micros;
-    }
-
     pub fn snapshot(&self) -> StageStatsSnapshot {
         let mut s = self.totals.lock().expect("stats lock").clone();
         s.stage = self.stage;

@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::parse_params;
 use crate::core::model::Chunk;
 use crate::pipeline::{
-    ensure_neighbors, first_near_earlier, BuildContext, Disposition, PipelineError, Record, Stage,
+    ensure_neighbors, BuildContext, Disposition, EarlierBest, PipelineError, Record, Stage,
     StreamVectors,
 };
 use crate::store::Store;
@@ -114,15 +114,6 @@ fn same_numbers(a: &str, b: &str) -> bool {
 }
 
 impl Dedupe {
-    /// The within-batch scan of the kept, embedded records, left on them:
-    /// each one's near candidates (`near_earlier`) and, for score_surprise,
-    /// its most similar earlier record (`earlier_best`).
-    fn scan(&self, batch: &mut [Record]) {
-        for g in StreamVectors::of(batch) {
-            g.scan_into(batch, self.cfg.near_threshold);
-        }
-    }
-
     async fn exact_in_store(
         &self,
         batch: &[Record],
@@ -157,16 +148,6 @@ impl Dedupe {
 impl Stage for Dedupe {
     fn name(&self) -> &'static str {
         "dedupe"
-    }
-
-    /// The within-batch scan, which depends on the batch alone, ahead of
-    /// the stage's turn. It scans the records the exact checks may still
-    /// drop: their candidates are passed over then, and score_surprise
-    /// rescans a record whose closest earlier one was dropped.
-    fn prepare(&self, batch: &mut [Record]) {
-        if self.cfg.near_within_batch {
-            self.scan(batch);
-        }
     }
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
@@ -239,32 +220,32 @@ impl Stage for Dedupe {
                     }
                 }
             }
-            // Near: within the batch (the earlier memory is kept), from the
-            // scan done ahead (`prepare`), or now for a batch it did not see.
+            // Near: within the batch (the earlier memory is kept).
             if self.cfg.near_within_batch {
-                let unscanned = |r: &Record| {
-                    r.is_kept() && r.chunk.embedding.is_some() && r.near_earlier.is_none()
-                };
-                if batch.iter().any(unscanned) {
-                    self.scan(batch);
-                }
-                let near = self.cfg.near_threshold;
-                for i in 0..batch.len() {
-                    let Some(candidates) = batch[i].near_earlier.take() else {
-                        continue;
-                    };
-                    if !batch[i].is_kept() {
-                        continue;
-                    }
-                    let earlier = first_near_earlier(batch, i, near, &candidates, |j| {
-                        batch[j].is_kept()
-                            && batch[j].chunk.id != batch[i].chunk.id
-                            && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
-                    });
-                    if let Some(j) = earlier {
-                        let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
-                        remember(&mut batch[j].chunk, &dup);
-                        drop_as(&mut batch[i], "near_duplicate", &id);
+                for g in StreamVectors::of(batch) {
+                    let scanned = g.scan_earlier(self.cfg.near_threshold);
+                    for (p, (maybe, (similarity, at))) in scanned.into_iter().enumerate() {
+                        let i = g.idx[p];
+                        // For score_surprise, which would scan the batch again.
+                        batch[i].earlier_best = Some(EarlierBest {
+                            similarity,
+                            at: at.map(|q| g.idx[q]),
+                        });
+                        if !batch[i].is_kept() {
+                            continue;
+                        }
+                        let near = self.cfg.near_threshold;
+                        let earlier = g.first_earlier_above(p, near, maybe.as_deref(), |q| {
+                            let j = g.idx[q];
+                            batch[j].is_kept()
+                                && batch[j].chunk.id != batch[i].chunk.id
+                                && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
+                        });
+                        if let Some(j) = earlier.map(|q| g.idx[q]) {
+                            let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
+                            remember(&mut batch[j].chunk, &dup);
+                            drop_as(&mut batch[i], "near_duplicate", &id);
+                        }
                     }
                 }
             }
@@ -276,7 +257,6 @@ impl Stage for Dedupe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::NearEarlier;
     use crate::providers::embed::{Embedder, HashEmbedder};
 
     async fn run(texts: &[&str], store_first: &[&str]) -> (Vec<Record>, tempfile::TempDir) {
@@ -363,85 +343,6 @@ mod tests {
         )
         .await;
         assert_eq!(reasons(&batch), vec![None, None, Some("near_duplicate")]);
-    }
-
-    /// A batch scanned ahead (`prepare`, before the exact checks drop some
-    /// of its records) is deduped and then scored by score_surprise as a
-    /// batch scanned in dedupe's turn: the same dispositions, the same
-    /// content and the same surprise.
-    #[tokio::test]
-    async fn scanned_ahead_is_deduped_and_scored_as_scanned_in_turn() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = Arc::new(Store::open(tmp.path(), 64, 100).await.unwrap());
-        let e = HashEmbedder::new(64);
-        let chunk = |i: usize, stream: &str, t: &str| {
-            let mut c = Chunk::new(format!("r{i}"), stream.into(), t.to_string(), i as i64);
-            c.embedding = Some(e.embed_one(t));
-            c.embed_model = Some(e.model().into());
-            c
-        };
-        let stored = "the heron nests by the lake 1";
-        store.upsert(vec![chunk(1000, "s", stored)]).await.unwrap();
-        let long = "a heron a swan and a crane all nest by the quiet lake in the wide green valley";
-        let mut texts: Vec<(String, &str)> = vec![
-            // An exact duplicate of the store, then a near one of it.
-            (stored.to_string(), "s"),
-            ("The heron nests by the lake 1!".to_string(), "s"),
-            ("Alice likes green tea with honey".to_string(), "s"),
-            ("alice likes GREEN tea with honey".to_string(), "s"),
-            ("Alice likes green tea with honey!".to_string(), "t"),
-            ("Bob owns a red boat".to_string(), "t"),
-        ];
-        // Near-copies: more than a scan lists for one record.
-        texts.extend((0..80).map(|k| (format!("{long} {}", "!".repeat(k + 1)), "s")));
-        texts.extend((0..40).map(|k| (format!("{long} w{k}"), "t")));
-        let batch: Vec<Record> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, (t, stream))| Record::new(chunk(i, stream, t)))
-            .collect();
-        let dedupe = DedupeConfig {
-            near_threshold: 0.92,
-            near_against_store: false,
-            near_within_batch: true,
-        }
-        .build(store.clone())
-        .unwrap();
-        let surprise = crate::pipeline::stages::score_surprise::ScoreSurpriseConfig {
-            weight: 0.4,
-            preference_importance: 2.0,
-            against_store: false,
-        }
-        .build(store)
-        .unwrap();
-        let (mut ahead, mut in_turn) = (batch.clone(), batch);
-        dedupe.prepare(&mut ahead);
-        assert!(ahead
-            .iter()
-            .any(|r| r.near_earlier == Some(NearEarlier::Many)));
-        for b in [&mut ahead, &mut in_turn] {
-            dedupe.process(b).await.unwrap();
-        }
-        // Scanned ahead, the near duplicate's closest earlier record is the
-        // exact duplicate the turn dropped: score_surprise rescans it.
-        assert!(ahead[1].is_kept() && ahead[1].earlier_best.unwrap().at == Some(0));
-        assert!(!ahead[0].is_kept());
-        for b in [&mut ahead, &mut in_turn] {
-            surprise.process(b).await.unwrap();
-        }
-        let outcome = |b: &[Record]| -> Vec<String> {
-            b.iter()
-                .map(|r| format!("{:?} {:?}", r.disposition, r.chunk))
-                .collect()
-        };
-        assert_eq!(outcome(&ahead), outcome(&in_turn));
-        let dropped = |reason: &str| {
-            ahead
-                .iter()
-                .filter(|r| matches!(r.disposition, Disposition::Drop { reason: why, .. } if why == reason))
-                .count()
-        };
-        assert!(dropped("duplicate") >= 2 && dropped("near_duplicate") > 60);
     }
 
     #[tokio::test]
