@@ -405,19 +405,12 @@ impl StreamVectors {
     /// [`Self::first_earlier_above`] to rescan); and its highest similarity
     /// to a row before it with that row (None when the highest is 0), which
     /// `score_surprise` reuses.
-    pub fn scan_earlier(&self, threshold: f32) -> Vec<(Option<Vec<usize>>, (f32, Option<usize>))> {
+    pub fn scan_earlier(&self, threshold: f32) -> Vec<ScannedRow> {
         self.per_row(|p, dots| {
             let earlier = self.earlier(p, dots);
-            let mut maybe = Some(Vec::new());
-            for q in earlier.maybe_above(threshold) {
-                match &mut maybe {
-                    Some(rows) if rows.len() < NEAR_CAP => rows.push(q),
-                    _ => {
-                        maybe = None;
-                        break;
-                    }
-                }
-            }
+            let mut rows = earlier.maybe_above(threshold);
+            let listed: Vec<usize> = rows.by_ref().take(NEAR_CAP).collect();
+            let maybe = rows.next().is_none().then_some(listed);
             (maybe, earlier.best())
         })
     }
@@ -501,6 +494,11 @@ impl StreamVectors {
         }
     }
 }
+
+/// What [`StreamVectors::scan_earlier`] finds for one row: the rows before
+/// it that may pass the threshold (None past [`NEAR_CAP`]), and its highest
+/// similarity to a row before it with that row.
+pub type ScannedRow = (Option<Vec<usize>>, (f32, Option<usize>));
 
 /// Row `p` of a group against the rows before it: their approximate
 /// similarities; the exact similarity to row `q` lies within
@@ -823,8 +821,7 @@ mod tests {
         let groups = StreamVectors::of(&batch);
         assert_eq!(groups.len(), 2);
         let best: Vec<Vec<f32>> = groups.iter().map(StreamVectors::max_earlier).collect();
-        type Scanned = Vec<(Option<Vec<usize>>, (f32, Option<usize>))>;
-        let scanned: Vec<Vec<(f32, Scanned)>> = groups
+        let scanned: Vec<Vec<(f32, Vec<ScannedRow>)>> = groups
             .iter()
             .map(|g| {
                 [0.5, 0.8, 0.92, 0.999]
