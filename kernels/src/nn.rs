@@ -2,7 +2,8 @@
 //! layer norm, self-attention of each text over its own tokens, GELU.
 //!
 //! Each is a plain loop over lanes of 16 values, compiled once more with
-//! AVX-512 enabled and chosen at run time, so the compiler vectorises it
+//! AVX-512 enabled and once with AVX2, one chosen at run time, so the
+//! compiler vectorises it
 //! (sums are kept in 16 partial lanes: a float sum in one accumulator does
 //! not vectorise). A public step runs its `…_lanes` body through a `…_wide`
 //! copy with the AVX-512 target feature: the body is inlined into that copy
@@ -19,6 +20,18 @@ fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether this CPU runs the AVX2 copies (where it lacks AVX-512). The
+/// copies give the plain code's results: the compiler does not reorder
+/// float sums, nor fuse a multiply and an add that the code keeps apart.
+fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -62,9 +75,15 @@ pub fn add_layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], e
     assert_eq!(x.len(), add.len(), "one residual per value");
     assert_eq!(gamma.len(), beta.len(), "one shift per scale");
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU supports AVX-512 F (checked just above).
-        return unsafe { add_layer_norm_wide(x, add, gamma, beta, eps) };
+    {
+        if avx512() {
+            // SAFETY: the CPU supports AVX-512 F (checked just above).
+            return unsafe { add_layer_norm_wide(x, add, gamma, beta, eps) };
+        }
+        if avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { add_layer_norm_avx2(x, add, gamma, beta, eps) };
+        }
     }
     add_layer_norm_lanes(x, add, gamma, beta, eps)
 }
@@ -72,6 +91,12 @@ pub fn add_layer_norm(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], e
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn add_layer_norm_wide(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    add_layer_norm_lanes(x, add, gamma, beta, eps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_layer_norm_avx2(x: &mut [f32], add: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
     add_layer_norm_lanes(x, add, gamma, beta, eps)
 }
 
@@ -223,6 +248,12 @@ impl Scratch {
                 unsafe { self.queries_avx512::<D>(&q, len, rows, dst, out) };
                 continue;
             }
+            #[cfg(target_arch = "x86_64")]
+            if !self.plain && avx2() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+                unsafe { self.queries_avx2::<D>(&q, len, rows, dst, out) };
+                continue;
+            }
             self.queries_plain::<D>(&q, len, rows, dst, out);
         }
     }
@@ -308,6 +339,59 @@ impl Scratch {
         }
     }
 
+    /// [`Scratch::queries_avx512`] in AVX2's registers of 8: the scores
+    /// as there; the attended values 16 of a head's values at a time, so
+    /// that the [`QUERIES`] queries' sums (8 registers), a token's values and
+    /// the queries' weights fit the 16 registers.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn queries_avx2<const D: usize>(
+        &mut self,
+        q: &[[f32; D]; QUERIES],
+        len: usize,
+        rows: usize,
+        dst: impl Fn(usize) -> usize,
+        out: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        const WIDTH: usize = 8;
+        let wide = len.next_multiple_of(LANES);
+        let (keys, scores) = (self.keys_t.as_ptr(), self.scores.as_mut_ptr());
+        for block in 0..wide / WIDTH {
+            let mut acc = [_mm256_setzero_ps(); QUERIES];
+            for d in 0..D {
+                let k = _mm256_loadu_ps(keys.add(d * wide + block * WIDTH));
+                for (acc, q) in acc.iter_mut().zip(q) {
+                    *acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), k, *acc);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(scores.add(r * wide + block * WIDTH), *acc);
+            }
+        }
+        let norm = self.softmax::<D>(len);
+        let (values, scores) = (self.values.as_ptr(), self.scores.as_ptr());
+        for part in (0..D).step_by(2 * WIDTH) {
+            let mut o = [[_mm256_setzero_ps(); 2]; QUERIES];
+            for t in 0..len {
+                let v = values.add(t * D + part);
+                let v = [_mm256_loadu_ps(v), _mm256_loadu_ps(v.add(WIDTH))];
+                for (r, o) in o.iter_mut().enumerate() {
+                    let p = _mm256_set1_ps(*scores.add(r * wide + t));
+                    for (o, v) in o.iter_mut().zip(v) {
+                        *o = _mm256_fmadd_ps(p, v, *o);
+                    }
+                }
+            }
+            for (r, (o, norm)) in o.iter().zip(norm).enumerate().take(rows) {
+                let at = out[dst(r) + part..][..2 * WIDTH].as_mut_ptr();
+                for (j, o) in o.iter().enumerate() {
+                    _mm256_storeu_ps(at.add(j * WIDTH), _mm256_mul_ps(*o, _mm256_set1_ps(norm)));
+                }
+            }
+        }
+    }
+
     /// What [`Scratch::queries_avx512`] computes, in plain code.
     fn queries_plain<const D: usize>(
         &mut self,
@@ -343,9 +427,15 @@ impl Scratch {
 /// at a time, was a tenth of MiniLM's time.
 pub fn gelu_erf(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU supports AVX-512 F (checked just above).
-        return unsafe { gelu_erf_wide(v) };
+    {
+        if avx512() {
+            // SAFETY: the CPU supports AVX-512 F (checked just above).
+            return unsafe { gelu_erf_wide(v) };
+        }
+        if avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { gelu_erf_avx2(v) };
+        }
     }
     gelu_erf_lanes(v)
 }
@@ -353,6 +443,12 @@ pub fn gelu_erf(v: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn gelu_erf_wide(v: &mut [f32]) {
+    gelu_erf_lanes(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_erf_avx2(v: &mut [f32]) {
     gelu_erf_lanes(v)
 }
 
@@ -403,6 +499,24 @@ mod tests {
         // Far below, it stays a tiny positive number (never NaN or negative).
         let far = exp_neg(-200.0);
         assert!((0.0..1e-37).contains(&far), "{far}");
+    }
+
+    /// The copy this CPU runs (AVX-512, AVX2 or none) against the plain
+    /// loops: the same bits.
+    #[test]
+    fn the_wide_copies_give_the_plain_results() {
+        let width = 384;
+        let (x, add) = (values(5 * width, 7), values(5 * width, 8));
+        let (gamma, beta) = (values(width, 9), values(width, 10));
+        let (mut wide, mut plain) = (x.clone(), x.clone());
+        add_layer_norm(&mut wide, &add, &gamma, &beta, 1e-12);
+        add_layer_norm_lanes(&mut plain, &add, &gamma, &beta, 1e-12);
+        assert_eq!(wide, plain, "layer norm");
+        let (mut wide, mut plain) = (x.iter().map(|v| v * 9.0).collect::<Vec<_>>(), Vec::new());
+        plain.extend_from_slice(&wide);
+        gelu_erf(&mut wide);
+        gelu_erf_lanes(&mut plain);
+        assert_eq!(wide, plain, "GELU");
     }
 
     #[test]

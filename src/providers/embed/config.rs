@@ -29,10 +29,12 @@ pub enum EmbedProvider {
 pub enum Precision {
     /// int8 products (AVX-512 VNNI), each input row scaled on the fly: ~1.4×
     /// the texts a second of bf16, sentence vectors at cosine ≥ 0.99 of
-    /// sentence-transformers'. Where the CPU lacks VNNI, bf16.
+    /// sentence-transformers'. Where the CPU lacks VNNI but has AVX2, the same
+    /// products on AVX2; elsewhere candle's f32.
     #[default]
     Int8,
-    /// bf16 products (AVX-512 BF16): cosine ≥ 0.999.
+    /// bf16 products (AVX-512 BF16): cosine ≥ 0.999. Where the CPU lacks
+    /// AVX-512 BF16, candle's f32.
     Bf16,
 }
 

@@ -5,10 +5,11 @@
 //! scaled to unit length — exactly what sentence-transformers' `Pooling` +
 //! `Normalize` modules compute.
 //!
-//! Where the CPU has AVX-512 BF16 the encoder runs on `loomem_kernels`
-//! ([`Native`]): bf16 dense layers with f32 sums, a pass's texts end to end
-//! with no padding. Elsewhere it runs on candle in f32, each sub-batch padded
-//! to its longest text. The safetensors file is read once either way; the
+//! Where the CPU runs one of `loomem_kernels`' dense kernels (int8 on
+//! AVX-512 VNNI or on AVX2, bf16 on AVX-512 BF16) the encoder runs on them
+//! ([`Native`]): a pass's texts end to end with no padding. Elsewhere (or
+//! with `precision = "bf16"` where AVX-512 BF16 is missing) it runs on
+//! candle in f32, each sub-batch padded to its longest text. The safetensors file is read once either way; the
 //! candle layers are loaded only where they run.
 //!
 //! Inference runs on dedicated threads, never on the async runtime: one for
@@ -320,7 +321,7 @@ fn values(t: &Tensor) -> CandleResult<Vec<f32>> {
 
 impl Native {
     /// The layers packed for the int8 kernels (`precision` int8, where the
-    /// CPU has AVX-512 VNNI) or the bf16 ones, or None where neither can run
+    /// CPU has AVX-512 VNNI or AVX2) or the bf16 ones, or None where neither can run
     /// or the heads are of another size.
     fn load(
         vb: &VarBuilder,
