@@ -60,7 +60,8 @@ pub enum Kernel {
     Avx2,
 }
 
-/// The kernel this CPU runs: VNNI where it can, else AVX2, else none.
+/// The kernel this CPU runs: VNNI where it can, else AVX2 (with FMA), else
+/// none.
 pub fn kernel() -> Option<Kernel> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -70,7 +71,9 @@ pub fn kernel() -> Option<Kernel> {
         {
             return Some(Kernel::Vnni);
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
+        // The AVX2 kernel's epilogue and the row quantisation use FMA too.
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
             return Some(Kernel::Avx2);
         }
     }
