@@ -311,7 +311,8 @@ impl Dense for Linear {
                 // SAFETY: the CPU ran AVX-512 VNNI when the layer was
                 // packed; `dst` holds `row`'s quads.
                 Kernel::Vnni => unsafe { quantize(row, dst) },
-                // SAFETY: the CPU ran AVX2 when the layer was packed.
+                // SAFETY: the CPU ran AVX2 and FMA when the layer was
+                // packed; `dst` holds `row`'s quads.
                 Kernel::Avx2 => unsafe { quantize_avx2(row, dst) },
             };
             (steps[r], zeros[r]) = (step.to_bits(), zero as u32);
@@ -442,7 +443,7 @@ unsafe fn quantize_avx2(row: &[f32], dst: &mut [u32]) -> (f32, i32) {
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn quantize_avx2(_: &[f32], _: &mut [u32]) -> (f32, i32) {
-    unreachable!("packed only where AVX2 runs")
+    unreachable!("packed only where AVX2 and FMA run")
 }
 
 #[cfg(test)]
@@ -471,7 +472,7 @@ mod tests {
                 let (step, zero) = match kernel {
                     // SAFETY: the CPU runs AVX-512 VNNI (`kernels()`).
                     Kernel::Vnni => unsafe { quantize(&row, &mut got) },
-                    // SAFETY: the CPU runs AVX2 (`kernels()`).
+                    // SAFETY: the CPU runs AVX2 and FMA (`kernels()`).
                     Kernel::Avx2 => unsafe { quantize_avx2(&row, &mut got) },
                 };
                 assert_eq!((step, zero), affine_of(&row), "{kernel:?}, {len} values");

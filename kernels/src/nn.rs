@@ -3,13 +3,13 @@
 //!
 //! Each is a plain loop over lanes of 16 values, compiled once more with
 //! AVX-512 enabled and once with AVX2, one chosen at run time, so the
-//! compiler vectorises it
-//! (sums are kept in 16 partial lanes: a float sum in one accumulator does
-//! not vectorise). A public step runs its `…_lanes` body through a `…_wide`
-//! copy with the AVX-512 target feature: the body is inlined into that copy
-//! and vectorised with its features (a closure handed to one generic wrapper
-//! was not always inlined, and then ran as SSE code). Attention's inner
-//! loops, which the compiler did not keep in registers, are intrinsics.
+//! compiler vectorises it (sums are kept in 16 partial lanes: a float sum in
+//! one accumulator does not vectorise). A public step runs its `…_lanes`
+//! body through a `…_wide` copy with the AVX-512 target feature or an
+//! `…_avx2` copy with AVX2's: the body is inlined into that copy and
+//! vectorised with its features (a closure handed to one generic wrapper was
+//! not always inlined, and then ran as SSE code). Attention's inner loops,
+//! which the compiler did not keep in registers, are intrinsics for each.
 
 use std::ops::Range;
 

@@ -9,8 +9,9 @@
 //! AVX-512 VNNI or on AVX2, bf16 on AVX-512 BF16) the encoder runs on them
 //! ([`Native`]): a pass's texts end to end with no padding. Elsewhere (or
 //! with `precision = "bf16"` where AVX-512 BF16 is missing) it runs on
-//! candle in f32, each sub-batch padded to its longest text. The safetensors file is read once either way; the
-//! candle layers are loaded only where they run.
+//! candle in f32, each sub-batch padded to its longest text. The
+//! safetensors file is read once either way; the candle layers are loaded
+//! only where they run.
 //!
 //! Inference runs on dedicated threads, never on the async runtime: one for
 //! the pipeline's batches, one for search queries (a query does not wait for a
@@ -321,8 +322,8 @@ fn values(t: &Tensor) -> CandleResult<Vec<f32>> {
 
 impl Native {
     /// The layers packed for the int8 kernels (`precision` int8, where the
-    /// CPU has AVX-512 VNNI or AVX2) or the bf16 ones, or None where neither can run
-    /// or the heads are of another size.
+    /// CPU has AVX-512 VNNI or AVX2) or the bf16 ones, or None where neither
+    /// can run or the heads are of another size.
     fn load(
         vb: &VarBuilder,
         cfg: &BertConfig,
