@@ -54,6 +54,11 @@ pub struct SearchConfig {
     /// ago"; the day with a day either side): `1 + time_weight_day`.
     #[serde(default = "default_time_weight_day")]
     pub time_weight_day: f32,
+    /// The BM25 leg leaves out the words that only make the query a question
+    /// ("how many", "did I", "my") and the spans of time it reaches back over
+    /// ("in the past three months"); see [`super::question`].
+    #[serde(default = "default_strip_question_words")]
+    pub strip_question_words: bool,
     /// Pseudo-relevance feedback for the vector leg: the query vector moves
     /// toward the mean of its first `vector_feedback_docs` hits by this much
     /// (`q + w * mean`, normalised) and re-scores the leg's pool (8 ×
@@ -138,6 +143,10 @@ fn default_time_weight() -> f32 {
 
 fn default_time_weight_day() -> f32 {
     0.5
+}
+
+fn default_strip_question_words() -> bool {
+    true
 }
 
 fn default_vector_feedback() -> f32 {

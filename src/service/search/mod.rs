@@ -9,6 +9,7 @@ pub mod access;
 pub mod config;
 pub mod graph_leg;
 pub mod queries;
+pub mod question;
 pub mod rank;
 
 use std::collections::HashMap;
@@ -662,12 +663,18 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         None => s.min_similarity,
     };
 
+    // Each leg gets the words that find what the query is about.
+    let question::Question {
+        windows,
+        words,
+        meaning,
+    } = question::read(&query, now, s);
     let bm25 = async {
         let started = Instant::now();
         let hits = if bm25_weight > 0.0 {
             engine
                 .store
-                .search_text(at, &query, &filter, candidates)
+                .search_text(at, &words, &filter, candidates)
                 .await?
         } else {
             Vec::new()
@@ -679,7 +686,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         if vector_weight > 0.0 {
             let v = engine
                 .queries
-                .embed(engine.embedder.as_ref(), &query)
+                .embed(engine.embedder.as_ref(), &meaning)
                 .await?;
             let embedded = micros_since(started);
             let feedback = req.vector_feedback.unwrap_or(true)
@@ -799,11 +806,6 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     let total_before_top_k = fused.len();
 
     let about_assistant = rank::asks_about_assistant(&query);
-    let windows = if s.time_weight > 0.0 || s.time_weight_day > 0.0 {
-        rank::time_windows(&query, now)
-    } else {
-        Vec::new()
-    };
     // Every candidate is scored while it is still shared with the hot
     // index; only the top k are copied out.
     let mut ranked: Vec<(f32, Factors, Fused)> = fused

@@ -13,6 +13,7 @@ use crate::core::vector::l2_normalize;
 use crate::service::facts::Role;
 use crate::service::feedback::Tally;
 use crate::service::search::config::SearchConfig;
+use crate::service::search::question::TimeWindow;
 
 /// The multipliers applied to a memory's fused score.
 #[derive(schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Serialize)]
@@ -25,7 +26,7 @@ pub struct Factors {
     /// not about (see [`speaker_factor`]); 1 otherwise.
     pub speaker: f32,
     /// `1 + time_weight` for a memory recorded within a date the query names
-    /// (see [`time_windows`]); 1 otherwise.
+    /// (see [`super::question`]); 1 otherwise.
     pub time: f32,
 }
 
@@ -84,62 +85,6 @@ pub fn speaker_factor(cfg: &SearchConfig, chunk: &Chunk, about_assistant: bool) 
         (Some(Role::Assistant), false) | (Some(Role::User), true) => cfg.assistant_weight,
         _ => 1.0,
     }
-}
-
-/// A span of time a query names, `from..to`; `day` when the query names a
-/// single day ("last Saturday", "ten days ago"), not a month or a year.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TimeWindow {
-    pub from: Micros,
-    pub to: Micros,
-    pub day: bool,
-}
-
-/// The spans of time a query names, resolved against `now` as the
-/// conversation extractor resolves them ("last Saturday", "two weeks ago",
-/// "in March", "2023"): a day with a day either side (a conversation's date
-/// and the day it speaks of drift by one), a month, a year.
-pub fn time_windows(query: &str, now: Micros) -> Vec<TimeWindow> {
-    use crate::service::facts::{DateResolver, Granularity};
-    use chrono::{Duration, Months, NaiveDate};
-    static RESOLVER: OnceLock<DateResolver> = OnceLock::new();
-    let Some(base) = chrono::DateTime::from_timestamp_micros(now).map(|t| t.date_naive()) else {
-        return Vec::new();
-    };
-    let at = |d: NaiveDate| {
-        d.and_hms_opt(0, 0, 0)
-            .map(|t| t.and_utc().timestamp_micros())
-    };
-    RESOLVER
-        .get_or_init(DateResolver::new)
-        .resolve(query, base)
-        .iter()
-        .filter_map(|d| {
-            let (from, to) = match d.granularity {
-                Granularity::Day => {
-                    let day = NaiveDate::parse_from_str(&d.date, "%Y-%m-%d").ok()?;
-                    (day - Duration::days(1), day + Duration::days(2))
-                }
-                Granularity::Month => {
-                    let first =
-                        NaiveDate::parse_from_str(&format!("{}-01", d.date), "%Y-%m-%d").ok()?;
-                    (first, first.checked_add_months(Months::new(1))?)
-                }
-                Granularity::Year => {
-                    let year: i32 = d.date.parse().ok()?;
-                    (
-                        NaiveDate::from_ymd_opt(year, 1, 1)?,
-                        NaiveDate::from_ymd_opt(year + 1, 1, 1)?,
-                    )
-                }
-            };
-            Some(TimeWindow {
-                from: at(from)?,
-                to: at(to)?,
-                day: d.granularity == Granularity::Day,
-            })
-        })
-        .collect()
 }
 
 /// For a memory recorded within one of `windows`: `1 + time_weight_day`
@@ -246,6 +191,7 @@ pub fn jaccard(a: &WordSet, b: &WordSet) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::search::question::time_windows;
 
     fn cfg() -> SearchConfig {
         let shipped: toml::Table = toml::from_str(include_str!("../../../config.toml")).unwrap();
