@@ -545,3 +545,52 @@ async fn vector_feedback_finds_what_the_best_match_is_like() {
     let (without, best, _) = &found[1];
     assert_eq!(without, &vec![best.clone()]);
 }
+
+/// The BM25 leg searches what the question is about: the date it names
+/// (weighed by the time factor instead), the span of time it reaches back
+/// over and the words that make it a question find nothing by themselves;
+/// with `search.strip_question_words` and the time factor off they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bm25_leg_searches_what_the_question_is_about() {
+    let cases = [
+        (
+            "I bought a new air fryer for the kitchen",
+            "A few days ago I ran into an old friend at a birthday party",
+            "What kitchen appliance did I buy 10 days ago?",
+        ),
+        (
+            "I attended my sister's graduation ceremony in Boston",
+            "How many months have I waited? In the past three months I have called twice",
+            "How many graduation ceremonies have I attended in the past three months?",
+        ),
+    ];
+    for (strip, expect_noise) in [(true, false), (false, true)] {
+        let mut opts = Options::embedded();
+        if !strip {
+            opts = opts
+                .env("LOOMEM_SEARCH__STRIP_QUESTION_WORDS", "false")
+                .env("LOOMEM_SEARCH__TIME_WEIGHT", "0")
+                .env("LOOMEM_SEARCH__TIME_WEIGHT_DAY", "0");
+        }
+        let d = Daemon::start(opts).await;
+        for (n, (about, noise, question)) in cases.iter().enumerate() {
+            let stream = format!("q{n}");
+            let about = put(&d, json!({"content": about, "stream": stream})).await;
+            let noise = put(&d, json!({"content": noise, "stream": stream})).await;
+            let found = ids(&search(
+                &d,
+                json!({"query": question, "stream": stream, "mode": "bm25", "dry_run": true}),
+            )
+            .await);
+            assert!(found.contains(&about), "{question}: {found:?}");
+            if strip {
+                assert_eq!(found, vec![about.clone()], "{question}");
+            }
+            assert_eq!(
+                found.contains(&noise),
+                expect_noise,
+                "{question} (strip {strip}): {found:?}"
+            );
+        }
+    }
+}
