@@ -1,8 +1,10 @@
-//! Hybrid recall: a BM25 leg (Lance full-text index), a vector leg and an
-//! entity-graph leg run concurrently over the same prefilter, then fuse by
-//! weighted reciprocal rank. The fused score is then weighed by the memory's
-//! standing (decay, importance, feedback, recall count, see [`rank`]) and
-//! near-identical results collapse. Every filter is pushed down into Lance, so
+//! Hybrid recall: the query is read for each leg (see [`question`]), then a
+//! BM25 leg (the hot index's postings, else Lance's full-text index), a vector
+//! leg and an entity-graph leg run concurrently over the same prefilter and
+//! fuse (`search.fusion`: the weighted mean of each leg's relevance by
+//! default, or weighted reciprocal rank). The fused score is then weighed by
+//! the memory's standing (decay, importance, feedback, recall count, see
+//! [`rank`]) and near-identical results collapse. Every filter is pushed down into Lance, so
 //! a filter never empties a truncated top-k.
 
 pub mod access;
