@@ -102,6 +102,13 @@ pub enum Fusion {
     Rrf,
 }
 
+/// The shipped `config.toml`'s `[search]` (what the tests rank with).
+#[cfg(test)]
+pub(crate) fn shipped() -> SearchConfig {
+    let shipped: toml::Table = toml::from_str(include_str!("../../../config.toml")).unwrap();
+    shipped["search"].clone().try_into().unwrap()
+}
+
 impl SearchConfig {
     /// The half-life of a memory type, in days.
     pub fn half_life(&self, memory_type: &str) -> f64 {

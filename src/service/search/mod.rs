@@ -4,8 +4,8 @@
 //! fuse (`search.fusion`: the weighted mean of each leg's relevance by
 //! default, or weighted reciprocal rank). The fused score is then weighed by
 //! the memory's standing (decay, importance, feedback, recall count, see
-//! [`rank`]) and near-identical results collapse. Every filter is pushed down into Lance, so
-//! a filter never empties a truncated top-k.
+//! [`rank`]) and near-identical results collapse. Every filter is pushed down
+//! into Lance, so a filter never empties a truncated top-k.
 
 pub mod access;
 pub mod config;

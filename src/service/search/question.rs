@@ -66,13 +66,9 @@ pub fn read(query: &str, now: Micros, cfg: &SearchConfig) -> Question {
 /// The spans of time a query names, resolved against `now` as the
 /// conversation extractor resolves them ("last Saturday", "two weeks ago",
 /// "in March", "2023"): a day with a day either side (a conversation's date
-/// and the day it speaks of drift by one), a month, a year.
-pub fn time_windows(query: &str, now: Micros) -> Vec<TimeWindow> {
-    dates(query, now).0
-}
-
-/// [`time_windows`], and the query without the words that named them (`None`
-/// when it names no date, or is nothing but dates).
+/// and the day it speaks of drift by one), a month, a year; and the query
+/// without the words that named them (`None` when it names no date, or is
+/// nothing but dates).
 fn dates(query: &str, now: Micros) -> (Vec<TimeWindow>, Option<String>) {
     use crate::service::facts::{DateResolver, Granularity};
     use chrono::{Duration, Months, NaiveDate};
@@ -233,10 +229,8 @@ mod tests {
             .timestamp_micros()
     }
 
-    /// The shipped `[search]`.
     fn cfg() -> SearchConfig {
-        let shipped: toml::Table = toml::from_str(include_str!("../../../config.toml")).unwrap();
-        shipped["search"].clone().try_into().unwrap()
+        crate::service::search::config::shipped()
     }
 
     #[test]

@@ -191,11 +191,9 @@ pub fn jaccard(a: &WordSet, b: &WordSet) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::search::question::time_windows;
 
     fn cfg() -> SearchConfig {
-        let shipped: toml::Table = toml::from_str(include_str!("../../../config.toml")).unwrap();
-        shipped["search"].clone().try_into().unwrap()
+        crate::service::search::config::shipped()
     }
 
     fn chunk(memory_type: &str, age_days: i64) -> Chunk {
@@ -354,6 +352,9 @@ mod tests {
                 .timestamp_micros()
         };
         let cfg = cfg();
+        // The windows a search weighs (the shipped time weights are on).
+        let time_windows =
+            |query: &str, now| super::super::question::read(query, now, &cfg).windows;
         let mut c = Chunk::new("x".into(), "s".into(), "t".into(), on(2023, 5, 20));
         let w = time_windows("What did I buy last Saturday?", now);
         assert_eq!(w.len(), 1);
