@@ -8,9 +8,12 @@
 //! - the dates the query names leave both legs' text while the time factor
 //!   is on (their windows weigh them instead);
 //! - with `search.strip_question_words` (the default), the BM25 leg also loses
-//!   the words that only make the query a question and the spans of time it
-//!   reaches back over ("in the past three months", "before today"). The
-//!   vector leg keeps them: the model reads a whole question as a question.
+//!   the words that only make the query a question, the spans of time it
+//!   reaches back over ("in the past three months", "before today") and the
+//!   words that ask how long ago or in which order ("how many days passed
+//!   between the day I … and …", "the three trips … from earliest to
+//!   latest"). The vector leg keeps them: the model reads a whole question as
+//!   a question.
 //!
 //! A query that is nothing but such words keeps them all.
 
@@ -125,13 +128,15 @@ fn dates(query: &str, now: Micros) -> (Vec<TimeWindow>, Option<String>) {
 }
 
 /// The query without the spans of time it reaches back over ("in the past
-/// three months", "over the last few weeks", "before today", "so far"): not
-/// a day or a month to weigh, and words every dated memory may hold.
+/// three months", "over the last few weeks", "before today", "so far") and
+/// the words that ask how long ("how many days …", "between the day I … and
+/// the day I …"): not a day or a month to weigh, and words every dated
+/// memory may hold.
 fn without_spans(query: &str) -> Option<String> {
     static SPANS: OnceLock<Regex> = OnceLock::new();
     let re = SPANS.get_or_init(|| {
         Regex::new(
-            r"(?i)\b(?:(?:in|during|over|within|for)\s+)?the\s+(?:past|last|previous)\s+(?:(?:\d{1,3}|few|couple\s+of|several|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+)?(?:days?|weeks?|months?|years?)\b|\bbefore\s+today\b|\bso\s+far\b",
+            r"(?i)\b(?:(?:in|during|over|within|for)\s+)?the\s+(?:past|last|previous)\s+(?:(?:\d{1,3}|few|couple\s+of|several|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+)?(?:days?|weeks?|months?|years?)\b|\bbefore\s+today\b|\bso\s+far\b|\bhow\s+many\s+(?:days|weeks|months|years)\b|\bthe\s+(?:day|time|date)\s+(?:when\s+|that\s+)?I\b",
         )
         .expect("the span pattern compiles")
     });
@@ -140,8 +145,11 @@ fn without_spans(query: &str) -> Option<String> {
 }
 
 /// Words that make a query a question, or say who asks, and little else:
-/// interrogatives, auxiliaries, the asker's pronouns, "remind me", and words
-/// that ask for a count or a list ("how many different …", "in total").
+/// interrogatives, auxiliaries, the asker's pronouns, "remind me", words
+/// that ask for a count or a list ("how many different …", "in total"), for
+/// a length of time or an order ("how many days passed between …", "from
+/// earliest to latest"), and the count a question gives its answers ("the
+/// three trips I took").
 const QUESTION_WORDS: &[&str] = &[
     "how",
     "many",
@@ -189,6 +197,25 @@ const QUESTION_WORDS: &[&str] = &[
     "ever",
     "recently",
     "times",
+    "ago",
+    "passed",
+    "since",
+    "between",
+    "before",
+    "after",
+    "order",
+    "earliest",
+    "latest",
+    "both",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
 ];
 
 /// The query without [`QUESTION_WORDS`] (`None` when it holds none, or
@@ -256,7 +283,7 @@ mod tests {
         let q = read("Which book did I finish a week ago?", at(2023, 2, 7), &c);
         assert!(q.windows.is_empty());
         assert_eq!(q.meaning, "Which book did I finish a week ago?");
-        assert_eq!(q.words, "book finish a week ago?");
+        assert_eq!(q.words, "book finish a week", "\"ago?\" asks how long");
     }
 
     #[test]
@@ -282,6 +309,38 @@ mod tests {
             "Which airlines have I flown with so far? I’ve forgotten."
         );
         assert_eq!(q.words, "airlines flown with ? forgotten.");
+    }
+
+    #[test]
+    fn words_that_ask_how_long_or_in_which_order_leave_the_bm25_leg() {
+        let now = at(2023, 5, 30);
+        let q = read(
+            "How many days passed between the day I repotted the spider plant and the day I gave Mrs. Johnson a cutting?",
+            now,
+            &cfg(),
+        );
+        assert_eq!(
+            q.words,
+            "repotted the spider plant and gave Mrs. Johnson a cutting?"
+        );
+        let q = read(
+            "What is the order of the three trips I took in the past three months, from earliest to latest?",
+            now,
+            &cfg(),
+        );
+        assert_eq!(q.words, "the of the trips took , from to");
+        let q = read(
+            "How many months before my anniversary did Rachel get engaged?",
+            now,
+            &cfg(),
+        );
+        assert_eq!(q.words, "anniversary Rachel get engaged?");
+        assert_eq!(
+            q.meaning, "How many months before my anniversary did Rachel get engaged?",
+            "the vector leg reads the whole question"
+        );
+        let q = read("How many days ago did I buy a smoker?", now, &cfg());
+        assert_eq!(q.words, "buy a smoker?");
     }
 
     #[test]
