@@ -129,14 +129,14 @@ fn dates(query: &str, now: Micros) -> (Vec<TimeWindow>, Option<String>) {
 
 /// The query without the spans of time it reaches back over ("in the past
 /// three months", "over the last few weeks", "before today", "so far") and
-/// the words that ask how long ("how many days …", "between the day I … and
-/// the day I …"): not a day or a month to weigh, and words every dated
+/// the words that ask how long ("how many days …", "how long …", "between
+/// the day I … and the day I …"): not a day or a month to weigh, and words every dated
 /// memory may hold.
 fn without_spans(query: &str) -> Option<String> {
     static SPANS: OnceLock<Regex> = OnceLock::new();
     let re = SPANS.get_or_init(|| {
         Regex::new(
-            r"(?i)\b(?:(?:in|during|over|within|for)\s+)?the\s+(?:past|last|previous)\s+(?:(?:\d{1,3}|few|couple\s+of|several|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+)?(?:days?|weeks?|months?|years?)\b|\bbefore\s+today\b|\bso\s+far\b|\bhow\s+many\s+(?:days|weeks|months|years)\b|\bthe\s+(?:day|time|date)\s+(?:when\s+|that\s+)?I\b",
+            r"(?i)\b(?:(?:in|during|over|within|for)\s+)?the\s+(?:past|last|previous)\s+(?:(?:\d{1,3}|few|couple\s+of|several|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)\s+)?(?:days?|weeks?|months?|years?)\b|\bbefore\s+today\b|\bso\s+far\b|\bhow\s+many\s+(?:days|weeks|months|years)\b|\bhow\s+long\b|\bthe\s+(?:day|time|date)\s+(?:when\s+|that\s+)?I\b",
         )
         .expect("the span pattern compiles")
     });
@@ -341,6 +341,12 @@ mod tests {
         );
         let q = read("How many days ago did I buy a smoker?", now, &cfg());
         assert_eq!(q.words, "buy a smoker?");
+        let q = read(
+            "How long have I been working in my current role?",
+            now,
+            &cfg(),
+        );
+        assert_eq!(q.words, "been working in current role?");
     }
 
     #[test]
