@@ -313,40 +313,31 @@ mod tests {
 
     #[test]
     fn words_that_ask_how_long_or_in_which_order_leave_the_bm25_leg() {
-        let now = at(2023, 5, 30);
-        let q = read(
-            "How many days passed between the day I repotted the spider plant and the day I gave Mrs. Johnson a cutting?",
-            now,
-            &cfg(),
-        );
-        assert_eq!(
-            q.words,
-            "repotted the spider plant and gave Mrs. Johnson a cutting?"
-        );
-        let q = read(
-            "What is the order of the three trips I took in the past three months, from earliest to latest?",
-            now,
-            &cfg(),
-        );
-        assert_eq!(q.words, "the of the trips took , from to");
-        let q = read(
-            "How many months before my anniversary did Rachel get engaged?",
-            now,
-            &cfg(),
-        );
-        assert_eq!(q.words, "anniversary Rachel get engaged?");
-        assert_eq!(
-            q.meaning, "How many months before my anniversary did Rachel get engaged?",
-            "the vector leg reads the whole question"
-        );
-        let q = read("How many days ago did I buy a smoker?", now, &cfg());
-        assert_eq!(q.words, "buy a smoker?");
-        let q = read(
-            "How long have I been working in my current role?",
-            now,
-            &cfg(),
-        );
-        assert_eq!(q.words, "been working in current role?");
+        let read = |q: &str| read(q, at(2023, 5, 30), &cfg());
+        let cases = [
+            (
+                "How many days passed between the day I repotted the spider plant and the day I gave Mrs. Johnson a cutting?",
+                "repotted the spider plant and gave Mrs. Johnson a cutting?",
+            ),
+            (
+                "What is the order of the three trips I took in the past three months, from earliest to latest?",
+                "the of the trips took , from to",
+            ),
+            (
+                "How many months before my anniversary did Rachel get engaged?",
+                "anniversary Rachel get engaged?",
+            ),
+            ("How many days ago did I buy a smoker?", "buy a smoker?"),
+            (
+                "How long have I been working in my current role?",
+                "been working in current role?",
+            ),
+        ];
+        for (query, words) in cases {
+            let q = read(query);
+            assert_eq!(q.words, words, "{query}");
+            assert_eq!(q.meaning, query, "the vector leg reads the whole question");
+        }
     }
 
     #[test]
