@@ -129,9 +129,9 @@ fn dates(query: &str, now: Micros) -> (Vec<TimeWindow>, Option<String>) {
 
 /// The query without the spans of time it reaches back over ("in the past
 /// three months", "over the last few weeks", "before today", "so far") and
-/// the words that ask how long ("how many days …", "how long …", "between
-/// the day I … and the day I …"): not a day or a month to weigh, and words
-/// every dated memory may hold.
+/// the phrases that ask how long ("how many days …", "how long …", "the day
+/// I … and the day I …"): not a day or a month to weigh, and words every
+/// dated memory may hold.
 fn without_spans(query: &str) -> Option<String> {
     static SPANS: OnceLock<Regex> = OnceLock::new();
     let re = SPANS.get_or_init(|| {
