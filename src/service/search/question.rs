@@ -149,7 +149,7 @@ fn without_spans(query: &str) -> Option<String> {
 /// that ask for a count or a list ("how many different …", "in total"), for
 /// a length of time or an order ("how many days passed between …", "from
 /// earliest to latest"), and the count a question gives its answers ("the
-/// three trips I took").
+/// three trips I took", "one of my relatives").
 const QUESTION_WORDS: &[&str] = &[
     "how",
     "many",
@@ -207,6 +207,7 @@ const QUESTION_WORDS: &[&str] = &[
     "earliest",
     "latest",
     "both",
+    "one",
     "two",
     "three",
     "four",
@@ -331,6 +332,10 @@ mod tests {
             (
                 "How long have I been working in my current role?",
                 "been working in current role?",
+            ),
+            (
+                "Which one of my relatives got married?",
+                "of relatives got married?",
             ),
         ];
         for (query, words) in cases {
