@@ -269,6 +269,8 @@ pub struct RecallSelection {
     pub types: Vec<String>,
     pub ks: Vec<usize>,
     pub granularity: String,
+    /// `grouped` or `turns` (see `SessionRank`).
+    pub sessions: String,
     pub qa: bool,
     pub candidates: bool,
 }
@@ -283,7 +285,9 @@ pub async fn bench_recall(
     sel: RecallSelection,
     out: &std::path::Path,
 ) -> anyhow::Result<()> {
-    use loomem::bench_recall::run::{markdown, run, Granularity, Keys, Roles, RunOptions};
+    use loomem::bench_recall::run::{
+        markdown, run, Granularity, Keys, Roles, RunOptions, SessionRank,
+    };
     let roles = match sel.roles.as_str() {
         "user" => Roles::User,
         "all" => Roles::All,
@@ -293,6 +297,11 @@ pub async fn bench_recall(
         "none" => Keys::None,
         "facts" => Keys::Facts,
         other => bail!("--keys {other}: must be none or facts"),
+    };
+    let session_rank = match sel.sessions.as_str() {
+        "grouped" => SessionRank::Grouped,
+        "turns" => SessionRank::Turns,
+        other => bail!("--sessions {other}: must be grouped or turns"),
     };
     let granularity = match sel.granularity.as_str() {
         "session" => Granularity::Session,
@@ -359,6 +368,7 @@ pub async fn bench_recall(
         keys,
         ks,
         granularity,
+        session_rank,
         qa: sel.qa,
         candidates: sel.candidates,
     };

@@ -209,6 +209,11 @@ enum RecallAction {
         /// Levels reported: session, turn or both.
         #[arg(long, default_value = "both")]
         granularity: String,
+        /// How sessions are ranked: grouped (the search's `sessions`, each
+        /// its best result plus a share of the others') or turns (in the
+        /// order their first turn is found).
+        #[arg(long, default_value = "grouped")]
+        sessions: String,
         /// Also answer each question with the LLM ([llm] config) from the
         /// retrieved memories and judge it: QA accuracy per type.
         #[arg(long)]
@@ -362,6 +367,7 @@ fn run() -> anyhow::Result<()> {
                         types,
                         k,
                         granularity,
+                        sessions,
                         qa,
                         candidates,
                         out,
@@ -375,6 +381,7 @@ fn run() -> anyhow::Result<()> {
                     types,
                     ks: k,
                     granularity,
+                    sessions,
                     qa,
                     candidates,
                 };

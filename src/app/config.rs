@@ -315,6 +315,12 @@ impl Config {
         if !(0.0..=1.0).contains(&self.search.decay_weight) {
             return Err(invalid("search.decay_weight", "must be between 0 and 1"));
         }
+        if !(0.0..=1.0).contains(&self.search.session_rest_weight) {
+            return Err(invalid(
+                "search.session_rest_weight",
+                "must be between 0 and 1",
+            ));
+        }
         if !(self.search.near_duplicate > 0.0 && self.search.near_duplicate <= 1.0) {
             return Err(invalid(
                 "search.near_duplicate",

@@ -45,6 +45,17 @@ pub enum Keys {
     Facts,
 }
 
+/// How a search's results become a ranking of sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionRank {
+    /// As the search's `group_sessions` ranks them: each session its best
+    /// result plus `search.session_rest_weight` times the others'.
+    Grouped,
+    /// Each session where the first turn found of it ranks.
+    Turns,
+}
+
 impl Granularity {
     pub fn levels(self) -> &'static [&'static str] {
         match self {
@@ -64,6 +75,7 @@ pub struct RunOptions {
     /// The cut-offs scored (the official ones by default).
     pub ks: Vec<usize>,
     pub granularity: Granularity,
+    pub session_rank: SessionRank,
     /// Also answer each question with the LLM from the memories the `hybrid`
     /// search (else the first mode) retrieved, and judge the answer.
     pub qa: bool,
@@ -84,6 +96,7 @@ impl Default for RunOptions {
             keys: Keys::None,
             ks: KS.to_vec(),
             granularity: Granularity::Both,
+            session_rank: SessionRank::Grouped,
             qa: false,
             candidates: false,
         }
@@ -516,9 +529,37 @@ pub async fn run(
                 .flat_map(|r| sources.get(&r.chunk_id).cloned().unwrap_or_default())
                 .filter(|t| seen.insert(t.clone()))
                 .collect();
-            let ranked_sessions = sessions_of(&ranked_turns, |t| {
-                session_of.get(t).map(|s| s.to_string()).unwrap_or_default()
-            });
+            let ranked_sessions = match opts.session_rank {
+                // Grouped as `group_sessions` groups them, a memory counting
+                // for the session of each turn it stands for (a turn told in
+                // two sessions is stored once).
+                SessionRank::Grouped => {
+                    let mut counted = Vec::new();
+                    for r in &found.results {
+                        let mut its: Vec<&str> = Vec::new();
+                        for t in sources.get(&r.chunk_id).into_iter().flatten() {
+                            let s = session_of.get(t).copied().unwrap_or_default();
+                            if !its.contains(&s) {
+                                its.push(s);
+                            }
+                        }
+                        counted.extend(
+                            its.into_iter()
+                                .map(|s| (Some(s), r.chunk_id.as_str(), r.score_final)),
+                        );
+                    }
+                    crate::service::search::sessions::rank(
+                        counted,
+                        engine.cfg.search.session_rest_weight,
+                    )
+                    .into_iter()
+                    .map(|s| s.session_id)
+                    .collect()
+                }
+                SessionRank::Turns => sessions_of(&ranked_turns, |t| {
+                    session_of.get(t).map(|s| s.to_string()).unwrap_or_default()
+                }),
+            };
             let mut result = QuestionResult {
                 question_id: q.id.clone(),
                 question_type: q.question_type.clone(),

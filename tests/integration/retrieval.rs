@@ -594,3 +594,91 @@ async fn the_bm25_leg_searches_what_the_question_is_about() {
         }
     }
 }
+
+/// `group_sessions`: the results' conversations, each scored as its best
+/// result plus `search.session_rest_weight` (0.1) times the others', best
+/// first; memories outside any session are in `results` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_group_into_sessions_on_request() {
+    let d = Daemon::start(Options::embedded()).await;
+    for (session, text) in [
+        (
+            Some("trip"),
+            "We hiked the canyon trail on the first morning",
+        ),
+        (Some("trip"), "The canyon trail hike took us four hours"),
+        (
+            Some("trip"),
+            "After the hike we camped beside the canyon river",
+        ),
+        (
+            Some("work"),
+            "The quarterly canyon trail fundraiser needs a budget",
+        ),
+        (None, "Canyon trail maps are sold at the visitor centre"),
+    ] {
+        let mut body = json!({"content": text, "stream": "g"});
+        if let Some(s) = session {
+            body["session_id"] = json!(s);
+        }
+        put(&d, body).await;
+    }
+    let base = json!({"query": "canyon trail hike", "stream": "g", "top_k": 10});
+    let plain = search(&d, base.clone()).await;
+    assert!(plain.get("sessions").is_none(), "{plain}");
+    let resp = search(&d, with(&base, json!({"group_sessions": true}))).await;
+    let results = resp["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5, "{resp}");
+    let sessions = resp["sessions"].as_array().unwrap();
+    let names: std::collections::BTreeSet<&str> = sessions
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["trip", "work"].into_iter().collect(), "{resp}");
+    let score_of = |id: &str| {
+        results
+            .iter()
+            .find(|r| r["chunk_id"] == id)
+            .map(|r| r["score_final"].as_f64().unwrap())
+            .unwrap()
+    };
+    let mut grouped = 0;
+    for s in sessions {
+        let ids: Vec<&str> = s["chunk_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_str().unwrap())
+            .collect();
+        grouped += ids.len();
+        // In the order of `results`, and scored from their scores.
+        let order: Vec<usize> = ids
+            .iter()
+            .map(|id| results.iter().position(|r| r["chunk_id"] == *id).unwrap())
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{resp}");
+        let want = score_of(ids[0]) + 0.1 * ids[1..].iter().map(|i| score_of(i)).sum::<f64>();
+        assert!((s["score"].as_f64().unwrap() - want).abs() < 1e-4, "{resp}");
+    }
+    assert_eq!(
+        grouped, 4,
+        "the memory without a session is left out: {resp}"
+    );
+    assert!(
+        sessions[0]["score"].as_f64() >= sessions[1]["score"].as_f64(),
+        "{resp}"
+    );
+    // The request's field is checked like any other.
+    let (status, bad) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(with(&base, json!({"group_sessions": "yes"}))),
+        )
+        .await;
+    assert_eq!(status, 422, "{bad}");
+    assert!(
+        bad["detail"].as_str().unwrap().contains("group_sessions"),
+        "{bad}"
+    );
+}

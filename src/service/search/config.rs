@@ -69,6 +69,10 @@ pub struct SearchConfig {
     /// How many of the vector leg's first hits the feedback averages.
     #[serde(default = "default_vector_feedback_docs")]
     pub vector_feedback_docs: usize,
+    /// With `group_sessions`, a session scores as its best result plus this
+    /// times the sum of its other results' scores (see [`super::sessions`]).
+    #[serde(default = "default_session_rest_weight")]
+    pub session_rest_weight: f32,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -162,6 +166,10 @@ fn default_vector_feedback() -> f32 {
 
 fn default_vector_feedback_docs() -> usize {
     5
+}
+
+fn default_session_rest_weight() -> f32 {
+    0.1
 }
 
 fn default_near_duplicate() -> f32 {

@@ -13,6 +13,7 @@ pub mod graph_leg;
 pub mod queries;
 pub mod question;
 pub mod rank;
+pub mod sessions;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,11 +100,18 @@ pub struct SearchRequest {
     /// Each result lists its links to other memories (`POST /v1/relations`).
     #[serde(default)]
     pub include_relations: bool,
+    /// The response adds `sessions`: the results' conversations, best first
+    /// (see [`sessions`]).
+    #[serde(default)]
+    pub group_sessions: bool,
 }
 
 #[derive(schemars::JsonSchema, Debug, Serialize)]
 pub struct SearchResponse {
     pub results: Vec<SearchResult>,
+    /// With `group_sessions`: the results' sessions, best first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<Vec<sessions::SessionHit>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_metadata: Option<TraceMetadata>,
 }
@@ -531,6 +539,15 @@ pub async fn search(
         }
         false => std::collections::HashMap::new(),
     };
+    let sessions = req.group_sessions.then(|| {
+        sessions::rank(
+            recall
+                .results
+                .iter()
+                .map(|r| (r.chunk.session_id.as_deref(), r.chunk.id.as_str(), r.score)),
+            engine.cfg.search.session_rest_weight,
+        )
+    });
     let mut results: Vec<SearchResult> = recall
         .results
         .into_iter()
@@ -554,6 +571,7 @@ pub async fn search(
             timings_us: recall.timings,
         }),
         results,
+        sessions,
     })
 }
 
