@@ -4,7 +4,7 @@
 
 use loomem::app::config::Config;
 use loomem::app::Engine;
-use loomem::bench_recall::run::{run, Keys, Roles, RunOptions};
+use loomem::bench_recall::run::{run, Keys, Roles, RunOptions, SessionRank};
 use serde_json::json;
 
 use crate::fixture::{daemon_env, Options};
@@ -122,6 +122,27 @@ async fn the_runner_ingests_searches_and_scores_each_question() {
     .unwrap();
     assert_eq!(all.turns_ingested, 8);
     assert_eq!(all.keys_sent, 0);
+
+    // Sessions ranked where their first turn is found (`--sessions turns`)
+    // rather than grouped: the duplicate still stands for both sessions.
+    let by_turns = run(
+        &engine,
+        &questions,
+        &RunOptions {
+            session_rank: SessionRank::Turns,
+            modes: vec!["bm25".into()],
+            ..RunOptions::default()
+        },
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let pet = by_turns
+        .results
+        .iter()
+        .find(|r| r.question_id == "q-pet")
+        .unwrap();
+    assert_eq!(pet.session[&3].recall_all, 1.0, "{pet:?}");
 
     // Fact keys: the rule extractor's facts of each user turn are stored
     // beside it and count for it; a turn is scored once, at the rank of the
