@@ -21,9 +21,10 @@ pub struct SessionHit {
     pub chunk_ids: Vec<String>,
 }
 
-/// The sessions of `results` (each `(session_id, chunk_id, score)`, in the
-/// search's order, best first), best first; results without a session are left out.
-/// Ties keep the order in which the sessions first appear.
+/// The sessions of `results`, best first. `results` are
+/// `(session_id, chunk_id, score)` in the search's order (best first);
+/// those without a session are left out. Ties keep the order in which the
+/// sessions first appear.
 pub fn rank<'a>(
     results: impl IntoIterator<Item = (Option<&'a str>, &'a str, f32)>,
     rest_weight: f32,
