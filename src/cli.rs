@@ -410,6 +410,7 @@ pub async fn bench_recall(
         "embedder": engine.embedder.model(),
         "embedding_cache": {"file": cache_file.display().to_string(), "hits": hits, "embedded": misses},
         "roles": roles,
+        "sessions": session_rank,
         "report": report,
     });
     std::fs::write(&json_path, serde_json::to_vec_pretty(&doc)?)?;

@@ -356,6 +356,13 @@ async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
             .any(|f| f.starts_with("recall-") && f.ends_with(".json")),
         "{written:?}"
     );
+    let report = written
+        .iter()
+        .find(|f| f.starts_with("recall-") && f.ends_with(".json"))
+        .unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join(report)).unwrap()).unwrap();
+    assert_eq!(doc["sessions"], "grouped", "how sessions were ranked");
     assert!(
         !written.iter().any(|f| f.starts_with(".data-")),
         "the scratch store is removed: {written:?}"
@@ -381,6 +388,24 @@ async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         stderr.contains("--keys sentences: must be none or facts"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("refused").exists(), "nothing was written");
+    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+        .arg("--config")
+        .arg(&config)
+        .args(["bench-recall", "run"])
+        .arg(dir.path().join("set.json"))
+        .args(["--sessions", "pages", "--out"])
+        .arg(dir.path().join("refused"))
+        .envs(&env)
+        .output()
+        .await
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--sessions pages: must be grouped or turns"),
         "{stderr}"
     );
     assert!(!dir.path().join("refused").exists(), "nothing was written");
