@@ -372,41 +372,34 @@ async fn the_cli_run_keeps_out_of_the_configured_data_dir() {
         "the configured data directory holds no tables"
     );
 
-    // An unknown key kind is refused, naming the flag, before anything runs.
-    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
-        .arg("--config")
-        .arg(&config)
-        .args(["bench-recall", "run"])
-        .arg(dir.path().join("set.json"))
-        .args(["--keys", "sentences", "--out"])
-        .arg(dir.path().join("refused"))
-        .envs(&env)
-        .output()
-        .await
-        .unwrap();
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        stderr.contains("--keys sentences: must be none or facts"),
-        "{stderr}"
-    );
-    assert!(!dir.path().join("refused").exists(), "nothing was written");
-    let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
-        .arg("--config")
-        .arg(&config)
-        .args(["bench-recall", "run"])
-        .arg(dir.path().join("set.json"))
-        .args(["--sessions", "pages", "--out"])
-        .arg(dir.path().join("refused"))
-        .envs(&env)
-        .output()
-        .await
-        .unwrap();
-    assert!(!refused.status.success());
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        stderr.contains("--sessions pages: must be grouped or turns"),
-        "{stderr}"
-    );
-    assert!(!dir.path().join("refused").exists(), "nothing was written");
+    // An unknown key kind or session reading is refused, naming the flag,
+    // before anything runs.
+    for (flag, value, why) in [
+        (
+            "--keys",
+            "sentences",
+            "--keys sentences: must be none or facts",
+        ),
+        (
+            "--sessions",
+            "pages",
+            "--sessions pages: must be grouped or turns",
+        ),
+    ] {
+        let refused = tokio::process::Command::new(env!("CARGO_BIN_EXE_loomem"))
+            .arg("--config")
+            .arg(&config)
+            .args(["bench-recall", "run"])
+            .arg(dir.path().join("set.json"))
+            .args([flag, value, "--out"])
+            .arg(dir.path().join("refused"))
+            .envs(&env)
+            .output()
+            .await
+            .unwrap();
+        assert!(!refused.status.success());
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains(why), "{stderr}");
+        assert!(!dir.path().join("refused").exists(), "nothing was written");
+    }
 }
