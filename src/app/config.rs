@@ -288,11 +288,17 @@ impl Config {
                 return Err(invalid(key, "must be >= 0"));
             }
         }
-        if !(0.0..=1.0).contains(&self.search.assistant_weight) {
-            return Err(invalid(
-                "search.assistant_weight",
-                "must be between 0 and 1",
-            ));
+        for (key, w) in [
+            ("search.assistant_weight", self.search.assistant_weight),
+            ("search.decay_weight", self.search.decay_weight),
+            (
+                "search.session_rest_weight",
+                self.search.session_rest_weight,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&w) {
+                return Err(invalid(key, "must be between 0 and 1"));
+            }
         }
         if !(-1.0..=1.0).contains(&self.search.min_similarity) {
             return Err(invalid("search.min_similarity", "must be between -1 and 1"));
@@ -311,15 +317,6 @@ impl Config {
         }
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));
-        }
-        if !(0.0..=1.0).contains(&self.search.decay_weight) {
-            return Err(invalid("search.decay_weight", "must be between 0 and 1"));
-        }
-        if !(0.0..=1.0).contains(&self.search.session_rest_weight) {
-            return Err(invalid(
-                "search.session_rest_weight",
-                "must be between 0 and 1",
-            ));
         }
         if !(self.search.near_duplicate > 0.0 && self.search.near_duplicate <= 1.0) {
             return Err(invalid(
@@ -554,6 +551,17 @@ mod tests {
             ("LOOMEM_EMBED__BATCH_NICENESS", "-1", "embed.batch_niceness"),
             ("LOOMEM_SEARCH__READ_NICENESS", "20", "search.read_niceness"),
             ("LOOMEM_SEARCH__READ_NICENESS", "-1", "search.read_niceness"),
+            (
+                "LOOMEM_SEARCH__ASSISTANT_WEIGHT",
+                "1.5",
+                "search.assistant_weight",
+            ),
+            ("LOOMEM_SEARCH__DECAY_WEIGHT", "-0.1", "search.decay_weight"),
+            (
+                "LOOMEM_SEARCH__SESSION_REST_WEIGHT",
+                "2",
+                "search.session_rest_weight",
+            ),
         ];
         for (var, value, key) in cases {
             let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))
