@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::bm25::{Map, TextIndex};
 use super::filter::Cond;
+use super::writer::Lifecycle;
 use crate::core::model::{Chunk, Micros};
 use crate::core::vector::{dot, dot_i8_rows, l2_normalize, quantize_i8};
 
@@ -258,6 +259,23 @@ impl StreamIndex {
             }
             None => false,
         }
+    }
+
+    /// A side effect's lifecycle fields on a memory held here (its vector
+    /// kept); false when the index does not hold it.
+    pub fn relife(&mut self, change: &Lifecycle) -> bool {
+        let Some(doc) = self.docs.get(&change.id) else {
+            return false;
+        };
+        let mut chunk = Chunk::clone(doc);
+        change.apply_to(&mut chunk);
+        let vector = self.vector(&change.id).map(<[f32]>::to_vec);
+        self.apply(Row {
+            meta: Meta::of(&chunk),
+            chunk: Arc::new(chunk),
+            vector,
+        });
+        true
     }
 
     /// Insert or replace a memory.
@@ -793,19 +811,32 @@ impl HotIndex {
     /// have read the rows before, so its load is dropped (read again next
     /// time).
     pub fn touch(&self, rows: &[(String, String, i64, Option<Micros>)]) {
+        self.in_place(
+            rows.iter().map(|r| (r.0.as_str(), r)),
+            |index, (_, id, count, at)| {
+                index.touch(id, *count, *at);
+            },
+        );
+    }
+
+    /// `change` each row in its stream where the stream is held; a stream
+    /// being loaded may have read the rows before the change, so its load is
+    /// dropped (read again next time).
+    fn in_place<'a, T>(
+        &self,
+        rows: impl IntoIterator<Item = (&'a str, T)>,
+        mut change: impl FnMut(&mut StreamIndex, T),
+    ) {
         let mut loading: Vec<String> = Vec::new();
         {
             let st = self.state.lock().expect("hot index lock");
-            for (stream, id, count, at) in rows {
+            for (stream, row) in rows {
                 match st.streams.get(stream) {
                     Some(Slot::Ready { index, .. }) => {
-                        index
-                            .write()
-                            .expect("stream index lock")
-                            .touch(id, *count, *at);
+                        change(&mut index.write().expect("stream index lock"), row)
                     }
-                    Some(Slot::Loading { .. }) if !loading.contains(stream) => {
-                        loading.push(stream.clone())
+                    Some(Slot::Loading { .. }) if !loading.iter().any(|s| s == stream) => {
+                        loading.push(stream.to_string())
                     }
                     _ => {}
                 }
@@ -814,6 +845,18 @@ impl HotIndex {
         if !loading.is_empty() {
             self.invalidate(Some(&loading));
         }
+    }
+
+    /// Side effects' lifecycle fields written to the table: a held stream
+    /// takes them in place; a stream being loaded may have read the rows
+    /// before, so its load is dropped (read again next time).
+    pub(super) fn relife(&self, changes: &[Lifecycle]) {
+        self.in_place(
+            changes.iter().map(|c| (c.stream.as_str(), c)),
+            |index, c| {
+                index.relife(c);
+            },
+        );
     }
 
     /// Rows of `streams` (None: of any stream) went that are not known one
@@ -1623,6 +1666,59 @@ mod against_lance {
             .await
             .unwrap();
         agree(&store, &filters, "after modify").await;
+        // A batch's side effects write their lifecycle columns alone: the
+        // held rows change those fields and keep their text and vectors.
+        let mut gone = memory(20, "a", dim);
+        gone.superseded_by = Some("m121".into());
+        gone.valid_until = Some(150);
+        gone.updated_at = 900;
+        gone.annotate("merged_sources", serde_json::json!(["x"]));
+        let mut preference = memory(33, "b", dim);
+        preference.superseded_by = Some("m121".into());
+        store
+            .commit_with_side_effects(vec![], vec![gone, preference])
+            .await
+            .unwrap();
+        agree(&store, &filters, "after side effects").await;
+        for (id, stream) in [("m20", "a"), ("m33", "b")] {
+            let text = format!("memory {}", &id[1..]);
+            let held = store
+                .find_rows(&Filter::new().stream(stream).content_contains(&text), None)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|c| c.id == id)
+                .unwrap();
+            let stored = store.get(id).await.unwrap().unwrap();
+            assert_eq!(held.superseded_by.as_deref(), Some("m121"), "{id}");
+            assert_eq!(
+                (&held.valid_until, held.updated_at, &held.extraction_meta),
+                (
+                    &stored.valid_until,
+                    stored.updated_at,
+                    &stored.extraction_meta
+                ),
+                "{id}"
+            );
+            assert_eq!(
+                (&held.content, &held.entities),
+                (&stored.content, &stored.entities)
+            );
+            assert_eq!(
+                stored.embedding,
+                memory(id[1..].parse().unwrap(), stream, dim).embedding
+            );
+        }
+        let stored = store.get("m20").await.unwrap().unwrap();
+        assert_eq!((stored.valid_until, stored.updated_at), (Some(150), 900));
+        assert!(stored.extraction_meta.unwrap().contains("merged_sources"));
+        // The superseded memory's vector is still searched where asked for.
+        let v = vector(33, dim);
+        let near = store
+            .search_vector(None, &v, &Filter::new().stream("b"), 1)
+            .await
+            .unwrap();
+        assert_eq!(near[0].id, "m33");
         // A delete drops the streams it touched; the next read loads them again.
         store
             .delete(&Filter::new().stream("a").created_since(1000))

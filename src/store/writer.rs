@@ -288,7 +288,7 @@ impl Sink {
     /// memory at each flush: nearly the whole table every 2 s under
     /// closed-loop searchers, and 3 times the time for the same rows.
     async fn touch(&self, accesses: &Accesses) -> Result<usize> {
-        use arrow_array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+        use arrow_array::{Int64Array, StringArray, TimestampMicrosecondArray};
         let ids: Vec<&str> = accesses.keys().map(String::as_str).collect();
         let mut rows: Vec<(String, String, i64, Option<crate::core::model::Micros>)> = Vec::new();
         let columns = ["id", "stream", "access_count", "last_accessed_at"];
@@ -307,24 +307,72 @@ impl Sink {
         if rows.is_empty() {
             return Ok(0);
         }
-        let full = crate::core::model::chunk_schema(self.dim);
-        let fields: Vec<arrow_schema::Field> = ["id", "access_count", "last_accessed_at"]
-            .iter()
-            .map(|n| full.field_with_name(n).cloned())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| StoreError::Lance(lancedb::Error::Arrow { source: e }))?;
-        let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
-        let batch = RecordBatch::try_new(
-            schema.clone(),
+        self.merge_columns(
+            &["id", "access_count", "last_accessed_at"],
             vec![
-                std::sync::Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.1))),
-                std::sync::Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
-                std::sync::Arc::new(TimestampMicrosecondArray::from_iter(
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.1))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(TimestampMicrosecondArray::from_iter(
                     rows.iter().map(|r| r.3),
                 )),
             ],
         )
-        .map_err(|e| StoreError::Lance(lancedb::Error::Arrow { source: e }))?;
+        .await?;
+        self.hot.touch(&rows);
+        Ok(rows.len())
+    }
+
+    /// Write side effects' lifecycle columns onto stored memories: a
+    /// `merge_insert` whose rows hold only those columns updates them in
+    /// place, where whole rows rewrote each superseded memory's text and
+    /// vector. The hot index changes the same fields of the rows it holds.
+    async fn relife(&self, rows: &[Lifecycle]) -> Result<()> {
+        use arrow_array::{StringArray, TimestampMicrosecondArray};
+        self.merge_columns(
+            &[
+                "id",
+                "superseded_by",
+                "valid_until",
+                "updated_at",
+                "extraction_meta",
+            ],
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.id))),
+                Arc::new(StringArray::from_iter(
+                    rows.iter().map(|r| r.superseded_by.as_deref()),
+                )),
+                Arc::new(TimestampMicrosecondArray::from_iter(
+                    rows.iter().map(|r| r.valid_until),
+                )),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    rows.iter().map(|r| r.updated_at),
+                )),
+                Arc::new(StringArray::from_iter(
+                    rows.iter().map(|r| r.extraction_meta.as_deref()),
+                )),
+            ],
+        )
+        .await?;
+        self.hot.relife(rows);
+        Ok(())
+    }
+
+    /// Update these columns (`id` first) of the stored rows with these ids;
+    /// ids no row has are left out.
+    async fn merge_columns(
+        &self,
+        names: &[&str],
+        columns: Vec<arrow_array::ArrayRef>,
+    ) -> Result<()> {
+        let full = crate::core::model::chunk_schema(self.dim);
+        let fields: Vec<arrow_schema::Field> = names
+            .iter()
+            .map(|n| full.field_with_name(n).cloned())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| StoreError::Lance(lancedb::Error::Arrow { source: e }))?;
+        let schema = Arc::new(arrow_schema::Schema::new(fields));
+        let batch = arrow_array::RecordBatch::try_new(schema.clone(), columns)
+            .map_err(|e| StoreError::Lance(lancedb::Error::Arrow { source: e }))?;
         let mut merge = self.table.merge_insert(&["id"]);
         merge.when_matched_update_all(None);
         merge
@@ -333,8 +381,7 @@ impl Sink {
                 schema,
             )))
             .await?;
-        self.hot.touch(&rows);
-        Ok(rows.len())
+        Ok(())
     }
 
     /// Delete by predicate; the hot index drops the streams it touched
@@ -818,19 +865,30 @@ async fn commit(
     // The memories the side effects change are read while the new rows are
     // appended: none of them is among those rows (a record that is also a
     // side effect is merged, see `write::plan`), so the read finds the same
-    // rows before or after the append.
+    // rows before or after the append. Only the fields a side effect is
+    // rebased on are read (see `rebase`).
     let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
     let read_side = async {
-        if ids.is_empty() {
-            return Ok(HashMap::new());
+        let mut now: HashMap<String, Lifecycle> = HashMap::new();
+        if !ids.is_empty() {
+            let columns = ["id", "stream", "updated_at", "extraction_meta"];
+            super::for_each_by_id(table, &ids, &columns, |c, r| {
+                let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
+                    return;
+                };
+                let stored = Lifecycle {
+                    id: id.clone(),
+                    stream,
+                    superseded_by: None,
+                    valid_until: None,
+                    updated_at: c.time("updated_at", r).unwrap_or(0),
+                    extraction_meta: c.str("extraction_meta", r),
+                };
+                now.insert(id, stored);
+            })
+            .await?;
         }
-        let current: HashMap<String, Chunk> =
-            super::read_chunks(table, super::Filter::new().ids(&ids).predicate(), None)
-                .await?
-                .into_iter()
-                .map(|c| (c.id.clone(), c))
-                .collect();
-        Ok::<_, StoreError>(current)
+        Ok::<_, StoreError>(now)
     };
     let append = async {
         if !fresh.is_empty() {
@@ -843,34 +901,67 @@ async fn commit(
     if rows.is_empty() && side.is_empty() {
         return Ok(fresh.len());
     }
-    let rebased: Vec<Chunk> = side
-        .into_iter()
-        .map(|s| match current.remove(&s.id) {
-            Some(now) => rebase(now, s),
-            None => s,
-        })
-        .collect();
+    // A side effect on a stored memory writes its lifecycle columns alone;
+    // one on a memory not stored yet is written whole, as it is.
+    let mut changed: Vec<Lifecycle> = Vec::new();
+    let mut unstored: Vec<Chunk> = Vec::new();
+    for s in side {
+        match current.remove(&s.id) {
+            Some(now) => changed.push(rebase(now, s)),
+            None => unstored.push(s),
+        }
+    }
     let read = started.elapsed().saturating_sub(appended);
     // Side effects first: a record's own row wins the fold by id. A merge
     // rewrites rows, so it waits for the fragment merge and the access flush.
     merger.settle().await;
     toucher.settle().await;
     let settled = started.elapsed() - appended - read;
-    sink.commit(rebased.iter().chain(rows.iter())).await?;
+    if !changed.is_empty() {
+        sink.relife(&changed).await?;
+    }
+    if !rows.is_empty() || !unstored.is_empty() {
+        sink.commit(unstored.iter().chain(rows.iter())).await?;
+    }
     tracing::debug!(
         ?appended,
         ?read,
         ?settled,
         merged = ?started.elapsed() - appended - read - settled,
         appended_rows = fresh.len(),
-        merged_rows = rows.len() + rebased.len(),
+        merged_rows = rows.len() + unstored.len(),
+        changed_rows = changed.len(),
         "batch commit phases"
     );
-    Ok(fresh.len() + rows.len() + rebased.len())
+    Ok(fresh.len() + rows.len() + unstored.len() + changed.len())
 }
 
-/// `side`'s lifecycle fields and `extraction_meta` keys on top of `now`.
-fn rebase(mut now: Chunk, side: Chunk) -> Chunk {
+/// What a side effect changes on a stored memory: its lifecycle fields and
+/// its `extraction_meta`, written alone ([`Sink::relife`]) so the rest of the
+/// row (text, vector, entities) is neither read nor written again.
+#[derive(Debug, Clone)]
+pub(super) struct Lifecycle {
+    pub id: String,
+    pub stream: String,
+    pub superseded_by: Option<String>,
+    pub valid_until: Option<crate::core::model::Micros>,
+    pub updated_at: crate::core::model::Micros,
+    pub extraction_meta: Option<String>,
+}
+
+impl Lifecycle {
+    /// These fields on a memory's row.
+    pub fn apply_to(&self, c: &mut Chunk) {
+        c.superseded_by = self.superseded_by.clone();
+        c.valid_until = self.valid_until;
+        c.updated_at = self.updated_at;
+        c.extraction_meta = self.extraction_meta.clone();
+    }
+}
+
+/// `side`'s lifecycle fields and `extraction_meta` keys on top of the
+/// stored memory's (`now`: its `updated_at` and `extraction_meta`).
+fn rebase(mut now: Lifecycle, side: Chunk) -> Lifecycle {
     now.superseded_by = side.superseded_by;
     now.valid_until = side.valid_until;
     now.updated_at = now.updated_at.max(side.updated_at);
