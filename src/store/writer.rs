@@ -842,30 +842,26 @@ async fn commit(
             return Err(StoreError::Refused(refused));
         }
     }
-    // Rows whose id nothing stores, no side effect touches and the batch
-    // does not repeat are appended with `fresh`; the rest are merged.
-    let repeated: std::collections::HashSet<String> = {
-        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
-        rows.iter()
-            .chain(&side)
-            .filter(|c| !seen.insert(c.id.as_str()))
-            .map(|c| c.id.clone())
+    // Rows whose id nothing stores are appended with `fresh`: of an id the
+    // batch repeats, the last (a merge on `id` kept the same one), and a side
+    // effect on one of them gives way to its own row, the record's final
+    // form (see `write::plan`). Rows that replace stored ones are merged.
+    let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
+        rows.into_iter().partition(|c| !owners.contains_key(&c.id));
+    let new = last_of_each(new);
+    let started = std::time::Instant::now();
+    let side: Vec<Chunk> = {
+        let own: std::collections::HashSet<&str> =
+            rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
+        side.into_iter()
+            .filter(|c| !own.contains(c.id.as_str()))
             .collect()
     };
-    let (new, rows): (Vec<Chunk>, Vec<Chunk>) = rows
-        .into_iter()
-        .partition(|c| !owners.contains_key(&c.id) && !repeated.contains(&c.id));
     fresh.extend(new);
-    let started = std::time::Instant::now();
-    let own: std::collections::HashSet<&str> = rows.iter().map(|c| c.id.as_str()).collect();
-    let side: Vec<Chunk> = side
-        .into_iter()
-        .filter(|c| !own.contains(c.id.as_str()))
-        .collect();
     // The memories the side effects change are read while the new rows are
-    // appended: none of them is among those rows (a record that is also a
-    // side effect is merged, see `write::plan`), so the read finds the same
-    // rows before or after the append. Only the fields a side effect is
+    // appended: none of them is among those rows (a side effect on one of
+    // them went above), so the read finds the same rows before or after the
+    // append. Only the fields a side effect is
     // rebased on are read (see `rebase`).
     let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
     let read_side = async {
@@ -934,6 +930,22 @@ async fn commit(
         "batch commit phases"
     );
     Ok(fresh.len() + rows.len() + unstored.len() + changed.len())
+}
+
+/// The last row of each id, in the order the ids first appear.
+fn last_of_each(rows: Vec<Chunk>) -> Vec<Chunk> {
+    let mut at: HashMap<String, usize> = HashMap::with_capacity(rows.len());
+    let mut out: Vec<Chunk> = Vec::with_capacity(rows.len());
+    for c in rows {
+        match at.get(&c.id) {
+            Some(&i) => out[i] = c,
+            None => {
+                at.insert(c.id.clone(), out.len());
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// What a side effect changes on a stored memory: its lifecycle fields and
@@ -1263,14 +1275,24 @@ mod tests {
             .commit_batch(write(vec![memory("x", "a", "v1"), locked]))
             .await
             .unwrap();
+        // A new id the batch repeats keeps its last row; a side effect on a
+        // new row gives way to the row itself.
         store
-            .commit_batch(write(vec![
-                memory("x", "a", "v2"),
-                memory("opened", "a", "v2"),
-                memory("y", "a", "v1"),
-                memory("twice", "a", "v1"),
-                memory("twice", "a", "v2"),
-            ]))
+            .commit_batch(WriteBatch {
+                side: ["twice", "y"]
+                    .map(|id| Chunk {
+                        superseded_by: Some("x".into()),
+                        ..memory(id, "a", "side")
+                    })
+                    .to_vec(),
+                ..write(vec![
+                    memory("x", "a", "v2"),
+                    memory("opened", "a", "v2"),
+                    memory("y", "a", "v1"),
+                    memory("twice", "a", "v1"),
+                    memory("twice", "a", "v2"),
+                ])
+            })
             .await
             .unwrap();
         for foreign in [memory("x", "b", "mine"), memory("locked", "a", "v2")] {
@@ -1295,6 +1317,14 @@ mod tests {
         assert_eq!(text("x").await, "v2");
         assert_eq!(text("opened").await, "v2");
         assert_eq!(text("twice").await, "v2");
+        assert_eq!(text("y").await, "v1");
+        for id in ["twice", "y"] {
+            let row = store.get(id).await.unwrap().unwrap();
+            assert_eq!(
+                row.superseded_by, None,
+                "{id}: its own row, not the side effect"
+            );
+        }
         assert_eq!(text("locked").await, "v1");
         assert_eq!(store.count(&Filter::new().id("z")).await.unwrap(), 0);
         // A rollback to before `gone` was deleted brings it back: writing it
