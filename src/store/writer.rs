@@ -897,14 +897,21 @@ async fn commit(
     if rows.is_empty() && side.is_empty() {
         return Ok(fresh.len());
     }
-    // A side effect on a stored memory writes its lifecycle columns alone;
-    // one on a memory not stored yet is written whole, as it is.
+    // A side effect on a stored memory writes its lifecycle columns alone,
+    // several on one memory (two updates of a batch superseding it) one
+    // after the other; one on a memory not stored yet is written whole, as
+    // it is.
     let mut changed: Vec<Lifecycle> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
     let mut unstored: Vec<Chunk> = Vec::new();
     for s in side {
-        match current.remove(&s.id) {
-            Some(now) => changed.push(rebase(now, s)),
-            None => unstored.push(s),
+        if let Some(&i) = at.get(&s.id) {
+            changed[i] = rebase(changed[i].clone(), s);
+        } else if let Some(now) = current.remove(&s.id) {
+            at.insert(s.id.clone(), changed.len());
+            changed.push(rebase(now, s));
+        } else {
+            unstored.push(s);
         }
     }
     let read = started.elapsed().saturating_sub(appended);
@@ -925,7 +932,8 @@ async fn commit(
         ?settled,
         merged = ?started.elapsed() - appended - read - settled,
         appended_rows = fresh.len(),
-        merged_rows = rows.len() + unstored.len(),
+        merged_rows = rows.len(),
+        unstored_rows = unstored.len(),
         changed_rows = changed.len(),
         "batch commit phases"
     );
@@ -1451,6 +1459,37 @@ mod tests {
         assert_eq!(meta["merged_sources"][0], "x");
         assert_eq!(meta["surprise"], 0.5);
         assert!(store.get("new").await.unwrap().is_some());
+        // Two updates of one batch supersede the same memory, each with the
+        // copy it read (the hot index's, which holds no vector): both fold
+        // onto the stored row, whose vector stays.
+        let mut kept = Chunk::new("kept".into(), "s".into(), "I drink coffee".into(), 1);
+        kept.embedding = Some(vec![0.25; 8]);
+        store.upsert(vec![kept.clone()]).await.unwrap();
+        let copies = [("u1", "first_cue"), ("u2", "second_cue")].map(|(by, cue)| {
+            let mut c = Chunk {
+                embedding: None,
+                superseded_by: Some(by.into()),
+                ..kept.clone()
+            };
+            c.annotate(cue, serde_json::json!(true));
+            c
+        });
+        let updates = ["u1", "u2"]
+            .map(|id| Chunk::new(id.into(), "s".into(), format!("update {id}"), 6))
+            .to_vec();
+        store
+            .commit_with_side_effects(updates, copies.to_vec())
+            .await
+            .unwrap();
+        let got = store.get("kept").await.unwrap().unwrap();
+        assert_eq!(got.embedding.as_deref(), Some(&[0.25f32; 8][..]));
+        assert_eq!(got.superseded_by.as_deref(), Some("u2"));
+        let meta: serde_json::Value =
+            serde_json::from_str(got.extraction_meta.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (&meta["first_cue"], &meta["second_cue"]),
+            (&serde_json::json!(true), &serde_json::json!(true))
+        );
         // A side effect on a memory not stored yet is written as it is.
         let mut fresh = Chunk::new("fresh".into(), "s".into(), "tea".into(), 1);
         fresh.superseded_by = Some("new".into());

@@ -64,8 +64,9 @@ fn plan(batch: &[Record]) -> WriteBatch {
         .flat_map(|r| r.also_write.iter().cloned())
         .collect();
     // When a record is also another's side effect, its own final form wins
-    // (so it is merged, not appended). The rest of the records whose ids
-    // nothing can hold yet are appended: no join on `id`.
+    // (it goes with `rows`, where the writer drops the side effect). The
+    // rest of the records whose ids nothing can hold yet are appended
+    // without a lookup.
     let touched: HashSet<&str> = side.iter().map(|c| c.id.as_str()).collect();
     let (fresh, rows): (Vec<_>, Vec<_>) = batch
         .iter()
