@@ -61,6 +61,8 @@ pub struct SearchParams {
     pub top_k: Option<usize>,
     /// "today", "this_week" or "this_month".
     pub time_filter: Option<String>,
+    /// Also group the results by conversation (`sessions`, best first).
+    pub group_sessions: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -259,6 +261,7 @@ impl MemoryServer {
             query: p.query,
             top_k: p.top_k,
             time_filter: p.time_filter,
+            group_sessions: p.group_sessions.unwrap_or(false),
             stream,
             ..Default::default()
         };

@@ -374,6 +374,65 @@ async fn mcp_sessions_act_in_the_keys_streams() {
     assert_eq!(s, 200, "still there");
 }
 
+/// `memory_search` groups its results by conversation on request, as
+/// `POST /v1/search` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn search_groups_results_into_sessions_on_request() {
+    let d = Daemon::start(Options::with_auth()).await;
+    for (session, text) in [
+        ("trip", "We hiked the canyon trail on the first morning"),
+        ("trip", "The canyon trail hike took us four hours"),
+        (
+            "work",
+            "The quarterly canyon trail fundraiser needs a budget",
+        ),
+    ] {
+        let body = json!({"content": text, "stream": "g", "session_id": session});
+        let (status, resp) = d.call("POST", "/v1/store", Some(body)).await;
+        assert_eq!(status, 200, "{resp}");
+    }
+    let client = connect(&d, Some(ADMIN_TOKEN), "?stream=g")
+        .await
+        .expect("initialize");
+    let mut args = json!({"query": "canyon trail hike", "top_k": 10});
+    let plain = ok_json(
+        "memory_search",
+        &call(&client, "memory_search", args.clone()).await,
+    );
+    assert_eq!(plain["results"].as_array().unwrap().len(), 3, "{plain}");
+    assert!(plain.get("sessions").is_none(), "{plain}");
+    args["group_sessions"] = json!(true);
+    let grouped = ok_json("memory_search", &call(&client, "memory_search", args).await);
+    let (status, rest) = d
+        .call(
+            "POST",
+            "/v1/search",
+            Some(json!({"query": "canyon trail hike", "top_k": 10, "stream": "g", "group_sessions": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{rest}");
+    let groups = |v: &Value| -> Vec<(String, std::collections::BTreeSet<String>)> {
+        v["sessions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no sessions: {v}"))
+            .iter()
+            .map(|s| {
+                let ids = s["chunk_ids"].as_array().unwrap();
+                let ids = ids.iter().map(|i| i.as_str().unwrap().to_string());
+                (s["session_id"].as_str().unwrap().to_string(), ids.collect())
+            })
+            .collect()
+    };
+    let mcp = groups(&grouped);
+    assert_eq!(mcp, groups(&rest));
+    assert_eq!(
+        mcp.iter().map(|(s, _)| s.as_str()).collect::<Vec<_>>(),
+        ["trip", "work"],
+        "{grouped}"
+    );
+    assert_eq!(mcp[0].1.len(), 2, "{grouped}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_server_stores_and_searches() {
     use rmcp::transport::TokioChildProcess;
