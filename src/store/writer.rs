@@ -861,8 +861,8 @@ async fn commit(
     // The memories the side effects change are read while the new rows are
     // appended: none of them is among those rows (a side effect on one of
     // them went above), so the read finds the same rows before or after the
-    // append. Only the fields a side effect is
-    // rebased on are read (see `rebase`).
+    // append. Only the fields a side effect is rebased on are read (see
+    // `rebase`).
     let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
     let read_side = async {
         let mut now: HashMap<String, Lifecycle> = HashMap::new();
