@@ -157,7 +157,9 @@ impl ChunkWriter {
     /// lifecycle fields (`superseded_by`, `valid_until`, `updated_at`) and its
     /// `extraction_meta` keys are taken, so a concurrent change to anything
     /// else (LLM entities, a new vector) is kept. A side effect on a memory
-    /// not stored yet is written as it is. With `refuse`, nothing is written
+    /// no longer stored (deleted since the stage read it) is dropped: the
+    /// delete wins, and the copy a stage holds may lack the vector. With
+    /// `refuse`, nothing is written
     /// when one of `rows` would overwrite another stream's memory or an
     /// immutable one: the error names their owners.
     pub async fn commit_batch(&self, batch: WriteBatch) -> Result<()> {
@@ -899,11 +901,10 @@ async fn commit(
     }
     // A side effect on a stored memory writes its lifecycle columns alone,
     // several on one memory (two updates of a batch superseding it) one
-    // after the other; one on a memory not stored yet is written whole, as
-    // it is.
+    // after the other; one on a memory no longer stored is dropped.
     let mut changed: Vec<Lifecycle> = Vec::new();
     let mut at: HashMap<String, usize> = HashMap::new();
-    let mut unstored: Vec<Chunk> = Vec::new();
+    let mut gone = 0;
     for s in side {
         if let Some(&i) = at.get(&s.id) {
             changed[i] = rebase(changed[i].clone(), s);
@@ -911,20 +912,20 @@ async fn commit(
             at.insert(s.id.clone(), changed.len());
             changed.push(rebase(now, s));
         } else {
-            unstored.push(s);
+            gone += 1;
         }
     }
     let read = started.elapsed().saturating_sub(appended);
-    // Side effects first: a record's own row wins the fold by id. A merge
-    // rewrites rows, so it waits for the fragment merge and the access flush.
+    // A merge rewrites rows, so it waits for the fragment merge and the
+    // access flush.
     merger.settle().await;
     toucher.settle().await;
     let settled = started.elapsed() - appended - read;
     if !changed.is_empty() {
         sink.relife(&changed).await?;
     }
-    if !rows.is_empty() || !unstored.is_empty() {
-        sink.commit(unstored.iter().chain(rows.iter())).await?;
+    if !rows.is_empty() {
+        sink.commit(rows.iter()).await?;
     }
     tracing::debug!(
         ?appended,
@@ -933,11 +934,11 @@ async fn commit(
         merged = ?started.elapsed() - appended - read - settled,
         appended_rows = fresh.len(),
         merged_rows = rows.len(),
-        unstored_rows = unstored.len(),
         changed_rows = changed.len(),
+        side_effects_on_deleted = gone,
         "batch commit phases"
     );
-    Ok(fresh.len() + rows.len() + unstored.len() + changed.len())
+    Ok(fresh.len() + rows.len() + changed.len())
 }
 
 /// The last row of each id, in the order the ids first appear.
@@ -1490,22 +1491,25 @@ mod tests {
             (&meta["first_cue"], &meta["second_cue"]),
             (&serde_json::json!(true), &serde_json::json!(true))
         );
-        // A side effect on a memory not stored yet is written as it is.
-        let mut fresh = Chunk::new("fresh".into(), "s".into(), "tea".into(), 1);
-        fresh.superseded_by = Some("new".into());
+        // A side effect on a memory deleted since the stage read it is
+        // dropped: the delete wins.
+        let tea = Chunk::new("tea".into(), "s".into(), "I drink tea".into(), 1);
+        store.upsert(vec![tea.clone()]).await.unwrap();
         store
-            .commit_with_side_effects(vec![], vec![fresh])
+            .delete(&crate::store::Filter::new().id("tea"))
             .await
             .unwrap();
-        assert_eq!(
-            store
-                .get("fresh")
-                .await
-                .unwrap()
-                .unwrap()
-                .superseded_by
-                .as_deref(),
-            Some("new")
+        let late = Chunk {
+            superseded_by: Some("new".into()),
+            ..tea
+        };
+        store
+            .commit_with_side_effects(vec![], vec![late])
+            .await
+            .unwrap();
+        assert!(
+            store.get("tea").await.unwrap().is_none(),
+            "deleted stays deleted"
         );
     }
 }
