@@ -262,10 +262,10 @@ impl StreamIndex {
     }
 
     /// A side effect's lifecycle fields on a memory held here (its vector
-    /// kept); false when the index does not hold it.
-    pub fn relife(&mut self, change: &Lifecycle) -> bool {
+    /// kept); a memory the index does not hold is left alone.
+    pub fn relife(&mut self, change: &Lifecycle) {
         let Some(doc) = self.docs.get(&change.id) else {
-            return false;
+            return;
         };
         let mut chunk = Chunk::clone(doc);
         change.apply_to(&mut chunk);
@@ -275,7 +275,6 @@ impl StreamIndex {
             chunk: Arc::new(chunk),
             vector,
         });
-        true
     }
 
     /// Insert or replace a memory.
@@ -853,9 +852,7 @@ impl HotIndex {
     pub(super) fn relife(&self, changes: &[Lifecycle]) {
         self.in_place(
             changes.iter().map(|c| (c.stream.as_str(), c)),
-            |index, c| {
-                index.relife(c);
-            },
+            |index, c| index.relife(c),
         );
     }
 

@@ -902,19 +902,17 @@ async fn commit(
     // A side effect on a stored memory writes its lifecycle columns alone,
     // several on one memory (two updates of a batch superseding it) one
     // after the other; one on a memory no longer stored is dropped.
-    let mut changed: Vec<Lifecycle> = Vec::new();
-    let mut at: HashMap<String, usize> = HashMap::new();
+    // Every memory read is one a side effect names.
     let mut gone = 0;
     for s in side {
-        if let Some(&i) = at.get(&s.id) {
-            changed[i] = rebase(changed[i].clone(), s);
-        } else if let Some(now) = current.remove(&s.id) {
-            at.insert(s.id.clone(), changed.len());
-            changed.push(rebase(now, s));
-        } else {
-            gone += 1;
+        match current.remove(&s.id) {
+            Some(now) => {
+                current.insert(s.id.clone(), rebase(now, s));
+            }
+            None => gone += 1,
         }
     }
+    let changed: Vec<Lifecycle> = current.into_values().collect();
     let read = started.elapsed().saturating_sub(appended);
     // A merge rewrites rows, so it waits for the fragment merge and the
     // access flush.
