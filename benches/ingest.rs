@@ -416,5 +416,58 @@ fn bench_e2e(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_stages, bench_e2e);
+/// An agent's store as the writer sees it: one commit of 8 new memories (a
+/// batch of eight concurrent `/v1/store` calls), into a table that grows by
+/// each of criterion's thousands of iterations, with the writer's own
+/// fragment merges and index refreshes running as they do in the daemon.
+fn bench_small_commits(c: &mut Criterion) {
+    loomem::store::maintain::lance_threads();
+    let rt = runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = rt.block_on(Store::open(tmp.path(), 384, 8192)).unwrap();
+    let texts = texts(8, "c");
+    let embed = HashEmbedder::new(384);
+    let vectors = rt
+        .block_on(loomem::providers::embed::Embedder::embed(&embed, &texts))
+        .unwrap();
+    let mut round = 0usize;
+    let mut group = c.benchmark_group("store");
+    group.throughput(Throughput::Elements(8));
+    group.bench_function("small_commit_8", |b| {
+        b.iter_batched(
+            || {
+                round += 1;
+                texts
+                    .iter()
+                    .zip(&vectors)
+                    .enumerate()
+                    .map(|(i, (t, v))| {
+                        let mut c = Chunk::new(
+                            format!("c{round}-{i}"),
+                            format!("agent-{}", i % 4),
+                            format!("{t} (round {round})"),
+                            round as i64,
+                        );
+                        c.embedding = Some(v.clone());
+                        c
+                    })
+                    .collect::<Vec<_>>()
+            },
+            |rows| {
+                rt.block_on(store.commit_batch(loomem::store::WriteBatch {
+                    fresh: Vec::new(),
+                    rows,
+                    side: Vec::new(),
+                    refuse: false,
+                }))
+                .unwrap()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+    eprintln!("\nstore/small_commit_8: {round} commits in all");
+}
+
+criterion_group!(benches, bench_stages, bench_small_commits, bench_e2e);
 criterion_main!(benches);

@@ -492,9 +492,10 @@ mod tests {
         assert_eq!(cfg.storage.data_dir, PathBuf::from("./data"));
         assert_eq!(cfg.embed.dim, 384);
         assert_eq!(cfg.embed.batch_niceness, 0);
-        assert_eq!(cfg.search.read_niceness, 5);
+        assert_eq!(cfg.search.read_niceness, 15);
         assert_eq!(cfg.bus.kind, BusKind::Jetstream);
         assert_eq!(cfg.bus.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(cfg.bus.batch_wait_ms, 2);
     }
 
     #[test]

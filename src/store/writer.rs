@@ -275,10 +275,7 @@ impl Sink {
     /// One append of rows whose ids no stored row has.
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
         self.known.add(rows.iter().map(|c| c.id.as_str()));
-        self.table
-            .add(batch_reader(rows, self.dim)?)
-            .execute()
-            .await?;
+        super::append_rows(&self.table, batch_reader(rows, self.dim)?).await?;
         self.hot.apply(rows);
         Ok(())
     }
