@@ -1530,8 +1530,9 @@ pub(crate) fn batch_reader(
 
 /// Append rows that already have the table's schema, straight through Lance:
 /// lancedb's `add` plans every call in DataFusion (a cast to the table's
-/// schema, a NaN check on vectors, a projection), about half the CPU of an
-/// agent's small commit, for rows `chunks_to_batch` builds in that schema.
+/// schema, a NaN check on vectors, a projection), 38% of the CPU the
+/// writer's task spent on an agent's commit of 8 rows, for rows
+/// `chunks_to_batch` builds in that schema (the caller checks for NaN).
 /// The table's handle then holds the new version, as after `add`.
 pub(crate) async fn append_rows(
     table: &Table,

@@ -272,8 +272,19 @@ impl Sink {
         Ok(())
     }
 
-    /// One append of rows whose ids no stored row has.
+    /// One append of rows whose ids no stored row has. A vector with a NaN
+    /// fails the batch, as lancedb's `add` did (see [`super::append_rows`]).
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
+        if let Some(c) = rows.iter().find(|c| {
+            c.embedding
+                .as_ref()
+                .is_some_and(|v| v.iter().any(|x| x.is_nan()))
+        }) {
+            return Err(lancedb::Error::InvalidInput {
+                message: format!("the embedding of memory {} holds NaN", c.id),
+            }
+            .into());
+        }
         self.known.add(rows.iter().map(|c| c.id.as_str()));
         super::append_rows(&self.table, batch_reader(rows, self.dim)?).await?;
         self.hot.apply(rows);
@@ -1248,6 +1259,39 @@ mod tests {
     /// id (of this process's writes, of the table as opened, or brought back
     /// by a rollback) replaces it; one of another stream's id, or of an
     /// immutable memory, refuses the batch. No id ever names two rows.
+    #[tokio::test]
+    async fn an_append_with_a_nan_vector_fails_and_writes_nothing() {
+        use crate::store::{Filter, WriteBatch};
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 4, 100).await.unwrap();
+        let memory = |id: &str, v: Vec<f32>| {
+            let mut c = Chunk::new(id.into(), "a".into(), format!("text of {id}"), 0);
+            c.embedding = Some(v);
+            c
+        };
+        let batch = |rows| WriteBatch {
+            fresh: vec![],
+            rows,
+            side: vec![],
+            refuse: false,
+        };
+        let err = store
+            .commit_batch(batch(vec![
+                memory("fine", vec![1.0, 0.0, 0.0, 0.0]),
+                memory("bad", vec![0.0, f32::NAN, 0.0, 0.0]),
+            ]))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("memory bad holds NaN"), "{err}");
+        assert_eq!(store.count(&Filter::new().stream("a")).await.unwrap(), 0);
+        // The same rows without the bad one are written.
+        store
+            .commit_batch(batch(vec![memory("fine", vec![1.0, 0.0, 0.0, 0.0])]))
+            .await
+            .unwrap();
+        assert_eq!(store.count(&Filter::new().stream("a")).await.unwrap(), 1);
+    }
+
     #[tokio::test]
     async fn a_batch_appends_new_ids_replaces_stored_ones_and_refuses_foreign_ones() {
         use crate::store::{Filter, StoreError, WriteBatch};
