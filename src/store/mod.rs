@@ -1528,24 +1528,32 @@ pub(crate) fn batch_reader(
     Ok(Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema)))
 }
 
-/// Append rows that already have the table's schema, straight through Lance:
-/// lancedb's `add` plans every call in DataFusion (a cast to the table's
-/// schema, a NaN check on vectors, a projection), 38% of the CPU the
-/// writer's task spent on an agent's commit of 8 rows, for rows
-/// `chunks_to_batch` builds in that schema (the caller checks for NaN).
+/// Append chunks straight through Lance: lancedb's `add` plans every call in
+/// DataFusion (a cast to the table's schema, a NaN check on vectors, a
+/// projection), 38% of the CPU the writer's task spent on an agent's commit
+/// of 8 rows, for rows `chunks_to_batch` builds in that schema. The NaN check
+/// is kept here: a vector holding NaN fails the append, as it failed `add`.
 /// The table's handle then holds the new version, as after `add`.
-pub(crate) async fn append_rows(
-    table: &Table,
-    rows: Box<dyn arrow_array::RecordBatchReader + Send>,
-) -> Result<()> {
+pub(crate) async fn append_rows(table: &Table, rows: &[Chunk], dim: usize) -> Result<()> {
+    if let Some(c) = rows.iter().find(|c| {
+        c.embedding
+            .as_ref()
+            .is_some_and(|v| v.iter().any(|x| x.is_nan()))
+    }) {
+        return Err(lancedb::Error::InvalidInput {
+            message: format!("the embedding of memory {} holds NaN", c.id),
+        }
+        .into());
+    }
+    let reader = batch_reader(rows, dim)?;
     let Some(handle) = table.dataset() else {
-        table.add(rows).execute().await?;
+        table.add(reader).execute().await?;
         return Ok(());
     };
     handle.ensure_mutable()?;
     let mut dataset = (*handle.get().await?).clone();
     dataset
-        .append(rows, None)
+        .append(reader, None)
         .await
         .map_err(lancedb::Error::from)?;
     handle.update(dataset);

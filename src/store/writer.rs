@@ -272,21 +272,11 @@ impl Sink {
         Ok(())
     }
 
-    /// One append of rows whose ids no stored row has. A vector with a NaN
-    /// fails the batch, as lancedb's `add` did (see [`super::append_rows`]).
+    /// One append of rows whose ids no stored row has (a vector holding NaN
+    /// fails it, see [`super::append_rows`]).
     async fn append(&self, rows: &[Chunk]) -> Result<()> {
-        if let Some(c) = rows.iter().find(|c| {
-            c.embedding
-                .as_ref()
-                .is_some_and(|v| v.iter().any(|x| x.is_nan()))
-        }) {
-            return Err(lancedb::Error::InvalidInput {
-                message: format!("the embedding of memory {} holds NaN", c.id),
-            }
-            .into());
-        }
         self.known.add(rows.iter().map(|c| c.id.as_str()));
-        super::append_rows(&self.table, batch_reader(rows, self.dim)?).await?;
+        super::append_rows(&self.table, rows, self.dim).await?;
         self.hot.apply(rows);
         Ok(())
     }
@@ -1255,10 +1245,6 @@ mod tests {
         }
     }
 
-    /// Rows whose ids nothing stores are appended; one that repeats a stored
-    /// id (of this process's writes, of the table as opened, or brought back
-    /// by a rollback) replaces it; one of another stream's id, or of an
-    /// immutable memory, refuses the batch. No id ever names two rows.
     #[tokio::test]
     async fn an_append_with_a_nan_vector_fails_and_writes_nothing() {
         use crate::store::{Filter, WriteBatch};
@@ -1292,6 +1278,10 @@ mod tests {
         assert_eq!(store.count(&Filter::new().stream("a")).await.unwrap(), 1);
     }
 
+    /// Rows whose ids nothing stores are appended; one that repeats a stored
+    /// id (of this process's writes, of the table as opened, or brought back
+    /// by a rollback) replaces it; one of another stream's id, or of an
+    /// immutable memory, refuses the batch. No id ever names two rows.
     #[tokio::test]
     async fn a_batch_appends_new_ids_replaces_stored_ones_and_refuses_foreign_ones() {
         use crate::store::{Filter, StoreError, WriteBatch};
