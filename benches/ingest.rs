@@ -459,6 +459,7 @@ fn bench_small_commits(c: &mut Criterion) {
                     rows,
                     side: Vec::new(),
                     refuse: false,
+                    history: Vec::new(),
                 }))
                 .unwrap()
             },

@@ -46,16 +46,21 @@ pub fn history_schema() -> arrow_schema::SchemaRef {
     ]))
 }
 
+/// Append `rows` to the history table (one commit; none for no rows). The
+/// caller holds the table gate.
+pub(super) async fn append_history(table: &lancedb::Table, rows: &[HistoryRow]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let batch = crate::store::graph::rows_to_batch(history_schema(), rows)?;
+    super::append_batch(table, batch).await
+}
+
 impl super::Store {
     /// Record changes to memories (one commit).
     pub async fn add_history(&self, rows: Vec<HistoryRow>) -> Result<()> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let batch = crate::store::graph::rows_to_batch(history_schema(), &rows)?;
         let _gate = self.table_gate.read().await;
-        self.history.add(batch).execute().await?;
-        Ok(())
+        append_history(&self.history, &rows).await
     }
 
     /// Remove what other tables keep of deleted memories of `stream`: their

@@ -874,6 +874,7 @@ mod tests {
                     rows: vec![memory(i - 3, "v2")],
                     side: vec![],
                     refuse: true,
+                    history: vec![],
                 }
             } else {
                 WriteBatch {
@@ -881,6 +882,7 @@ mod tests {
                     rows: vec![],
                     side: vec![],
                     refuse: true,
+                    history: vec![],
                 }
             };
             store.commit_batch(batch).await.unwrap();

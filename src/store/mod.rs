@@ -264,6 +264,7 @@ impl Store {
         let vector_build = maintain::VectorBuild::default();
         let writer = ChunkWriter::spawn(
             chunks.clone(),
+            history.clone(),
             dim,
             write_batch_max_rows,
             maintenance,
@@ -413,6 +414,7 @@ impl Store {
             rows,
             side,
             refuse: false,
+            history: Vec::new(),
         })
         .await
     }
@@ -1528,12 +1530,9 @@ pub(crate) fn batch_reader(
     Ok(Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema)))
 }
 
-/// Append chunks straight through Lance: lancedb's `add` plans every call in
-/// DataFusion (a cast to the table's schema, a NaN check on vectors, a
-/// projection), 38% of the CPU the writer's task spent on an agent's commit
-/// of 8 rows, for rows `chunks_to_batch` builds in that schema. The NaN check
-/// is kept here: a vector holding NaN fails the append, as it failed `add`.
-/// The table's handle then holds the new version, as after `add`.
+/// Append chunks straight through Lance (see [`append_batch`]), for rows
+/// `chunks_to_batch` builds in the table's schema. lancedb's `add` refused a
+/// vector holding NaN; so does this, before anything is written.
 pub(crate) async fn append_rows(table: &Table, rows: &[Chunk], dim: usize) -> Result<()> {
     if let Some(c) = rows.iter().find(|c| {
         c.embedding
@@ -1545,13 +1544,38 @@ pub(crate) async fn append_rows(table: &Table, rows: &[Chunk], dim: usize) -> Re
         }
         .into());
     }
-    let reader = batch_reader(rows, dim)?;
+    append_batch(table, chunks_to_batch(rows, dim)?).await
+}
+
+/// Append one batch straight through Lance: lancedb's `add` plans every call
+/// in DataFusion (a cast to the table's schema, a NaN check on vectors, a
+/// projection), 38% of the CPU the writer's task spent on an agent's commit
+/// of 8 rows. A batch in the table's own schema (names, types, nullability)
+/// goes to the table's dataset (`append`), and the table's handle then holds
+/// the new version, as after `add`; any other batch goes through `add`,
+/// which casts it.
+pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()> {
+    let schema = batch.schema();
+    let reader: Box<dyn arrow_array::RecordBatchReader + Send> =
+        Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema.clone()));
     let Some(handle) = table.dataset() else {
         table.add(reader).execute().await?;
         return Ok(());
     };
     handle.ensure_mutable()?;
     let mut dataset = (*handle.get().await?).clone();
+    let stored = arrow_schema::Schema::from(dataset.schema());
+    let same = stored.fields().len() == schema.fields().len()
+        && stored.fields().iter().zip(schema.fields()).all(|(a, b)| {
+            a.name() == b.name()
+                && a.data_type() == b.data_type()
+                && a.is_nullable() == b.is_nullable()
+        });
+    if !same {
+        drop(dataset);
+        table.add(reader).execute().await?;
+        return Ok(());
+    }
     dataset
         .append(reader, None)
         .await

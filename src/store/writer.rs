@@ -39,6 +39,7 @@ enum WriteOp {
 pub type Accesses = HashMap<String, (i64, crate::core::model::Micros)>;
 
 /// A pipeline batch's write.
+#[derive(Default)]
 pub struct WriteBatch {
     /// Rows no stored row can share an id with.
     pub fresh: Vec<Chunk>,
@@ -49,6 +50,10 @@ pub struct WriteBatch {
     /// Refuse the whole write when one of `rows` would overwrite another
     /// stream's memory or an immutable one ([`StoreError::Refused`]).
     pub refuse: bool,
+    /// The batch's history (supersessions and their reasons), appended to
+    /// the history table beside the chunk writes, once the batch is not
+    /// refused.
+    pub history: Vec<super::HistoryRow>,
 }
 
 pub struct ChunkWriter {
@@ -115,6 +120,7 @@ impl KnownIds {
 impl ChunkWriter {
     pub fn spawn(
         table: Table,
+        history: Table,
         dim: usize,
         max_rows: usize,
         maintenance: Maintenance,
@@ -126,6 +132,7 @@ impl ChunkWriter {
         let known = Arc::new(KnownIds::default());
         let sink = Sink {
             table,
+            history,
             dim,
             hot,
             known: known.clone(),
@@ -244,6 +251,8 @@ const INDEX_REFRESH_QUIET: std::time::Duration = std::time::Duration::from_secs(
 #[derive(Clone)]
 struct Sink {
     table: Table,
+    /// The history table, which a pipeline batch's history goes to.
+    history: Table,
     dim: usize,
     hot: Arc<HotIndex>,
     known: Arc<KnownIds>,
@@ -326,33 +335,33 @@ impl Sink {
     /// `merge_insert` whose rows hold only those columns updates them in
     /// place, where whole rows rewrote each superseded memory's text and
     /// vector. The hot index changes the same fields of the rows it holds.
-    async fn relife(&self, rows: &[Lifecycle]) -> Result<()> {
-        use arrow_array::{StringArray, TimestampMicrosecondArray};
-        self.merge_columns(
-            &[
-                "id",
-                "superseded_by",
-                "valid_until",
-                "updated_at",
-                "extraction_meta",
-            ],
-            vec![
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.id))),
-                Arc::new(StringArray::from_iter(
-                    rows.iter().map(|r| r.superseded_by.as_deref()),
-                )),
-                Arc::new(TimestampMicrosecondArray::from_iter(
-                    rows.iter().map(|r| r.valid_until),
-                )),
-                Arc::new(TimestampMicrosecondArray::from_iter_values(
-                    rows.iter().map(|r| r.updated_at),
-                )),
-                Arc::new(StringArray::from_iter(
-                    rows.iter().map(|r| r.extraction_meta.as_deref()),
-                )),
-            ],
-        )
-        .await?;
+    /// `meta_changed`: some row's `extraction_meta` differs from the stored
+    /// one. Otherwise that column is not written: Lance patches a column
+    /// for every row of each fragment a patched row sits in, and this column
+    /// (a JSON text a memory) is most of the bytes (a supersession changes
+    /// only the three lifecycle fields).
+    async fn relife(&self, rows: &[Lifecycle], meta_changed: bool) -> Result<()> {
+        use arrow_array::{ArrayRef, StringArray, TimestampMicrosecondArray};
+        let mut names = vec!["id", "superseded_by", "valid_until", "updated_at"];
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.id))),
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|r| r.superseded_by.as_deref()),
+            )),
+            Arc::new(TimestampMicrosecondArray::from_iter(
+                rows.iter().map(|r| r.valid_until),
+            )),
+            Arc::new(TimestampMicrosecondArray::from_iter_values(
+                rows.iter().map(|r| r.updated_at),
+            )),
+        ];
+        if meta_changed {
+            names.push("extraction_meta");
+            columns.push(Arc::new(StringArray::from_iter(
+                rows.iter().map(|r| r.extraction_meta.as_deref()),
+            )));
+        }
+        self.merge_columns(&names, columns).await?;
         self.hot.relife(rows);
         Ok(())
     }
@@ -816,6 +825,7 @@ async fn commit(
         rows,
         side,
         refuse,
+        history,
     } = batch;
     let table = &sink.table;
     // Only ids the table may hold are looked up.
@@ -842,99 +852,114 @@ async fn commit(
             return Err(StoreError::Refused(refused));
         }
     }
-    // Rows whose id nothing stores are appended with `fresh`: of an id the
-    // batch repeats, the last (a merge on `id` kept the same one), and a side
-    // effect on one of them gives way to its own row, the record's final
-    // form (see `write::plan`). Rows that replace stored ones are merged.
-    let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
-        rows.into_iter().partition(|c| !owners.contains_key(&c.id));
-    let new = last_of_each(new);
-    let started = std::time::Instant::now();
-    let side: Vec<Chunk> = {
-        let own: std::collections::HashSet<&str> =
-            rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
-        side.into_iter()
-            .filter(|c| !own.contains(c.id.as_str()))
-            .collect()
-    };
-    fresh.extend(new);
-    // The memories the side effects change are read while the new rows are
-    // appended: none of them is among those rows (a side effect on one of
-    // them went above), so the read finds the same rows before or after the
-    // append. Only the fields a side effect is rebased on are read (see
-    // `rebase`).
-    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-    let read_side = async {
-        let mut now: HashMap<String, Lifecycle> = HashMap::new();
-        if !ids.is_empty() {
-            let columns = ["id", "stream", "updated_at", "extraction_meta"];
-            super::for_each_by_id(table, &ids, &columns, |c, r| {
-                let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
-                    return;
-                };
-                let stored = Lifecycle {
-                    id: id.clone(),
-                    stream,
-                    superseded_by: None,
-                    valid_until: None,
-                    updated_at: c.time("updated_at", r).unwrap_or(0),
-                    extraction_meta: c.str("extraction_meta", r),
-                };
-                now.insert(id, stored);
-            })
-            .await?;
-        }
-        Ok::<_, StoreError>(now)
-    };
-    let append = async {
-        if !fresh.is_empty() {
-            sink.append(&fresh).await?;
-        }
-        Ok::<_, StoreError>(started.elapsed())
-    };
-    let (appended, current) = futures::join!(append, read_side);
-    let (appended, mut current) = (appended?, current?);
-    if rows.is_empty() && side.is_empty() {
-        return Ok(fresh.len());
-    }
-    // A side effect on a stored memory writes its lifecycle columns alone,
-    // several on one memory (two updates of a batch superseding it) one
-    // after the other; one on a memory no longer stored is dropped.
-    // Every memory read is one a side effect names.
-    let mut gone = 0;
-    for s in side {
-        match current.remove(&s.id) {
-            Some(now) => {
-                current.insert(s.id.clone(), rebase(now, s));
+    // The history goes to its own table while the chunk writes run: the
+    // batch is not refused past this point.
+    let chunks = async {
+        // Rows whose id nothing stores are appended with `fresh`: of an id the
+        // batch repeats, the last (a merge on `id` kept the same one), and a side
+        // effect on one of them gives way to its own row, the record's final
+        // form (see `write::plan`). Rows that replace stored ones are merged.
+        let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
+            rows.into_iter().partition(|c| !owners.contains_key(&c.id));
+        let new = last_of_each(new);
+        let started = std::time::Instant::now();
+        let side: Vec<Chunk> = {
+            let own: std::collections::HashSet<&str> =
+                rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
+            side.into_iter()
+                .filter(|c| !own.contains(c.id.as_str()))
+                .collect()
+        };
+        fresh.extend(new);
+        // The memories the side effects change are read while the new rows are
+        // appended: none of them is among those rows (a side effect on one of
+        // them went above), so the read finds the same rows before or after the
+        // append. Only the fields a side effect is rebased on are read (see
+        // `rebase`).
+        let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
+        let read_side = async {
+            let mut now: HashMap<String, Lifecycle> = HashMap::new();
+            if !ids.is_empty() {
+                let columns = ["id", "stream", "updated_at", "extraction_meta"];
+                super::for_each_by_id(table, &ids, &columns, |c, r| {
+                    let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
+                        return;
+                    };
+                    let stored = Lifecycle {
+                        id: id.clone(),
+                        stream,
+                        superseded_by: None,
+                        valid_until: None,
+                        updated_at: c.time("updated_at", r).unwrap_or(0),
+                        extraction_meta: c.str("extraction_meta", r),
+                    };
+                    now.insert(id, stored);
+                })
+                .await?;
             }
-            None => gone += 1,
+            Ok::<_, StoreError>(now)
+        };
+        let append = async {
+            if !fresh.is_empty() {
+                sink.append(&fresh).await?;
+            }
+            Ok::<_, StoreError>(started.elapsed())
+        };
+        let (appended, current) = futures::join!(append, read_side);
+        let (appended, mut current) = (appended?, current?);
+        if rows.is_empty() && side.is_empty() {
+            return Ok::<_, StoreError>(fresh.len());
         }
-    }
-    let changed: Vec<Lifecycle> = current.into_values().collect();
-    let read = started.elapsed().saturating_sub(appended);
-    // A merge rewrites rows, so it waits for the fragment merge and the
-    // access flush.
-    merger.settle().await;
-    toucher.settle().await;
-    let settled = started.elapsed() - appended - read;
-    if !changed.is_empty() {
-        sink.relife(&changed).await?;
-    }
-    if !rows.is_empty() {
-        sink.commit(rows.iter()).await?;
-    }
-    tracing::debug!(
-        ?appended,
-        ?read,
-        ?settled,
-        merged = ?started.elapsed() - appended - read - settled,
-        appended_rows = fresh.len(),
-        merged_rows = rows.len(),
-        changed_rows = changed.len(),
-        side_effects_on_deleted = gone,
-        "batch commit phases"
+        // A side effect on a stored memory writes its lifecycle columns alone,
+        // several on one memory (two updates of a batch superseding it) one
+        // after the other; one on a memory no longer stored is dropped.
+        // Every memory read is one a side effect names.
+        let mut gone = 0;
+        let mut meta_changed = false;
+        for s in side {
+            match current.remove(&s.id) {
+                Some(now) => {
+                    let before = now.extraction_meta.clone();
+                    let after = rebase(now, s);
+                    meta_changed |= after.extraction_meta != before;
+                    current.insert(after.id.clone(), after);
+                }
+                None => gone += 1,
+            }
+        }
+        let changed: Vec<Lifecycle> = current.into_values().collect();
+        let read = started.elapsed().saturating_sub(appended);
+        // A merge rewrites rows, so it waits for the fragment merge and the
+        // access flush.
+        merger.settle().await;
+        toucher.settle().await;
+        let settled = started.elapsed() - appended - read;
+        if !changed.is_empty() {
+            sink.relife(&changed, meta_changed).await?;
+        }
+        if !rows.is_empty() {
+            sink.commit(rows.iter()).await?;
+        }
+        tracing::debug!(
+            ?appended,
+            ?read,
+            ?settled,
+            merged = ?started.elapsed() - appended - read - settled,
+            appended_rows = fresh.len(),
+            merged_rows = rows.len(),
+            changed_rows = changed.len(),
+            meta_changed,
+            side_effects_on_deleted = gone,
+            "batch commit phases"
+        );
+        Ok(fresh.len() + rows.len() + changed.len())
+    };
+    let (written, logged) = futures::join!(
+        chunks,
+        super::history::append_history(&sink.history, &history)
     );
-    Ok(fresh.len() + rows.len() + changed.len())
+    logged?;
+    written
 }
 
 /// The last row of each id, in the order the ids first appear.
@@ -989,10 +1014,19 @@ fn rebase(mut now: Lifecycle, side: Chunk) -> Lifecycle {
     };
     match (parse(&now.extraction_meta), parse(&side.extraction_meta)) {
         (Some(mut merged), Some(serde_json::Value::Object(theirs))) => {
+            // Rewritten only when a key changes: a supersession copies the
+            // stored keys back, and an unchanged text keeps `relife` from
+            // writing the column.
+            let mut changed = false;
             for (k, v) in theirs {
-                merged[k] = v;
+                if merged.get(&k) != Some(&v) {
+                    merged[k] = v;
+                    changed = true;
+                }
             }
-            now.extraction_meta = Some(merged.to_string());
+            if changed {
+                now.extraction_meta = Some(merged.to_string());
+            }
         }
         (None, Some(_)) => now.extraction_meta = side.extraction_meta,
         _ => {}
@@ -1217,6 +1251,7 @@ mod tests {
                         rows: vec![],
                         side: vec![],
                         refuse: true,
+                        history: vec![],
                     };
                     if i % 12 == 0 {
                         batch.rows = vec![memory(edited[i / 12].clone(), "v2")];
@@ -1260,6 +1295,7 @@ mod tests {
             rows,
             side: vec![],
             refuse: false,
+            history: vec![],
         };
         let err = store
             .commit_batch(batch(vec![
@@ -1294,6 +1330,7 @@ mod tests {
             rows,
             side: vec![],
             refuse: true,
+            history: vec![],
         };
         // A table that held `gone` (deleted before this process opened it).
         let before = {
@@ -1384,6 +1421,71 @@ mod tests {
             3,
             "opened, gone, x"
         );
+    }
+
+    /// A batch's history lands with its rows; a refused batch writes none
+    /// of it.
+    #[tokio::test]
+    async fn a_batchs_history_is_written_with_it_unless_it_is_refused() {
+        use crate::store::{HistoryRow, StoreError, WriteBatch};
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path(), 8, 100).await.unwrap();
+        let memory =
+            |id: &str, stream: &str| Chunk::new(id.into(), stream.into(), format!("{id} text"), 0);
+        let event = |chunk: &str, event: &str| HistoryRow {
+            id: format!("{chunk}-{event}"),
+            stream: "a".into(),
+            chunk_id: chunk.into(),
+            event: event.into(),
+            reason: "an update".into(),
+            related_ids: vec![],
+            created_at: 1,
+        };
+        store
+            .commit_batch(WriteBatch {
+                fresh: vec![memory("old", "a")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // `old` is stream a's: a row of stream b naming it refuses the batch.
+        let refused = store
+            .commit_batch(WriteBatch {
+                rows: vec![memory("new", "a"), memory("old", "b")],
+                refuse: true,
+                history: vec![event("old", "superseded")],
+                ..Default::default()
+            })
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::Refused(_))),
+            "{refused:?}"
+        );
+        assert!(store.history_of("old").await.unwrap().is_empty());
+        store
+            .commit_batch(WriteBatch {
+                rows: vec![memory("new", "a")],
+                side: vec![Chunk {
+                    superseded_by: Some("new".into()),
+                    ..memory("old", "a")
+                }],
+                refuse: true,
+                history: vec![event("old", "superseded"), event("new", "supersedes")],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let events = |id: &'static str| {
+            let store = &store;
+            async move {
+                let rows = store.history_of(id).await.unwrap();
+                rows.into_iter().map(|h| h.event).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(events("old").await, vec!["superseded"]);
+        assert_eq!(events("new").await, vec!["supersedes"]);
+        let old = store.get("old").await.unwrap().unwrap();
+        assert_eq!(old.superseded_by.as_deref(), Some("new"));
     }
 
     /// An access flush writes only the two counters: they add up, the

@@ -1,4 +1,5 @@
-//! `write`: commits the kept records of the batch to the `chunks` table: an
+//! `write`: commits the kept records of the batch to the `chunks` table (and
+//! their history to the `history` table, beside it, in the same write): an
 //! append for the records whose ids no stored row has (the ids the server
 //! minted, on their first delivery, and those the writer finds unstored as
 //! it commits: an append costs no join), an upsert by id for the rest (so a
@@ -77,6 +78,9 @@ fn plan(batch: &[Record]) -> WriteBatch {
         rows: rows.into_iter().map(|r| r.chunk.clone()).collect(),
         side,
         refuse: true,
+        history: settled(batch)
+            .flat_map(|r| r.history.iter().cloned())
+            .collect(),
     }
 }
 
@@ -110,12 +114,7 @@ impl Stage for Write {
                     Err(e) => return Err(fail(e)),
                 }
             }
-            let history: Vec<_> = settled(batch)
-                .flat_map(|r| r.history.iter().cloned())
-                .collect();
             let committed = started.elapsed();
-            self.store.add_history(history).await.map_err(fail)?;
-            let historied = started.elapsed() - committed;
             let relations: Vec<_> = batch
                 .iter()
                 .filter(|r| r.is_kept())
@@ -124,8 +123,7 @@ impl Stage for Write {
             self.store.add_relations(relations).await.map_err(fail)?;
             tracing::debug!(
                 ?committed,
-                history = ?historied,
-                relations = ?started.elapsed() - committed - historied,
+                relations = ?started.elapsed() - committed,
                 "write stage phases"
             );
             // A record dropped or failed after its entities were recorded
