@@ -55,7 +55,7 @@ pub struct Record {
     /// Other chunks this record changes (e.g. the memory it supersedes); the
     /// `write` stage commits them with the batch.
     pub also_write: Vec<Chunk>,
-    /// Changes to record in `history`, written after the batch commits.
+    /// Changes to record in `history`, written with the batch's commit.
     pub history: Vec<HistoryRow>,
     /// Links to other memories, written after the batch commits.
     pub relations: Vec<crate::store::relations::RelationRow>,
@@ -77,6 +77,29 @@ pub struct Record {
     /// the batch, found by `dedupe`'s within-batch scan, for
     /// `score_surprise` to reuse rather than scan the batch again.
     pub earlier_best: Option<EarlierBest>,
+    /// `dedupe`'s within-batch scan of this record, done while the batch
+    /// before it was written (see [`Stage::prepare`]).
+    pub scanned: Option<Scanned>,
+}
+
+/// One record's row in a within-batch scan done ahead: the record's stream
+/// group (its vectors, as scanned), its position there, the positions
+/// before it whose similarity may pass `threshold` (None past
+/// [`NEAR_CAP`] of them: the group is scanned again), all of the records
+/// the group held when scanned. Records dropped since are still in the
+/// group; whoever reads it skips them.
+#[derive(Clone)]
+pub struct Scanned {
+    pub group: Arc<StreamVectors>,
+    pub position: usize,
+    pub maybe: Option<Vec<usize>>,
+    pub threshold: f32,
+}
+
+impl std::fmt::Debug for Scanned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scanned({} of {})", self.position, self.group.idx.len())
+    }
 }
 
 /// A record's highest similarity to an earlier kept, embedded record of its
@@ -180,6 +203,7 @@ impl Record {
             new_id: false,
             graph_refs: Default::default(),
             earlier_best: None,
+            scanned: None,
         }
     }
 
@@ -203,6 +227,14 @@ pub trait Stage: Send + Sync {
     /// batch while the batch before it is still being written.
     fn runs_ahead(&self) -> bool {
         false
+    }
+    /// The part of the stage's work that reads the batch alone (not the
+    /// store, nor the batches before it), done as the batch's stages that
+    /// run ahead end, while the batch before it is still written; only the
+    /// first stage after those is asked. What it leaves on the records must
+    /// hold whichever of them the stage finds dropped when it runs.
+    fn prepare<'a>(&'a self, _batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 
@@ -683,8 +715,17 @@ impl Pipeline {
     }
 
     /// The leading stages that may run while earlier batches are written.
+    /// Then the next stage's preparation (see [`Stage::prepare`]), counted
+    /// in that stage's time.
     pub async fn run_ahead(&self, batch: &mut [Record]) -> Result<Vec<StageReport>, PipelineError> {
-        self.run_stages(batch, 0..self.ahead()).await
+        let ahead = self.ahead();
+        let reports = self.run_stages(batch, 0..ahead).await?;
+        if let (Some(next), Some(stats)) = (self.stages.get(ahead), self.stats.get(ahead)) {
+            let started = Instant::now();
+            next.prepare(batch).await?;
+            stats.add_micros(started.elapsed().as_micros() as u64);
+        }
+        Ok(reports)
     }
 
     /// The stages after [`Pipeline::run_ahead`]'s, in batch order.

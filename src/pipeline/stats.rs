@@ -66,6 +66,12 @@ impl StageStats {
         }
     }
 
+    /// Time the stage spent on a batch outside its run (its preparation),
+    /// added to its total (the per-batch histogram keeps the runs alone).
+    pub fn add_micros(&self, micros: u64) {
+        self.totals.lock().expect("stats lock").total_micros += micros;
+    }
+
     pub fn snapshot(&self) -> StageStatsSnapshot {
         let mut s = self.totals.lock().expect("stats lock").clone();
         s.stage = self.stage;

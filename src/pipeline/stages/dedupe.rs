@@ -14,8 +14,8 @@ use serde::Deserialize;
 use super::parse_params;
 use crate::core::model::Chunk;
 use crate::pipeline::{
-    ensure_neighbors, BuildContext, Disposition, EarlierBest, PipelineError, Record, Stage,
-    StreamVectors,
+    ensure_neighbors, BuildContext, Disposition, EarlierBest, PipelineError, Record, Scanned,
+    ScannedRow, Stage, StreamVectors,
 };
 use crate::store::Store;
 
@@ -145,9 +145,70 @@ impl Dedupe {
     }
 }
 
+/// The within-batch scan of each stream's group at `threshold`.
+fn scan(groups: Vec<StreamVectors>, threshold: f32) -> Vec<(Arc<StreamVectors>, Vec<ScannedRow>)> {
+    groups
+        .into_iter()
+        .map(|g| {
+            let rows = g.scan_earlier(threshold);
+            (Arc::new(g), rows)
+        })
+        .collect()
+}
+
+/// Leave on each scanned record its row of the scan ([`Scanned`]) and its
+/// highest similarity to an earlier record, for `score_surprise`, which
+/// would scan the batch again.
+fn mark_scanned(
+    batch: &mut [Record],
+    scanned: Vec<(Arc<StreamVectors>, Vec<ScannedRow>)>,
+    threshold: f32,
+) {
+    for (group, rows) in scanned {
+        for (p, (maybe, (similarity, at))) in rows.into_iter().enumerate() {
+            let r = &mut batch[group.idx[p]];
+            r.earlier_best = Some(EarlierBest {
+                similarity,
+                at: at.map(|q| group.idx[q]),
+            });
+            r.scanned = Some(Scanned {
+                group: group.clone(),
+                position: p,
+                maybe,
+                threshold,
+            });
+        }
+    }
+}
+
 impl Stage for Dedupe {
     fn name(&self) -> &'static str {
         "dedupe"
+    }
+
+    /// The within-batch scan, which reads the batch alone: each record's
+    /// highest similarity to an earlier one (for `score_surprise`) and the
+    /// earlier ones that may be its near duplicates, among the records kept
+    /// now. Those the store's duplicates drop later stay in the scan, and
+    /// its readers skip them: the earlier kept ones are a subset of those
+    /// scanned, in the same order.
+    fn prepare<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
+        Box::pin(async move {
+            if !self.cfg.near_within_batch {
+                return Ok(());
+            }
+            let groups = StreamVectors::of(batch);
+            let near = self.cfg.near_threshold;
+            // The scan spreads over the CPUs on threads of its own.
+            let scanned = tokio::task::spawn_blocking(move || scan(groups, near))
+                .await
+                .map_err(|e| PipelineError::Batch {
+                    stage: "dedupe",
+                    message: format!("the within-batch scan failed: {e}"),
+                })?;
+            mark_scanned(batch, scanned, near);
+            Ok(())
+        })
     }
 
     fn process<'a>(&'a self, batch: &'a mut [Record]) -> BoxFuture<'a, Result<(), PipelineError>> {
@@ -220,32 +281,41 @@ impl Stage for Dedupe {
                     }
                 }
             }
-            // Near: within the batch (the earlier memory is kept).
+            // Near: within the batch (the earlier memory is kept), from the
+            // scan done ahead, or now when there was none.
             if self.cfg.near_within_batch {
-                for g in StreamVectors::of(batch) {
-                    let scanned = g.scan_earlier(self.cfg.near_threshold);
-                    for (p, (maybe, (similarity, at))) in scanned.into_iter().enumerate() {
-                        let i = g.idx[p];
-                        // For score_surprise, which would scan the batch again.
-                        batch[i].earlier_best = Some(EarlierBest {
-                            similarity,
-                            at: at.map(|q| g.idx[q]),
-                        });
-                        if !batch[i].is_kept() {
-                            continue;
-                        }
-                        let near = self.cfg.near_threshold;
-                        let earlier = g.first_earlier_above(p, near, maybe.as_deref(), |q| {
+                let near = self.cfg.near_threshold;
+                let prepared = batch
+                    .iter()
+                    .filter(|r| r.is_kept() && r.chunk.embedding.is_some())
+                    .all(|r| r.scanned.as_ref().is_some_and(|s| s.threshold == near));
+                if !prepared {
+                    for r in batch.iter_mut() {
+                        r.scanned = None;
+                    }
+                    let groups = StreamVectors::of(batch);
+                    mark_scanned(batch, scan(groups, near), near);
+                }
+                // In batch order: each group's rows in order.
+                for i in 0..batch.len() {
+                    let Some(s) = batch[i].scanned.take() else {
+                        continue;
+                    };
+                    if !batch[i].is_kept() {
+                        continue;
+                    }
+                    let g = &s.group;
+                    let earlier =
+                        g.first_earlier_above(s.position, near, s.maybe.as_deref(), |q| {
                             let j = g.idx[q];
                             batch[j].is_kept()
                                 && batch[j].chunk.id != batch[i].chunk.id
                                 && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
                         });
-                        if let Some(j) = earlier.map(|q| g.idx[q]) {
-                            let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
-                            remember(&mut batch[j].chunk, &dup);
-                            drop_as(&mut batch[i], "near_duplicate", &id);
-                        }
+                    if let Some(j) = earlier.map(|q| g.idx[q]) {
+                        let (dup, id) = (batch[i].chunk.clone(), batch[j].chunk.id.clone());
+                        remember(&mut batch[j].chunk, &dup);
+                        drop_as(&mut batch[i], "near_duplicate", &id);
                     }
                 }
             }
@@ -260,6 +330,15 @@ mod tests {
     use crate::providers::embed::{Embedder, HashEmbedder};
 
     async fn run(texts: &[&str], store_first: &[&str]) -> (Vec<Record>, tempfile::TempDir) {
+        run_with(texts, store_first, false).await
+    }
+
+    /// `ahead`: the within-batch scan is done first, as the worker does it.
+    async fn run_with(
+        texts: &[&str],
+        store_first: &[&str],
+        ahead: bool,
+    ) -> (Vec<Record>, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(tmp.path(), 64, 100).await.unwrap());
         let e = HashEmbedder::new(64);
@@ -291,6 +370,10 @@ mod tests {
             .enumerate()
             .map(|(i, t)| Record::new(chunk(i, t)))
             .collect();
+        if ahead {
+            stage.prepare(&mut batch).await.unwrap();
+            assert!(batch.iter().all(|r| r.scanned.is_some()));
+        }
         stage.process(&mut batch).await.unwrap();
         (batch, tmp)
     }
@@ -329,6 +412,31 @@ mod tests {
         let meta: serde_json::Value =
             serde_json::from_str(batch[0].chunk.extraction_meta.as_deref().unwrap()).unwrap();
         assert_eq!(meta["merged_sources"][0]["id"], "likes   TEA-1");
+    }
+
+    /// The within-batch scan done ahead drops what the scan in place drops,
+    /// though the records the store's duplicates drop were still in it.
+    #[tokio::test]
+    async fn a_scan_done_ahead_drops_what_the_scan_in_place_drops() {
+        let texts = [
+            "Owns a boat",
+            "owns a boat!",
+            "the heron nests by the lake 1",
+            "the heron nests by the lake 11",
+            "The heron nests by the lake 1!",
+            "Likes green tea",
+            "likes green tea.",
+            "Likes green tea!!",
+        ];
+        let store_first = ["Owns a boat", "Likes green tea"];
+        let (in_place, _a) = run_with(&texts, &store_first, false).await;
+        let (ahead, _b) = run_with(&texts, &store_first, true).await;
+        assert_eq!(reasons(&ahead), reasons(&in_place));
+        assert!(reasons(&in_place).contains(&Some("near_duplicate")));
+        assert!(reasons(&in_place).contains(&Some("duplicate")));
+        let kept = |batch: &[Record]| batch.iter().filter(|r| r.is_kept()).count();
+        assert!(kept(&in_place) >= 2, "{:?}", reasons(&in_place));
+        assert!(ahead.iter().all(|r| r.scanned.is_none()));
     }
 
     #[tokio::test]
