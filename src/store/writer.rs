@@ -958,6 +958,18 @@ async fn commit(
         chunks,
         super::history::append_history(&sink.history, &history)
     );
+    if written.is_err() && logged.is_ok() && !history.is_empty() {
+        // The batch fails and is delivered again: its history is taken back,
+        // so the next attempt does not write it twice.
+        let ids: Vec<&str> = history.iter().map(|h| h.id.as_str()).collect();
+        let taken_back = sink
+            .history
+            .delete(&super::Filter::new().ids(&ids).predicate())
+            .await;
+        if let Err(e) = taken_back {
+            tracing::warn!(error = %e, "a failed batch's history stays written");
+        }
+    }
     logged?;
     written
 }
@@ -1424,7 +1436,7 @@ mod tests {
     }
 
     /// A batch's history lands with its rows; a refused batch writes none
-    /// of it.
+    /// of it, and a failed one takes it back.
     #[tokio::test]
     async fn a_batchs_history_is_written_with_it_unless_it_is_refused() {
         use crate::store::{HistoryRow, StoreError, WriteBatch};
@@ -1486,6 +1498,19 @@ mod tests {
         assert_eq!(events("new").await, vec!["supersedes"]);
         let old = store.get("old").await.unwrap().unwrap();
         assert_eq!(old.superseded_by.as_deref(), Some("new"));
+        // A batch whose rows fail to be written takes its history back.
+        let mut bad = memory("bad", "a");
+        bad.embedding = Some(vec![f32::NAN; 8]);
+        let failed = store
+            .commit_batch(WriteBatch {
+                fresh: vec![bad],
+                history: vec![event("bad", "supersedes")],
+                ..Default::default()
+            })
+            .await;
+        assert!(failed.is_err(), "{failed:?}");
+        assert!(events("bad").await.is_empty());
+        assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 2);
     }
 
     /// An access flush writes only the two counters: they add up, the
