@@ -1572,7 +1572,6 @@ pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()
                 && a.is_nullable() == b.is_nullable()
         });
     if !same {
-        drop(dataset);
         table.add(reader).execute().await?;
         return Ok(());
     }

@@ -821,7 +821,7 @@ async fn commit(
     toucher: &mut Toucher,
 ) -> Result<usize> {
     let WriteBatch {
-        mut fresh,
+        fresh,
         rows,
         side,
         refuse,
@@ -854,108 +854,8 @@ async fn commit(
     }
     // The history goes to its own table while the chunk writes run: the
     // batch is not refused past this point.
-    let chunks = async {
-        // Rows whose id nothing stores are appended with `fresh`: of an id the
-        // batch repeats, the last (a merge on `id` kept the same one), and a side
-        // effect on one of them gives way to its own row, the record's final
-        // form (see `write::plan`). Rows that replace stored ones are merged.
-        let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
-            rows.into_iter().partition(|c| !owners.contains_key(&c.id));
-        let new = last_of_each(new);
-        let started = std::time::Instant::now();
-        let side: Vec<Chunk> = {
-            let own: std::collections::HashSet<&str> =
-                rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
-            side.into_iter()
-                .filter(|c| !own.contains(c.id.as_str()))
-                .collect()
-        };
-        fresh.extend(new);
-        // The memories the side effects change are read while the new rows are
-        // appended: none of them is among those rows (a side effect on one of
-        // them went above), so the read finds the same rows before or after the
-        // append. Only the fields a side effect is rebased on are read (see
-        // `rebase`).
-        let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-        let read_side = async {
-            let mut now: HashMap<String, Lifecycle> = HashMap::new();
-            if !ids.is_empty() {
-                let columns = ["id", "stream", "updated_at", "extraction_meta"];
-                super::for_each_by_id(table, &ids, &columns, |c, r| {
-                    let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
-                        return;
-                    };
-                    let stored = Lifecycle {
-                        id: id.clone(),
-                        stream,
-                        superseded_by: None,
-                        valid_until: None,
-                        updated_at: c.time("updated_at", r).unwrap_or(0),
-                        extraction_meta: c.str("extraction_meta", r),
-                    };
-                    now.insert(id, stored);
-                })
-                .await?;
-            }
-            Ok::<_, StoreError>(now)
-        };
-        let append = async {
-            if !fresh.is_empty() {
-                sink.append(&fresh).await?;
-            }
-            Ok::<_, StoreError>(started.elapsed())
-        };
-        let (appended, current) = futures::join!(append, read_side);
-        let (appended, mut current) = (appended?, current?);
-        if rows.is_empty() && side.is_empty() {
-            return Ok::<_, StoreError>(fresh.len());
-        }
-        // A side effect on a stored memory writes its lifecycle columns alone,
-        // several on one memory (two updates of a batch superseding it) one
-        // after the other; one on a memory no longer stored is dropped.
-        // Every memory read is one a side effect names.
-        let mut gone = 0;
-        let mut meta_changed = false;
-        for s in side {
-            match current.remove(&s.id) {
-                Some(now) => {
-                    let before = now.extraction_meta.clone();
-                    let after = rebase(now, s);
-                    meta_changed |= after.extraction_meta != before;
-                    current.insert(after.id.clone(), after);
-                }
-                None => gone += 1,
-            }
-        }
-        let changed: Vec<Lifecycle> = current.into_values().collect();
-        let read = started.elapsed().saturating_sub(appended);
-        // A merge rewrites rows, so it waits for the fragment merge and the
-        // access flush.
-        merger.settle().await;
-        toucher.settle().await;
-        let settled = started.elapsed() - appended - read;
-        if !changed.is_empty() {
-            sink.relife(&changed, meta_changed).await?;
-        }
-        if !rows.is_empty() {
-            sink.commit(rows.iter()).await?;
-        }
-        tracing::debug!(
-            ?appended,
-            ?read,
-            ?settled,
-            merged = ?started.elapsed() - appended - read - settled,
-            appended_rows = fresh.len(),
-            merged_rows = rows.len(),
-            changed_rows = changed.len(),
-            meta_changed,
-            side_effects_on_deleted = gone,
-            "batch commit phases"
-        );
-        Ok(fresh.len() + rows.len() + changed.len())
-    };
     let (written, logged) = futures::join!(
-        chunks,
+        write_chunks(sink, fresh, rows, side, &owners, merger, toucher),
         super::history::append_history(&sink.history, &history)
     );
     if written.is_err() && logged.is_ok() && !history.is_empty() {
@@ -972,6 +872,118 @@ async fn commit(
     }
     logged?;
     written
+}
+
+/// A batch's chunk writes, once it is past the refusal check (`owners`:
+/// the stored rows among `rows`' ids); returns the rows written.
+async fn write_chunks(
+    sink: &Sink,
+    mut fresh: Vec<Chunk>,
+    rows: Vec<Chunk>,
+    side: Vec<Chunk>,
+    owners: &HashMap<String, super::Owner>,
+    merger: &mut Merger,
+    toucher: &mut Toucher,
+) -> Result<usize> {
+    let table = &sink.table;
+    // Rows whose id nothing stores are appended with `fresh`: of an id the
+    // batch repeats, the last (a merge on `id` kept the same one), and a side
+    // effect on one of them gives way to its own row, the record's final
+    // form (see `write::plan`). Rows that replace stored ones are merged.
+    let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
+        rows.into_iter().partition(|c| !owners.contains_key(&c.id));
+    let new = last_of_each(new);
+    let started = std::time::Instant::now();
+    let side: Vec<Chunk> = {
+        let own: std::collections::HashSet<&str> =
+            rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
+        side.into_iter()
+            .filter(|c| !own.contains(c.id.as_str()))
+            .collect()
+    };
+    fresh.extend(new);
+    // The memories the side effects change are read while the new rows are
+    // appended: none of them is among those rows (a side effect on one of
+    // them went above), so the read finds the same rows before or after the
+    // append. Only the fields a side effect is rebased on are read (see
+    // `rebase`).
+    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
+    let read_side = async {
+        let mut now: HashMap<String, Lifecycle> = HashMap::new();
+        if !ids.is_empty() {
+            let columns = ["id", "stream", "updated_at", "extraction_meta"];
+            super::for_each_by_id(table, &ids, &columns, |c, r| {
+                let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
+                    return;
+                };
+                let stored = Lifecycle {
+                    id: id.clone(),
+                    stream,
+                    superseded_by: None,
+                    valid_until: None,
+                    updated_at: c.time("updated_at", r).unwrap_or(0),
+                    extraction_meta: c.str("extraction_meta", r),
+                };
+                now.insert(id, stored);
+            })
+            .await?;
+        }
+        Ok::<_, StoreError>(now)
+    };
+    let append = async {
+        if !fresh.is_empty() {
+            sink.append(&fresh).await?;
+        }
+        Ok::<_, StoreError>(started.elapsed())
+    };
+    let (appended, current) = futures::join!(append, read_side);
+    let (appended, mut current) = (appended?, current?);
+    if rows.is_empty() && side.is_empty() {
+        return Ok(fresh.len());
+    }
+    // A side effect on a stored memory writes its lifecycle columns alone,
+    // several on one memory (two updates of a batch superseding it) one
+    // after the other; one on a memory no longer stored is dropped.
+    // Every memory read is one a side effect names.
+    let mut gone = 0;
+    let mut meta_changed = false;
+    for s in side {
+        match current.remove(&s.id) {
+            Some(now) => {
+                let before = now.extraction_meta.clone();
+                let after = rebase(now, s);
+                meta_changed |= after.extraction_meta != before;
+                current.insert(after.id.clone(), after);
+            }
+            None => gone += 1,
+        }
+    }
+    let changed: Vec<Lifecycle> = current.into_values().collect();
+    let read = started.elapsed().saturating_sub(appended);
+    // A merge rewrites rows, so it waits for the fragment merge and the
+    // access flush.
+    merger.settle().await;
+    toucher.settle().await;
+    let settled = started.elapsed() - appended - read;
+    if !changed.is_empty() {
+        sink.relife(&changed, meta_changed).await?;
+    }
+    if !rows.is_empty() {
+        sink.commit(rows.iter()).await?;
+    }
+    tracing::debug!(
+        ?appended,
+        ?read,
+        ?settled,
+        merged = ?started.elapsed() - appended - read - settled,
+        appended_rows = fresh.len(),
+        merged_rows = rows.len(),
+        changed_rows = changed.len(),
+        meta_changed,
+        side_effects_on_deleted = gone,
+        "batch commit phases"
+    );
+    Ok(fresh.len() + rows.len() + changed.len())
 }
 
 /// The last row of each id, in the order the ids first appear.
