@@ -9,9 +9,15 @@
 //! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables). Other `LOOMEM_*`
 //! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
-//! The memories are synthetic: 12 words each from a 4,000-word Zipf-distributed
-//! vocabulary, with random unit vectors (embedding 1M texts with MiniLM would
-//! take an hour here; a vector's values do not change the cost of a search).
+//! A one-stream store holds real text by default: the turns of LongMemEval_S
+//! (`../shared/datasets/longmemeval/sessions.jsonl.gz`: its 98,780 user turns,
+//! then assistant turns), each with its MiniLM vector, and is asked the
+//! benchmark's questions (`s.questions.jsonl.gz`) and the opening words of its
+//! turns. A multi-tenant store is synthetic by default: 12 words each from a
+//! 4,000-word Zipf-distributed vocabulary, with random unit vectors (embedding
+//! 1M texts with MiniLM would take over an hour here), asked 4 such words.
+//! `ROWS[xSTREAMS]:synthetic` or `:longmemeval` chooses; `search_*/NAME` in the
+//! output ends in `-longmemeval` for real text.
 //! Tables are built once under `~/.cache/loomem/bench-data/` and reused. At and
 //! above `search.vector_index_min_rows` (100k) the vector leg uses the
 //! IVF-HNSW-SQ index where a search goes to Lance (the hot index holds streams
@@ -38,33 +44,54 @@ const DIM: usize = 384;
 const BATCH: usize = 50_000;
 const STREAM: &str = "bench";
 
+/// Where a store's memories and queries come from.
+#[derive(Clone, Copy, PartialEq)]
+enum Text {
+    /// LongMemEval_S turns with MiniLM vectors; its questions.
+    LongMemEval,
+    /// Zipf-drawn made-up words with random vectors.
+    Synthetic,
+}
+
 /// A store to search: `rows` memories in `streams` streams.
 #[derive(Clone, Copy)]
 struct Scenario {
     rows: usize,
     streams: usize,
+    text: Text,
 }
 
 impl Scenario {
+    /// `ROWS[xSTREAMS][:synthetic|:longmemeval]`.
     fn parse(spec: &str) -> Scenario {
-        let spec = spec.trim();
-        let number = |s: &str| s.parse().expect("LOOMEM_BENCH_SIZES: ROWS or ROWSxSTREAMS");
-        match spec.split_once('x') {
-            Some((rows, streams)) => Scenario {
-                rows: number(rows),
-                streams: number(streams),
-            },
-            None => Scenario {
-                rows: number(spec),
-                streams: 1,
-            },
+        let usage = "LOOMEM_BENCH_SIZES: ROWS[xSTREAMS][:synthetic|:longmemeval]";
+        let (size, text) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
+        let number = |s: &str| s.parse().expect(usage);
+        let (rows, streams) = match size.split_once('x') {
+            Some((rows, streams)) => (number(rows), number(streams)),
+            None => (number(size), 1),
+        };
+        let text = match text {
+            "" if streams == 1 => Text::LongMemEval,
+            "" | "synthetic" => Text::Synthetic,
+            "longmemeval" => Text::LongMemEval,
+            _ => panic!("{usage}"),
+        };
+        Scenario {
+            rows,
+            streams,
+            text,
         }
     }
 
     fn name(&self) -> String {
-        match self.streams {
+        let size = match self.streams {
             1 => self.rows.to_string(),
             n => format!("{}x{n}", self.rows),
+        };
+        match self.text {
+            Text::Synthetic => size,
+            Text::LongMemEval => format!("{size}-longmemeval"),
         }
     }
 
@@ -136,6 +163,80 @@ fn text(rng: &mut Rng, vocab: &[String], words: usize) -> String {
         .join(" ")
 }
 
+/// `../shared/datasets/longmemeval/NAME`, one JSON value a line (gunzipped
+/// by `gzip`, which every machine has).
+fn longmemeval(name: &str) -> Vec<serde_json::Value> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/datasets/longmemeval")
+        .join(name);
+    let out = std::process::Command::new("gzip")
+        .arg("-dc")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("gzip -dc {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "gzip -dc {}: {:?}",
+        path.display(),
+        out.status
+    );
+    out.stdout
+        .split(|&b| b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).expect("a JSON line"))
+        .collect()
+}
+
+/// The first `rows` turns of LongMemEval_S's sessions: every user turn, then
+/// assistant turns.
+fn longmemeval_turns(rows: usize) -> Vec<String> {
+    let (mut user, mut assistant) = (Vec::new(), Vec::new());
+    for session in longmemeval("sessions.jsonl.gz") {
+        for turn in session["turns"].as_array().into_iter().flatten() {
+            let content = turn["content"].as_str().unwrap_or("").trim();
+            if content.is_empty() {
+                continue;
+            }
+            match turn["role"].as_str() {
+                Some("user") => user.push(content.to_string()),
+                _ => assistant.push(content.to_string()),
+            }
+        }
+    }
+    user.extend(assistant);
+    assert!(user.len() >= rows, "LongMemEval_S has {} turns", user.len());
+    user.truncate(rows);
+    user
+}
+
+/// 1,500 distinct queries: LongMemEval_S's questions, placed where the
+/// percentiles of one pass are measured (from the 421st on), then the first
+/// 8 words of turns drawn at random.
+fn longmemeval_queries(turns: &[String], rng: &mut Rng) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut queries: Vec<String> = longmemeval("s.questions.jsonl.gz")
+        .iter()
+        .filter_map(|q| q["question"].as_str().map(str::to_string))
+        .filter(|q| seen.insert(q.clone()))
+        .collect();
+    while queries.len() < 1500 {
+        let opening = words_of(&turns[rng.next() as usize % turns.len()], 8);
+        if seen.insert(opening.clone()) {
+            queries.push(opening);
+        }
+    }
+    queries.rotate_right(420);
+    queries
+}
+
+/// A text's first `n` words.
+fn words_of(text: &str, n: usize) -> String {
+    text.split_whitespace()
+        .take(n)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn data_dir(scenario: Scenario) -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
     PathBuf::from(home).join(format!(
@@ -146,8 +247,8 @@ fn data_dir(scenario: Scenario) -> PathBuf {
 
 /// Build the table of the scenario's memories with its indexes, unless
 /// already there.
-async fn build(dir: &Path, scenario: Scenario, index_min_rows: usize) {
-    let rows = scenario.rows;
+async fn build(dir: &Path, scenario: Scenario, cfg: &Config, env: &HashMap<String, String>) {
+    let (rows, index_min_rows) = (scenario.rows, cfg.search.vector_index_min_rows);
     let store = Store::open(dir, DIM, 100_000).await.unwrap();
     let have = store.count(&loomem::store::Filter::new()).await.unwrap();
     if have == rows && (rows < index_min_rows || store.has_vector_index().await) {
@@ -158,6 +259,18 @@ async fn build(dir: &Path, scenario: Scenario, index_min_rows: usize) {
     let vocab = vocabulary();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let table = store.chunks_table();
+    let (turns, embedder) = match scenario.text {
+        Text::Synthetic => (Vec::new(), None),
+        Text::LongMemEval => {
+            let embedder = loomem::providers::embed::from_config(&cfg.embed, env).unwrap();
+            assert_eq!(
+                embedder.model(),
+                "all-MiniLM-L6-v2",
+                "real text is embedded with MiniLM"
+            );
+            (longmemeval_turns(rows), Some(embedder))
+        }
+    };
     let owner: Vec<usize> = scenario
         .sizes()
         .into_iter()
@@ -165,17 +278,39 @@ async fn build(dir: &Path, scenario: Scenario, index_min_rows: usize) {
         .flat_map(|(s, n)| std::iter::repeat_n(s, n))
         .collect();
     for start in (0..rows).step_by(BATCH) {
-        let chunks: Vec<Chunk> = (start..(start + BATCH).min(rows))
-            .map(|i| {
+        let end = (start + BATCH).min(rows);
+        let (texts, vectors): (Vec<String>, Vec<Vec<f32>>) = match &embedder {
+            None => (start..end)
+                .map(|_| {
+                    let text = text(&mut rng, &vocab, 12);
+                    let mut v: Vec<f32> = (0..DIM).map(|_| rng.unit() - 0.5).collect();
+                    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    v.iter_mut().for_each(|x| *x /= norm);
+                    (text, v)
+                })
+                .unzip(),
+            Some(embedder) => {
+                let texts = turns[start..end].to_vec();
+                let mut vectors = Vec::with_capacity(texts.len());
+                for part in texts.chunks(256) {
+                    vectors.extend(embedder.embed(part).await.unwrap());
+                }
+                eprintln!("embedded {end} of {rows} turns in {:?}", started.elapsed());
+                (texts, vectors)
+            }
+        };
+        let chunks: Vec<Chunk> = texts
+            .into_iter()
+            .zip(vectors)
+            .enumerate()
+            .map(|(k, (text, v))| {
+                let i = start + k;
                 let mut c = Chunk::new(
                     format!("m-{i}"),
                     scenario.stream(owner[i]),
-                    text(&mut rng, &vocab, 12),
+                    text,
                     1_700_000_000_000_000 + i as i64 * 10_000_000,
                 );
-                let mut v: Vec<f32> = (0..DIM).map(|_| rng.unit() - 0.5).collect();
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
-                v.iter_mut().for_each(|x| *x /= norm);
                 c.embedding = Some(v);
                 c.embed_model = Some("all-MiniLM-L6-v2".into());
                 c
@@ -272,8 +407,7 @@ fn bench_search(c: &mut Criterion) {
         env.insert("LOOMEM_STORAGE__DATA_DIR".into(), dir.display().to_string());
         env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
         let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
-        let index_min_rows = cfg.search.vector_index_min_rows;
-        rt.block_on(build(&dir, scenario, index_min_rows));
+        rt.block_on(build(&dir, scenario, &cfg, &env));
         if std::env::var("LOOMEM_BENCH_BUILD_ONLY").is_ok() {
             continue;
         }
@@ -284,11 +418,17 @@ fn bench_search(c: &mut Criterion) {
         // from the query-vector cache, which would hide the embedding. Each
         // query goes to a stream drawn at random (the one stream when there
         // is one).
-        let queries: Vec<(String, String)> = (0..1500)
-            .map(|_| {
-                let stream = scenario.stream(rng.next() as usize % scenario.streams);
-                (text(&mut rng, &vocab, 4), stream)
-            })
+        let turns = match scenario.text {
+            Text::Synthetic => Vec::new(),
+            Text::LongMemEval => longmemeval_turns(scenario.rows),
+        };
+        let texts: Vec<String> = match scenario.text {
+            Text::Synthetic => (0..1500).map(|_| text(&mut rng, &vocab, 4)).collect(),
+            Text::LongMemEval => longmemeval_queries(&turns, &mut rng),
+        };
+        let queries: Vec<(String, String)> = texts
+            .into_iter()
+            .map(|q| (q, scenario.stream(rng.next() as usize % scenario.streams)))
             .collect();
         let (legs, warm, timed, again, concurrent) = (
             &queries[..400],
@@ -418,7 +558,11 @@ fn bench_search(c: &mut Criterion) {
         group.bench_function(&name, |b| {
             b.iter(|| {
                 let stream = scenario.stream(fresh.next() as usize % scenario.streams);
-                run(&(text(&mut fresh, &vocab, 4), stream), "hybrid")
+                let query = match scenario.text {
+                    Text::Synthetic => text(&mut fresh, &vocab, 4),
+                    Text::LongMemEval => words_of(&turns[fresh.next() as usize % turns.len()], 8),
+                };
+                run(&(query, stream), "hybrid")
             })
         });
         rt.block_on(engine.shutdown());
