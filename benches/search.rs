@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
+#[path = "shared/longmemeval.rs"]
+mod longmemeval;
+
 use loomem::app::config::Config;
 use loomem::app::Engine;
 use loomem::core::model::{chunks_to_batch, Chunk};
@@ -163,50 +166,20 @@ fn text(rng: &mut Rng, vocab: &[String], words: usize) -> String {
         .join(" ")
 }
 
-/// `../shared/datasets/longmemeval/NAME`, one JSON value a line (gunzipped
-/// by `gzip`, which every machine has).
-fn longmemeval(name: &str) -> Vec<serde_json::Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/datasets/longmemeval")
-        .join(name);
-    let out = std::process::Command::new("gzip")
-        .arg("-dc")
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("gzip -dc {}: {e}", path.display()));
-    assert!(
-        out.status.success(),
-        "gzip -dc {}: {:?}",
-        path.display(),
-        out.status
-    );
-    out.stdout
-        .split(|&b| b == b'\n')
-        .filter(|line| !line.is_empty())
-        .map(|line| serde_json::from_slice(line).expect("a JSON line"))
-        .collect()
-}
-
 /// The first `rows` turns of LongMemEval_S's sessions: every user turn, then
 /// assistant turns.
 fn longmemeval_turns(rows: usize) -> Vec<String> {
-    let (mut user, mut assistant) = (Vec::new(), Vec::new());
-    for session in longmemeval("sessions.jsonl.gz") {
-        for turn in session["turns"].as_array().into_iter().flatten() {
-            let content = turn["content"].as_str().unwrap_or("").trim();
-            if content.is_empty() {
-                continue;
-            }
-            match turn["role"].as_str() {
-                Some("user") => user.push(content.to_string()),
-                _ => assistant.push(content.to_string()),
-            }
-        }
-    }
-    user.extend(assistant);
-    assert!(user.len() >= rows, "LongMemEval_S has {} turns", user.len());
-    user.truncate(rows);
-    user
+    let (user, assistant): (Vec<_>, Vec<_>) = longmemeval::turns()
+        .into_iter()
+        .partition(|(_, role, _)| role == "user");
+    let turns: Vec<String> = user
+        .into_iter()
+        .chain(assistant)
+        .map(|(_, _, text)| text)
+        .take(rows)
+        .collect();
+    assert_eq!(turns.len(), rows, "LongMemEval_S has fewer turns");
+    turns
 }
 
 /// 1,500 distinct queries: LongMemEval_S's questions, placed where the
@@ -214,9 +187,8 @@ fn longmemeval_turns(rows: usize) -> Vec<String> {
 /// 8 words of turns drawn at random.
 fn longmemeval_queries(turns: &[String], rng: &mut Rng) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
-    let mut queries: Vec<String> = longmemeval("s.questions.jsonl.gz")
-        .iter()
-        .filter_map(|q| q["question"].as_str().map(str::to_string))
+    let mut queries: Vec<String> = longmemeval::questions()
+        .into_iter()
         .filter(|q| seen.insert(q.clone()))
         .collect();
     while queries.len() < 1500 {

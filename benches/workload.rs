@@ -15,13 +15,15 @@
 //! each searcher asks again as soon as it has its answer).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loomem::app::config::Config;
 
+#[path = "shared/longmemeval.rs"]
+mod longmemeval;
 #[path = "../tests/integration/nats.rs"]
 #[allow(dead_code)]
 mod nats;
@@ -33,52 +35,13 @@ fn knob(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn data_dir() -> PathBuf {
-    std::env::var_os("LOOMEM_WORKLOAD_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/datasets/longmemeval")
-        })
-}
-
-/// The lines of a gzipped JSONL file (read through `zcat`).
-fn jsonl_gz(path: &Path) -> Vec<serde_json::Value> {
-    let out = std::process::Command::new("zcat")
-        .arg(path)
-        .output()
-        .unwrap_or_else(|e| panic!("zcat {}: {e}", path.display()));
-    assert!(out.status.success(), "zcat {} failed", path.display());
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect()
-}
-
-/// Up to `n` user turns, with the session each came from.
+/// Up to `n` user turns of at most 2,000 bytes, with the session each came from.
 fn turns(n: usize) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    for (s, session) in jsonl_gz(&data_dir().join("sessions.jsonl.gz"))
-        .iter()
-        .enumerate()
-    {
-        for t in session["turns"].as_array().into_iter().flatten() {
-            let text = t["content"].as_str().unwrap_or_default().trim();
-            if t["role"] == "user" && !text.is_empty() && text.len() <= 2000 {
-                out.push((s, text.to_string()));
-                if out.len() == n {
-                    return out;
-                }
-            }
-        }
-    }
-    out
-}
-
-fn questions() -> Vec<String> {
-    jsonl_gz(&data_dir().join("s.questions.jsonl.gz"))
-        .iter()
-        .filter_map(|q| q["question"].as_str().map(str::to_string))
+    longmemeval::turns()
+        .into_iter()
+        .filter(|(_, role, text)| role == "user" && text.len() <= 2000)
+        .map(|(s, _, text)| (s, text))
+        .take(n)
         .collect()
 }
 
@@ -165,7 +128,7 @@ fn main() {
     // it has its answer.
     let search_rate = knob("LOOMEM_WORKLOAD_SEARCH_RATE", 0);
     let turns = Arc::new(turns(total));
-    let questions = Arc::new(questions());
+    let questions = Arc::new(longmemeval::questions());
     let total = turns.len();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
