@@ -310,6 +310,35 @@ async fn build(dir: &Path, scenario: Scenario, cfg: &Config, env: &HashMap<Strin
     eprintln!("built {rows} memories in {:?}", started.elapsed());
 }
 
+/// The ids of the `k` chunks nearest `vector` by cosine, by a flat scan.
+async fn exact_nearest(store: &Store, vector: &[f32], k: usize) -> Vec<String> {
+    use futures::TryStreamExt;
+    use lancedb::query::{ExecutableQuery, QueryBase, Select};
+    let batches: Vec<arrow_array::RecordBatch> = store
+        .chunks_table()
+        .query()
+        .nearest_to(vector)
+        .unwrap()
+        .distance_type(lancedb::DistanceType::Cosine)
+        .bypass_vector_index()
+        .select(Select::columns(&["id"]))
+        .limit(k)
+        .execute()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    batches
+        .iter()
+        .flat_map(|b| {
+            let ids = b.column_by_name("id").unwrap().as_any();
+            let ids = ids.downcast_ref::<arrow_array::StringArray>().unwrap();
+            ids.iter().flatten().map(str::to_string).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
@@ -439,6 +468,45 @@ fn bench_search(c: &mut Criterion) {
                 })
                 .collect();
             report(&format!("search_{mode}/{name}"), &mut t);
+        }
+        // The vector leg's recall@10 against an exact search (Lance's flat
+        // scan, the index bypassed), from the hot index and from Lance's
+        // ANN index, which a search uses when the hot index does not hold
+        // the stream; and the ANN search's own time.
+        if scenario.streams == 1 && rt.block_on(engine.store.has_vector_index()) {
+            let filter = loomem::store::Filter::new().stream(STREAM);
+            let ids = |found: Vec<loomem::store::Scored>| -> Vec<String> {
+                found.into_iter().map(|s| s.id).collect()
+            };
+            let (mut hot, mut ann, mut ann_times) = (0, 0, Vec::new());
+            let asked = &legs[..100];
+            for (q, _) in asked {
+                let v = rt.block_on(engine.embedder.embed_query(q)).unwrap();
+                let exact = rt.block_on(exact_nearest(&engine.store, &v, 10));
+                let found = rt.block_on(engine.store.search_vector(None, &v, &filter, 10));
+                hot += ids(found.unwrap())
+                    .iter()
+                    .filter(|id| exact.contains(*id))
+                    .count();
+                let t = Instant::now();
+                let found = rt.block_on(engine.store.search_vector_lance(None, &v, &filter, 10));
+                ann_times.push(t.elapsed());
+                ann += ids(found.unwrap())
+                    .iter()
+                    .filter(|id| exact.contains(*id))
+                    .count();
+            }
+            let recall = |n: usize| n as f64 / (10 * asked.len()) as f64;
+            println!(
+                "vector recall@10 against an exact search/{name}: hot index {:.3}, Lance IVF-HNSW-SQ {:.3} over {} queries",
+                recall(hot),
+                recall(ann),
+                asked.len(),
+            );
+            report(
+                &format!("search_vector_lance/{name} (the ANN search alone)"),
+                &mut ann_times,
+            );
         }
         // Warm up caches (index pages, the model), then the percentiles.
         for q in warm {

@@ -642,6 +642,17 @@ mod tests {
             .await
             .unwrap();
         assert!(hits.first().is_some_and(|h| h.score < 1e-3), "{hits:?}");
+        // Searches for more rows than the graph's least candidate list, with
+        // their candidates re-scored and without, answer in full, nearest first.
+        for k in [60, 200] {
+            let hits = store
+                .search_vector_lance(None, &vector_of(1_750), &crate::store::Filter::new(), k)
+                .await
+                .unwrap();
+            assert_eq!(hits.len(), k);
+            let ordered = hits.windows(2).all(|w| w[0].score <= w[1].score);
+            assert!(ordered, "{hits:?}");
+        }
     }
 
     /// Routine refreshes add the new rows to the scalar and full-text
