@@ -6,7 +6,8 @@
 //! `cargo bench --bench search` (scenarios: `LOOMEM_BENCH_SIZES=10000,100000,1000000x1000`,
 //! where `ROWSxSTREAMS` spreads the rows over streams with Zipf-distributed
 //! sizes, the largest ~13% of the rows, and asks each query of a random
-//! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables). Other `LOOMEM_*`
+//! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables;
+//! `LOOMEM_BENCH_SEED` draws other queries and streams). Other `LOOMEM_*`
 //! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
 //! A one-stream store holds real text by default: the turns of LongMemEval_S
@@ -414,7 +415,11 @@ fn bench_search(c: &mut Criterion) {
         }
         let engine: Arc<Engine> = rt.block_on(Engine::start(cfg, &env)).unwrap();
         let caller = Caller::admin("bench");
-        let mut rng = Rng(42);
+        // `LOOMEM_BENCH_SEED` draws other queries (and, on a multi-tenant
+        // store, other streams); 42 by default.
+        let seed = std::env::var("LOOMEM_BENCH_SEED")
+            .map_or(42, |s| s.parse().expect("LOOMEM_BENCH_SEED: a number"));
+        let mut rng = Rng(seed);
         // Distinct sets for each measurement: a query asked before is served
         // from the query-vector cache, which would hide the embedding. Each
         // query goes to a stream drawn at random (the one stream when there
@@ -423,14 +428,20 @@ fn bench_search(c: &mut Criterion) {
             Text::Synthetic => Vec::new(),
             Text::LongMemEval => longmemeval_turns(scenario.rows),
         };
-        let texts: Vec<String> = match scenario.text {
-            Text::Synthetic => (0..1500).map(|_| text(&mut rng, &vocab, 4)).collect(),
-            Text::LongMemEval => longmemeval_queries(&turns, &mut rng),
+        // (A synthetic query draws its stream, then its words, as before
+        // session 55, so the synthetic scenarios ask what they asked then.)
+        let queries: Vec<(String, String)> = match scenario.text {
+            Text::Synthetic => (0..1500)
+                .map(|_| {
+                    let stream = scenario.stream(rng.next() as usize % scenario.streams);
+                    (text(&mut rng, &vocab, 4), stream)
+                })
+                .collect(),
+            Text::LongMemEval => longmemeval_queries(&turns, &mut rng)
+                .into_iter()
+                .map(|q| (q, scenario.stream(rng.next() as usize % scenario.streams)))
+                .collect(),
         };
-        let queries: Vec<(String, String)> = texts
-            .into_iter()
-            .map(|q| (q, scenario.stream(rng.next() as usize % scenario.streams)))
-            .collect();
         let (legs, warm, timed, again, concurrent) = (
             &queries[..400],
             &queries[400..420],
