@@ -1583,8 +1583,8 @@ pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()
         return Ok(());
     };
     handle.ensure_mutable()?;
-    let mut dataset = (*handle.get().await?).clone();
-    let stored = arrow_schema::Schema::from(dataset.schema());
+    let current = handle.get().await?;
+    let stored = arrow_schema::Schema::from(current.schema());
     let same = stored.fields().len() == schema.fields().len()
         && stored.fields().iter().zip(schema.fields()).all(|(a, b)| {
             a.name() == b.name()
@@ -1595,6 +1595,7 @@ pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()
         table.add(reader).execute().await?;
         return Ok(());
     }
+    let mut dataset = (*current).clone();
     dataset
         .append(reader, None)
         .await

@@ -950,9 +950,8 @@ async fn write_chunks(
     for s in side {
         match current.remove(&s.id) {
             Some(now) => {
-                let before = now.extraction_meta.clone();
-                let after = rebase(now, s);
-                meta_changed |= after.extraction_meta != before;
+                let (after, changed) = rebase(now, s);
+                meta_changed |= changed;
                 current.insert(after.id.clone(), after);
             }
             None => gone += 1,
@@ -1026,8 +1025,9 @@ impl Lifecycle {
 }
 
 /// `side`'s lifecycle fields and `extraction_meta` keys on top of the
-/// stored memory's (`now`: its `updated_at` and `extraction_meta`).
-fn rebase(mut now: Lifecycle, side: Chunk) -> Lifecycle {
+/// stored memory's (`now`: its `updated_at` and `extraction_meta`), and
+/// whether its `extraction_meta` changed.
+fn rebase(mut now: Lifecycle, side: Chunk) -> (Lifecycle, bool) {
     now.superseded_by = side.superseded_by;
     now.valid_until = side.valid_until;
     now.updated_at = now.updated_at.max(side.updated_at);
@@ -1036,12 +1036,12 @@ fn rebase(mut now: Lifecycle, side: Chunk) -> Lifecycle {
             .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .filter(serde_json::Value::is_object)
     };
+    let mut changed = false;
     match (parse(&now.extraction_meta), parse(&side.extraction_meta)) {
         (Some(mut merged), Some(serde_json::Value::Object(theirs))) => {
             // Rewritten only when a key changes: a supersession copies the
             // stored keys back, and an unchanged text keeps `relife` from
             // writing the column.
-            let mut changed = false;
             for (k, v) in theirs {
                 if merged.get(&k) != Some(&v) {
                     merged[k] = v;
@@ -1052,10 +1052,13 @@ fn rebase(mut now: Lifecycle, side: Chunk) -> Lifecycle {
                 now.extraction_meta = Some(merged.to_string());
             }
         }
-        (None, Some(_)) => now.extraction_meta = side.extraction_meta,
+        (None, Some(_)) => {
+            changed = now.extraction_meta != side.extraction_meta;
+            now.extraction_meta = side.extraction_meta;
+        }
         _ => {}
     }
-    now
+    (now, changed)
 }
 
 #[cfg(test)]
