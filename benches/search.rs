@@ -219,8 +219,14 @@ fn data_dir(scenario: Scenario) -> PathBuf {
 }
 
 /// Build the table of the scenario's memories with its indexes, unless
-/// already there.
-async fn build(dir: &Path, scenario: Scenario, cfg: &Config, env: &HashMap<String, String>) {
+/// already there (`turns`: a real-text scenario's memories).
+async fn build(
+    dir: &Path,
+    scenario: Scenario,
+    turns: &[String],
+    cfg: &Config,
+    env: &HashMap<String, String>,
+) {
     let (rows, index_min_rows) = (scenario.rows, cfg.search.vector_index_min_rows);
     let store = Store::open(dir, DIM, 100_000).await.unwrap();
     let have = store.count(&loomem::store::Filter::new()).await.unwrap();
@@ -232,8 +238,8 @@ async fn build(dir: &Path, scenario: Scenario, cfg: &Config, env: &HashMap<Strin
     let vocab = vocabulary();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let table = store.chunks_table();
-    let (turns, embedder) = match scenario.text {
-        Text::Synthetic => (Vec::new(), None),
+    let embedder = match scenario.text {
+        Text::Synthetic => None,
         Text::LongMemEval => {
             let embedder = loomem::providers::embed::from_config(&cfg.embed, env).unwrap();
             assert_eq!(
@@ -241,7 +247,7 @@ async fn build(dir: &Path, scenario: Scenario, cfg: &Config, env: &HashMap<Strin
                 "all-MiniLM-L6-v2",
                 "real text is embedded with MiniLM"
             );
-            (longmemeval_turns(rows), Some(embedder))
+            Some(embedder)
         }
     };
     let owner: Vec<usize> = scenario
@@ -409,7 +415,11 @@ fn bench_search(c: &mut Criterion) {
         env.insert("LOOMEM_STORAGE__DATA_DIR".into(), dir.display().to_string());
         env.insert("LOOMEM_BUS__KIND".into(), "embedded".into());
         let cfg = Config::load(&root.join("config.toml"), &env).unwrap();
-        rt.block_on(build(&dir, scenario, &cfg, &env));
+        let turns = match scenario.text {
+            Text::Synthetic => Vec::new(),
+            Text::LongMemEval => longmemeval_turns(scenario.rows),
+        };
+        rt.block_on(build(&dir, scenario, &turns, &cfg, &env));
         if std::env::var("LOOMEM_BENCH_BUILD_ONLY").is_ok() {
             continue;
         }
@@ -424,10 +434,6 @@ fn bench_search(c: &mut Criterion) {
         // from the query-vector cache, which would hide the embedding. Each
         // query goes to a stream drawn at random (the one stream when there
         // is one).
-        let turns = match scenario.text {
-            Text::Synthetic => Vec::new(),
-            Text::LongMemEval => longmemeval_turns(scenario.rows),
-        };
         // (A synthetic query draws its stream, then its words, as before
         // session 55, so the synthetic scenarios ask what they asked then.)
         let queries: Vec<(String, String)> = match scenario.text {
@@ -486,8 +492,9 @@ fn bench_search(c: &mut Criterion) {
         // the stream; and the ANN search's own time.
         if scenario.streams == 1 && rt.block_on(engine.store.has_vector_index()) {
             let filter = loomem::store::Filter::new().stream(STREAM);
-            let ids = |found: Vec<loomem::store::Scored>| -> Vec<String> {
-                found.into_iter().map(|s| s.id).collect()
+            // How many of `found` the exact search found too.
+            let overlap = |found: Vec<loomem::store::Scored>, exact: &[String]| {
+                found.iter().filter(|s| exact.contains(&s.id)).count()
             };
             let (mut hot, mut ann, mut ann_times) = (0, 0, Vec::new());
             let asked = &legs[..100];
@@ -495,17 +502,11 @@ fn bench_search(c: &mut Criterion) {
                 let v = rt.block_on(engine.embedder.embed_query(q)).unwrap();
                 let exact = rt.block_on(exact_nearest(&engine.store, &v, 10));
                 let found = rt.block_on(engine.store.search_vector(None, &v, &filter, 10));
-                hot += ids(found.unwrap())
-                    .iter()
-                    .filter(|id| exact.contains(*id))
-                    .count();
+                hot += overlap(found.unwrap(), &exact);
                 let t = Instant::now();
                 let found = rt.block_on(engine.store.search_vector_lance(None, &v, &filter, 10));
                 ann_times.push(t.elapsed());
-                ann += ids(found.unwrap())
-                    .iter()
-                    .filter(|id| exact.contains(*id))
-                    .count();
+                ann += overlap(found.unwrap(), &exact);
             }
             let recall = |n: usize| n as f64 / (10 * asked.len()) as f64;
             println!(
