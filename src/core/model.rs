@@ -425,14 +425,19 @@ impl Col<'_, ListArray> {
     }
 }
 
-impl Col<'_, FixedSizeListArray> {
-    /// A vector of floats, read from the column's values in place.
+impl<'a> Col<'a, FixedSizeListArray> {
+    /// A vector of floats, copied out of the column's values.
     pub fn floats(&self, row: usize) -> Option<Vec<f32>> {
+        self.floats_in_place(row).map(<[f32]>::to_vec)
+    }
+
+    /// A vector of floats where the column holds it, not copied.
+    pub fn floats_in_place(&self, row: usize) -> Option<&'a [f32]> {
         let a = self.valid(row)?;
         let f = a.values().as_any().downcast_ref::<Float32Array>()?;
         let dim = a.value_length() as usize;
         let start = a.value_offset(row) as usize;
-        f.values().get(start..start + dim).map(<[f32]>::to_vec)
+        f.values().get(start..start + dim)
     }
 }
 

@@ -80,29 +80,77 @@ thread_local! {
 /// time, so a word's terms do not depend on its neighbours and are worked
 /// out once per thread, not once per memory: a stream's first load puts
 /// thousands of texts of a small vocabulary through here.
+#[cfg(test)]
 fn each_doc_term(text: &str, mut f: impl FnMut(&str)) {
     WORDS.with(|cell| {
         let mut words = cell.borrow_mut();
-        for word in text.split(|c: char| !c.is_alphanumeric()) {
-            if word.is_empty() {
-                continue;
-            }
-            if let Some(terms) = words.get(word) {
-                terms.iter().for_each(|t| f(t));
-                continue;
-            }
-            let terms: Box<[Box<str>]> = terms(word, false)
-                .into_iter()
-                .map(String::into_boxed_str)
-                .collect();
-            terms.iter().for_each(|t| f(t));
-            if words.len() >= WORDS_KEPT {
-                words.clear();
-            }
-            words.insert(word.into(), terms);
+        for word in doc_words(text) {
+            each_word_term(&mut words, word, &mut f);
         }
     })
 }
+
+/// A memory's text split as the analyzer's tokenizer splits it.
+fn doc_words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+}
+
+/// Call `f` with each term of one word, from the thread's memo.
+fn each_word_term(words: &mut Words, word: &str, mut f: impl FnMut(&str)) {
+    if let Some(terms) = words.get(word) {
+        terms.iter().for_each(|t| f(t));
+        return;
+    }
+    let terms: Box<[Box<str>]> = terms(word, false)
+        .into_iter()
+        .map(String::into_boxed_str)
+        .collect();
+    terms.iter().for_each(|t| f(t));
+    if words.len() >= WORDS_KEPT {
+        words.clear();
+    }
+    words.insert(word.into(), terms);
+}
+
+/// A word short enough to be held in a map's slot itself: looking one up
+/// compares bytes beside the hash, not behind a pointer (a load looks up
+/// every word of every memory, and chasing each key's pointer was most of
+/// the postings' build).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ShortWord {
+    len: u8,
+    bytes: [u8; SHORT_WORD],
+}
+
+const SHORT_WORD: usize = 23;
+
+impl ShortWord {
+    fn new(word: &str) -> Option<ShortWord> {
+        let b = word.as_bytes();
+        if b.len() > SHORT_WORD {
+            return None;
+        }
+        let mut bytes = [0; SHORT_WORD];
+        bytes[..b.len()].copy_from_slice(b);
+        Some(ShortWord {
+            len: b.len() as u8,
+            bytes,
+        })
+    }
+}
+
+/// What a short word stands for in one index: no term (a stop word), one
+/// term id, or several (looked up term by term, as a long word is).
+#[derive(Debug, Clone, Copy)]
+enum WordTerms {
+    None,
+    One(u32),
+    Many,
+}
+
+/// Bytes a short word's entry costs.
+const WORD_BYTES: usize = 40;
 
 /// The distinct terms of a query.
 pub(super) fn query_terms(text: &str) -> Vec<String> {
@@ -136,6 +184,8 @@ pub(super) struct TextIndex {
     lens: Vec<u32>,
     slot_of: Map<String, u32>,
     term_ids: Map<String, u32>,
+    /// The words met so far and their terms' ids.
+    words: Map<ShortWord, WordTerms>,
     /// Per term: (slot, count in that memory); dead slots included.
     postings: Vec<Vec<(u32, u32)>>,
     /// Per term: living memories holding it.
@@ -159,19 +209,32 @@ impl TextIndex {
         self.remove(id);
         // The text's term ids, sorted: equal ids side by side are counted.
         let mut tids: Vec<u32> = Vec::new();
-        each_doc_term(text, |t| {
-            let tid = match self.term_ids.get(t) {
-                Some(&tid) => tid,
-                None => {
-                    let tid = self.term_ids.len() as u32;
-                    self.term_bytes += t.len() + TERM_BYTES;
-                    self.term_ids.insert(t.to_string(), tid);
-                    self.postings.push(Vec::new());
-                    self.df.push(0);
-                    tid
+        WORDS.with(|memo| {
+            for word in doc_words(text) {
+                let short = ShortWord::new(word);
+                match short.and_then(|w| self.words.get(&w)) {
+                    Some(WordTerms::None) => continue,
+                    Some(&WordTerms::One(tid)) => {
+                        tids.push(tid);
+                        continue;
+                    }
+                    Some(WordTerms::Many) | None => {}
                 }
-            };
-            tids.push(tid);
+                // Not met yet, long, or several terms: the analyzer's
+                // terms, each looked up.
+                let before = tids.len();
+                each_word_term(&mut memo.borrow_mut(), word, |t| tids.push(self.term_id(t)));
+                if let Some(w) = short {
+                    let terms = match tids[before..] {
+                        [] => WordTerms::None,
+                        [tid] => WordTerms::One(tid),
+                        _ => WordTerms::Many,
+                    };
+                    if self.words.insert(w, terms).is_none() {
+                        self.term_bytes += WORD_BYTES;
+                    }
+                }
+            }
         });
         let tokens = tids.len();
         tids.sort_unstable();
@@ -193,6 +256,19 @@ impl TextIndex {
         self.slot_of.insert(id.to_string(), slot);
         self.live += 1;
         self.total_tokens += tokens as u64;
+    }
+
+    /// A term's id, a new one if the index has not met the term.
+    fn term_id(&mut self, term: &str) -> u32 {
+        if let Some(&tid) = self.term_ids.get(term) {
+            return tid;
+        }
+        let tid = self.term_ids.len() as u32;
+        self.term_bytes += term.len() + TERM_BYTES;
+        self.term_ids.insert(term.to_string(), tid);
+        self.postings.push(Vec::new());
+        self.df.push(0);
+        tid
     }
 
     /// Room for `n` more memories, so a load grows its slots and its id map

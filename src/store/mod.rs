@@ -1214,13 +1214,28 @@ impl Store {
                 return Ok(None);
             }
             index.reserve(batch.num_rows());
-            for chunk in batch_to_chunks(&batch)? {
-                let admitted = match &self.embed_model {
-                    Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
-                    None => true,
-                };
-                index.apply(hot::Row::new(chunk, admitted));
+            // The vectors go from Lance's batch straight into the index's
+            // matrix; the rows are read without them.
+            let vectors = crate::core::model::Columns::new(&batch)
+                .col::<arrow_array::FixedSizeListArray>("embedding");
+            let mut rest = batch.clone();
+            if let Ok(i) = batch.schema().index_of("embedding") {
+                rest.remove_column(i);
             }
+            let rows = batch_to_chunks(&rest)?
+                .into_iter()
+                .enumerate()
+                .map(|(row, chunk)| {
+                    let admitted = match &self.embed_model {
+                        Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
+                        None => true,
+                    };
+                    let vector = vectors.floats_in_place(row).filter(|_| admitted);
+                    let meta = hot::Meta::of(&chunk);
+                    (std::sync::Arc::new(chunk), meta, vector)
+                })
+                .collect();
+            index.put_all(rows);
         }
         Ok(guard.finish(index))
     }
