@@ -167,9 +167,13 @@ fn terms(text: &str, query: bool) -> Vec<String> {
     })
 }
 
+/// A memory's id as the hot index holds it: one allocation, shared by
+/// every map and list of the stream's index that names the memory.
+pub(super) type Id = std::sync::Arc<str>;
+
 #[derive(Debug)]
 struct Doc {
-    id: String,
+    id: Id,
     /// Its distinct terms, to take it out again.
     terms: Vec<u32>,
     meta: Meta,
@@ -182,8 +186,10 @@ pub(super) struct TextIndex {
     /// Per slot, its text's token count, repeats counted (what the scoring
     /// loop reads).
     lens: Vec<u32>,
-    slot_of: Map<String, u32>,
+    slot_of: Map<Id, u32>,
     term_ids: Map<String, u32>,
+    /// The term ids of the memory being added.
+    scratch: Vec<u32>,
     /// The words met so far and their terms' ids.
     words: Map<ShortWord, WordTerms>,
     /// Per term: (slot, count in that memory); dead slots included.
@@ -205,10 +211,13 @@ pub(super) struct Stats {
 
 impl TextIndex {
     /// Insert or replace a memory's text.
-    pub fn apply(&mut self, id: &str, text: &str, meta: Meta) {
-        self.remove(id);
-        // The text's term ids, sorted: equal ids side by side are counted.
-        let mut tids: Vec<u32> = Vec::new();
+    pub fn apply(&mut self, id: impl Into<Id>, text: &str, meta: Meta) {
+        let id: Id = id.into();
+        self.remove(&id);
+        // The text's term ids, sorted: equal ids side by side are counted
+        // (in a list kept from one memory to the next).
+        let mut tids = std::mem::take(&mut self.scratch);
+        tids.clear();
         WORDS.with(|memo| {
             for word in doc_words(text) {
                 let short = ShortWord::new(word);
@@ -247,13 +256,14 @@ impl TextIndex {
             distinct.push(tid);
         }
         self.posting_count += distinct.len();
+        self.scratch = tids;
         self.lens.push(tokens as u32);
+        self.slot_of.insert(id.clone(), slot);
         self.slots.push(Some(Doc {
-            id: id.to_string(),
+            id,
             terms: distinct,
             meta,
         }));
-        self.slot_of.insert(id.to_string(), slot);
         self.live += 1;
         self.total_tokens += tokens as u64;
     }
@@ -282,10 +292,7 @@ impl TextIndex {
     /// Every living memory's id and filter columns, in slot order: a pass
     /// over a vector, without a lookup by id.
     pub fn metas(&self) -> impl Iterator<Item = (&str, &Meta)> {
-        self.slots
-            .iter()
-            .flatten()
-            .map(|d| (d.id.as_str(), &d.meta))
+        self.slots.iter().flatten().map(|d| (&*d.id, &d.meta))
     }
 
     /// A memory's filter columns.
@@ -396,11 +403,7 @@ impl TextIndex {
                 *a += idf * (K1 + 1.0) * tf / (tf + norm);
             }
         }
-        let id = |slot: u32| {
-            self.slots[slot as usize]
-                .as_ref()
-                .map_or("", |d| d.id.as_str())
-        };
+        let id = |slot: u32| self.slots[slot as usize].as_ref().map_or("", |d| &*d.id);
         let mut hits: Vec<(f32, u32)> = touched
             .into_iter()
             .filter(|&slot| {
@@ -533,7 +536,7 @@ mod tests {
         for i in 0..300 {
             // Many equal scores: ties must fall to the smaller id.
             ix.apply(
-                &format!("m{i:03}"),
+                format!("m{i:03}").as_str(),
                 &format!("alpha beta{} gamma{}", i % 3, i % 11),
                 meta(true),
             );
@@ -556,7 +559,7 @@ mod tests {
         for round in 0..4 {
             for i in 0..1000 {
                 ix.apply(
-                    &format!("m{i}"),
+                    format!("m{i}").as_str(),
                     &format!("word{} round{round}", i % 7),
                     meta(true),
                 );
