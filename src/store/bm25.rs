@@ -209,6 +209,15 @@ pub(super) struct Stats {
     pub tokens: u64,
 }
 
+/// Drop `items` one by one, calling `step` after each (how a let-go
+/// index is freed a step at a time).
+pub(super) fn free_each<T>(items: impl IntoIterator<Item = T>, step: &mut dyn FnMut()) {
+    for item in items {
+        drop(item);
+        step();
+    }
+}
+
 impl TextIndex {
     /// Insert or replace a memory's text.
     pub fn apply(&mut self, id: impl Into<Id>, text: &str, meta: Meta) {
@@ -279,6 +288,21 @@ impl TextIndex {
         self.postings.push(Vec::new());
         self.df.push(0);
         tid
+    }
+
+    /// Free the postings entry by entry, calling `step` after each.
+    pub fn free_with(self, step: &mut dyn FnMut()) {
+        let TextIndex {
+            slots,
+            slot_of,
+            term_ids,
+            postings,
+            ..
+        } = self;
+        free_each(slots, step);
+        free_each(slot_of, step);
+        free_each(term_ids, step);
+        free_each(postings, step);
     }
 
     /// Room for `n` more memories, so a load grows its slots and its id map

@@ -18,7 +18,7 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
-use super::bm25::{Id, Map, TextIndex};
+use super::bm25::{free_each, Id, Map, TextIndex};
 use super::filter::Cond;
 use super::writer::Lifecycle;
 use crate::core::model::{Chunk, Micros};
@@ -388,6 +388,25 @@ impl StreamIndex {
             }
             _ => self.remove(&id),
         }
+    }
+
+    /// Free the index entry by entry, calling `step` after each.
+    fn free_with(self, step: &mut dyn FnMut()) {
+        let StreamIndex {
+            ids,
+            pos,
+            docs,
+            current_by_hash,
+            meta,
+            text,
+            ..
+        } = self;
+        free_each(docs, step);
+        free_each(current_by_hash, step);
+        free_each(pos, step);
+        free_each(ids, step);
+        free_each(meta, step);
+        text.free_with(step);
     }
 
     /// A memory's vector, of unit length, if it has one here.
@@ -1032,17 +1051,77 @@ impl HotIndex {
 }
 
 /// Frees the streams the index let go (evicted, grown past the budget,
-/// dropped by a delete) away from the search or commit that let them go: a
-/// stream's index is thousands of allocations, and freeing them there would
-/// add to that request's time, under the hot index's lock.
+/// dropped by a delete) away from the search or commit that let them go, on
+/// a thread of its own, a step at a time. A stream's index is some ten
+/// allocations a memory: freed at once (on the blocking pool, as before),
+/// a large stream's hundreds of thousands of frees ran beside the next
+/// searches' loads, contending for the allocator and the second core, and
+/// small streams' first searches took two to five times their time.
 fn reap(victims: Vec<Slot>) {
     if victims.is_empty() {
         return;
     }
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => drop(rt.spawn_blocking(move || drop(victims))),
-        Err(_) => drop(victims),
+    static REAPER: std::sync::OnceLock<std::sync::mpsc::Sender<Vec<Slot>>> =
+        std::sync::OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Slot>>();
+        std::thread::Builder::new()
+            .name("loomem-reaper".into())
+            .spawn(move || {
+                for victims in rx {
+                    for slot in victims {
+                        free_gradually(slot);
+                    }
+                }
+            })
+            .expect("a thread to free evicted streams");
+        tx
+    });
+    let bytes: usize = victims
+        .iter()
+        .map(|slot| match slot {
+            Slot::Ready { bytes, .. } => *bytes,
+            _ => 0,
+        })
+        .sum();
+    REAPING.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    if let Err(unsent) = reaper.send(victims) {
+        REAPING.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+        drop(unsent.0);
     }
+}
+
+/// Bytes of let-go streams not freed yet.
+static REAPING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The reaper frees this many entries between pauses...
+const REAP_STEP: usize = 512;
+/// ... of this long (about a fifth of its time freeing)...
+const REAP_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
+/// ... while less than this waits to be freed; past it, without pauses.
+const REAP_PACED_BELOW: usize = 256 << 20;
+
+/// Frees one let-go stream's index, [`REAP_STEP`] entries at a time. An
+/// index a search still holds is freed by that search when it ends.
+fn free_gradually(slot: Slot) {
+    let Slot::Ready { index, bytes, .. } = slot else {
+        return;
+    };
+    if let Ok(lock) = Arc::try_unwrap(index) {
+        let index = lock
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut freed = 0usize;
+        index.free_with(&mut || {
+            freed += 1;
+            if freed % REAP_STEP == 0
+                && REAPING.load(std::sync::atomic::Ordering::Relaxed) < REAP_PACED_BELOW
+            {
+                std::thread::sleep(REAP_PAUSE);
+            }
+        });
+    }
+    REAPING.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The nearest `k` memories to `query` over several streams' indexes, as
