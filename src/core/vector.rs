@@ -1,9 +1,11 @@
 //! Vector arithmetic shared by the store's hot index, the pipeline's
 //! within-batch checks and the embedders.
 
-/// Scale `v` to unit length (left as is when it is all zeros).
+/// Scale `v` to unit length (left as is when it is all zeros). The norm is
+/// summed in [`dot`]'s lanes: a single running sum cannot be vectorised, and
+/// a stream's load into the hot index normalises every vector it reads.
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let norm = dot(v, v).sqrt();
     if norm > 0.0 {
         v.iter_mut().for_each(|x| *x /= norm);
     }
@@ -52,7 +54,7 @@ fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
 /// it reads.
 pub fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
     assert_eq!(v.len(), out.len(), "one byte per value");
-    let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let max = max_abs(v);
     if max == 0.0 || !max.is_finite() {
         out.fill(0);
         return 0.0;
@@ -66,6 +68,19 @@ pub fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
         *o = (y + 0.5f32.copysign(y)).clamp(-127.0, 127.0) as i8;
     }
     scale
+}
+
+/// The largest magnitude in `v` (NaNs skipped), in sixteen lanes: one running
+/// maximum cannot be vectorised.
+fn max_abs(v: &[f32]) -> f32 {
+    let (lanes, rest) = v.as_chunks::<16>();
+    let mut acc = [0.0f32; 16];
+    for x in lanes {
+        for k in 0..16 {
+            acc[k] = acc[k].max(x[k].abs());
+        }
+    }
+    rest.iter().chain(&acc).fold(0.0f32, |m, x| m.max(x.abs()))
 }
 
 /// `q`'s int8 dot product (exact; with the scales of [`quantize_i8`] it
@@ -481,6 +496,20 @@ mod tests {
         let mut zero = [7i8; 2];
         assert_eq!(quantize_i8(&[0.0, 0.0], &mut zero), 0.0);
         assert_eq!(zero, [0, 0]);
+    }
+
+    #[test]
+    fn max_abs_is_the_plain_maximum_for_any_length_and_skips_nans() {
+        for n in [0usize, 1, 15, 16, 17, 384, 1000] {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * i as f32).collect();
+            let plain = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert_eq!(max_abs(&v), plain, "n = {n}");
+            if n > 3 {
+                v[2] = f32::NAN;
+                v[n - 1] = -1e9;
+                assert_eq!(max_abs(&v), 1e9, "n = {n}");
+            }
+        }
     }
 
     #[test]
