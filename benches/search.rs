@@ -7,7 +7,9 @@
 //! where `ROWSxSTREAMS` spreads the rows over streams with Zipf-distributed
 //! sizes, the largest ~13% of the rows, and asks each query of a random
 //! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables;
-//! `LOOMEM_BENCH_SEED` draws other queries and streams). Other `LOOMEM_*`
+//! `LOOMEM_BENCH_SEED` draws other queries and streams;
+//! `LOOMEM_BENCH_SLOW_MS=N` names each timed search of N ms or more with its
+//! stream's size). Other `LOOMEM_*`
 //! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
 //! A one-stream store holds real text by default: the turns of LongMemEval_S
@@ -526,6 +528,12 @@ fn bench_search(c: &mut Criterion) {
         }
         // In one stream every query finds something; a small stream of a
         // multi-tenant store may hold nothing close enough, which is an answer.
+        // `LOOMEM_BENCH_SLOW_MS=N`: name each timed search of N ms or more,
+        // with its stream's size (what a first search met).
+        let slow: Option<f64> = std::env::var("LOOMEM_BENCH_SLOW_MS")
+            .ok()
+            .map(|ms| ms.parse().expect("LOOMEM_BENCH_SLOW_MS: milliseconds"));
+        let sizes = scenario.sizes();
         let timed_run = |queries: &[(String, String)]| -> Vec<Duration> {
             queries
                 .iter()
@@ -533,6 +541,14 @@ fn bench_search(c: &mut Criterion) {
                     let t = Instant::now();
                     let r = run(q, "hybrid");
                     let took = t.elapsed();
+                    if slow.is_some_and(|ms| took.as_secs_f64() * 1e3 >= ms) {
+                        let rows = q.1[1..].parse().map_or(scenario.rows, |i: usize| sizes[i]);
+                        eprintln!(
+                            "slow: {} ({rows} memories) took {:.1} ms",
+                            q.1,
+                            took.as_secs_f64() * 1e3
+                        );
+                    }
                     assert!(
                         scenario.streams > 1 || !r.results.is_empty(),
                         "no results for {}",

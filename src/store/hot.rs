@@ -1098,8 +1098,10 @@ static REAPING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 const REAP_STEP: usize = 512;
 /// ... of this long (about a fifth of its time freeing)...
 const REAP_PAUSE: std::time::Duration = std::time::Duration::from_micros(500);
-/// ... while less than this waits to be freed; past it, without pauses.
-const REAP_PACED_BELOW: usize = 256 << 20;
+/// ... while less than this waits to be freed (the default budget: a stream
+/// that large let go at once is freed at the same pace, the index's memory
+/// at most twice its budget meanwhile); past it, without pauses.
+const REAP_PACED_BELOW: usize = DEFAULT_BUDGET;
 
 /// Frees one let-go stream's index, [`REAP_STEP`] entries at a time. An
 /// index a search still holds is freed by that search when it ends.
