@@ -55,14 +55,6 @@ fn analyzer() -> Analyze {
     })
 }
 
-/// The terms of a memory's text, in order, repeats kept.
-#[cfg(test)]
-fn doc_terms(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    each_doc_term(text, |t| out.push(t.to_string()));
-    out
-}
-
 /// Words whose terms are remembered, per thread, before the memo starts over.
 const WORDS_KEPT: usize = 1 << 16;
 
@@ -73,30 +65,33 @@ thread_local! {
     static WORDS: std::cell::RefCell<Words> = std::cell::RefCell::new(Map::default());
 }
 
-/// Call `f` with each term of a memory's text, in order, repeats kept: the
-/// analyzer's answer, word by word. Its tokenizer splits the text into runs
-/// of alphanumeric characters and every filter after it (length limit,
-/// lower case, stemming, stop words, ASCII folding) takes one token at a
-/// time, so a word's terms do not depend on its neighbours and are worked
-/// out once per thread, not once per memory: a stream's first load puts
-/// thousands of texts of a small vocabulary through here.
+/// The terms of a memory's text, in order, repeats kept, word by word as
+/// the index takes them (the tests hold this to the analyzer's answer for
+/// the whole text).
 #[cfg(test)]
-fn each_doc_term(text: &str, mut f: impl FnMut(&str)) {
+fn doc_terms(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
     WORDS.with(|cell| {
         let mut words = cell.borrow_mut();
         for word in doc_words(text) {
-            each_word_term(&mut words, word, &mut f);
+            each_word_term(&mut words, word, |t| out.push(t.to_string()));
         }
-    })
+    });
+    out
 }
 
-/// A memory's text split as the analyzer's tokenizer splits it.
+/// A memory's text split as the analyzer's tokenizer splits it: into runs
+/// of alphanumeric characters. Every filter after the tokenizer (length
+/// limit, lower case, stemming, stop words, ASCII folding) takes one token
+/// at a time, so a word's terms do not depend on its neighbours.
 fn doc_words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
 }
 
-/// Call `f` with each term of one word, from the thread's memo.
+/// Call `f` with each term of one word: worked out once per thread, not once
+/// per memory (a stream's first load puts thousands of texts of a small
+/// vocabulary through here), and kept in the thread's memo.
 fn each_word_term(words: &mut Words, word: &str, mut f: impl FnMut(&str)) {
     if let Some(terms) = words.get(word) {
         terms.iter().for_each(|t| f(t));
