@@ -161,6 +161,10 @@ pub(super) struct StreamIndex {
 /// rows on two threads (a thread costs tens of microseconds to start).
 const SPLIT_LOAD_ROWS: usize = 512;
 
+/// A loaded row: the memory without its embedding, its filter columns and
+/// its vector where Lance's batch holds it.
+pub(super) type LoadRow<'a> = (Arc<Chunk>, Meta, Option<&'a [f32]>);
+
 /// Bytes a memory's row costs beside its text.
 const CHUNK_BYTES: usize = 512;
 
@@ -304,26 +308,26 @@ impl StreamIndex {
     /// built on this thread while a second one files the rows and their
     /// vectors (the two halves share nothing; on two cores a load takes
     /// about the longer half's time). Small loads stay on this thread.
-    pub fn put_all(&mut self, rows: Vec<(Arc<Chunk>, Meta, Option<&[f32]>)>) {
+    pub fn put_all(&mut self, rows: Vec<LoadRow<'_>>) {
         if rows.len() < SPLIT_LOAD_ROWS {
             for (chunk, meta, vector) in rows {
                 self.put(chunk, meta, vector);
             }
             return;
         }
-        let rows: Vec<(Id, Arc<Chunk>, Meta, Option<&[f32]>)> = rows
+        let rows: Vec<(Id, LoadRow<'_>)> = rows
             .into_iter()
-            .map(|(chunk, meta, vector)| (Id::from(chunk.id.as_str()), chunk, meta, vector))
+            .map(|row| (Id::from(row.0.id.as_str()), row))
             .collect();
         let texts: Vec<(Id, Arc<Chunk>, Meta)> = rows
             .iter()
-            .map(|(id, chunk, meta, _)| (id.clone(), chunk.clone(), meta.clone()))
+            .map(|(id, (chunk, meta, _))| (id.clone(), chunk.clone(), meta.clone()))
             .collect();
         let mut text = std::mem::take(&mut self.text);
         let rest = &mut *self;
         std::thread::scope(|s| {
             let filed = s.spawn(move || {
-                for (id, chunk, meta, vector) in rows {
+                for (id, (chunk, meta, vector)) in rows {
                     rest.put_rest(id, chunk, meta, vector);
                 }
             });
@@ -537,7 +541,7 @@ impl StreamIndex {
         heap.into_iter()
             .map(|a| Candidate {
                 distance: 1.0 - dot(q.exact, &self.vectors[a.row * d..(a.row + 1) * d]),
-                id: &*self.ids[a.row],
+                id: &self.ids[a.row],
                 row: a.row,
             })
             .collect()
@@ -1116,7 +1120,7 @@ fn free_gradually(slot: Slot) {
         let mut freed = 0usize;
         index.free_with(&mut || {
             freed += 1;
-            if freed % REAP_STEP == 0
+            if freed.is_multiple_of(REAP_STEP)
                 && REAPING.load(std::sync::atomic::Ordering::Relaxed) < REAP_PACED_BELOW
             {
                 std::thread::sleep(REAP_PAUSE);
