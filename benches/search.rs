@@ -9,7 +9,10 @@
 //! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables;
 //! `LOOMEM_BENCH_SEED` draws other queries and streams;
 //! `LOOMEM_BENCH_SLOW_MS=N` names each timed search of N ms or more with its
-//! stream's size). Other `LOOMEM_*`
+//! stream's size; a `:arrival` suffix stores the rows interleaved across
+//! streams, in fragments of 8,192 rows, as writers into many streams leave a
+//! table under the default configuration, where without it each stream's
+//! rows lie together in one fragment). Other `LOOMEM_*`
 //! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
 //! A one-stream store holds real text by default: the turns of LongMemEval_S
@@ -59,34 +62,60 @@ enum Text {
     Synthetic,
 }
 
+/// How a store's rows lie in its table.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// Each stream's rows side by side, the table merged into one fragment
+    /// (as the `compact` job leaves a table whose streams were imported one
+    /// after the other).
+    Grouped,
+    /// The rows in the order many writers into many streams store them,
+    /// interleaved, in fragments of the routine merges' 8,192 rows (as the
+    /// default configuration, whose scheduler is off, keeps a table).
+    Arrival,
+}
+
+/// Rows a fragment of an `Arrival` table holds: `storage.target_rows_per_fragment`.
+const ARRIVAL_FRAGMENT_ROWS: usize = 8192;
+
 /// A store to search: `rows` memories in `streams` streams.
 #[derive(Clone, Copy)]
 struct Scenario {
     rows: usize,
     streams: usize,
     text: Text,
+    layout: Layout,
 }
 
 impl Scenario {
-    /// `ROWS[xSTREAMS][:synthetic|:longmemeval]`.
+    /// `ROWS[xSTREAMS][:synthetic|:longmemeval][:arrival]`.
     fn parse(spec: &str) -> Scenario {
-        let usage = "LOOMEM_BENCH_SIZES: ROWS[xSTREAMS][:synthetic|:longmemeval]";
-        let (size, text) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
+        let usage = "LOOMEM_BENCH_SIZES: ROWS[xSTREAMS][:synthetic|:longmemeval][:arrival]";
+        let mut parts = spec.trim().split(':');
+        let size = parts.next().unwrap_or_default();
         let number = |s: &str| s.parse().expect(usage);
         let (rows, streams) = match size.split_once('x') {
             Some((rows, streams)) => (number(rows), number(streams)),
             None => (number(size), 1),
         };
-        let text = match text {
-            "" if streams == 1 => Text::LongMemEval,
-            "" | "synthetic" => Text::Synthetic,
-            "longmemeval" => Text::LongMemEval,
-            _ => panic!("{usage}"),
-        };
+        let (mut text, mut layout) = (None, Layout::Grouped);
+        for part in parts {
+            match part {
+                "synthetic" => text = Some(Text::Synthetic),
+                "longmemeval" => text = Some(Text::LongMemEval),
+                "arrival" => layout = Layout::Arrival,
+                _ => panic!("{usage}"),
+            }
+        }
+        let text = text.unwrap_or(match streams {
+            1 => Text::LongMemEval,
+            _ => Text::Synthetic,
+        });
         Scenario {
             rows,
             streams,
             text,
+            layout,
         }
     }
 
@@ -94,6 +123,10 @@ impl Scenario {
         let size = match self.streams {
             1 => self.rows.to_string(),
             n => format!("{}x{n}", self.rows),
+        };
+        let size = match self.layout {
+            Layout::Grouped => size,
+            Layout::Arrival => format!("{size}-arrival"),
         };
         match self.text {
             Text::Synthetic => size,
@@ -258,6 +291,7 @@ async fn build(
         .enumerate()
         .flat_map(|(s, n)| std::iter::repeat_n(s, n))
         .collect();
+    let mut arrivals: Vec<Chunk> = Vec::new();
     for start in (0..rows).step_by(BATCH) {
         let end = (start + BATCH).min(rows);
         let (texts, vectors): (Vec<String>, Vec<Vec<f32>>) = match &embedder {
@@ -297,19 +331,54 @@ async fn build(
                 c
             })
             .collect();
-        table
-            .add(chunks_to_batch(&chunks, DIM).unwrap())
-            .execute()
-            .await
-            .unwrap();
+        match scenario.layout {
+            Layout::Grouped => {
+                table
+                    .add(chunks_to_batch(&chunks, DIM).unwrap())
+                    .execute()
+                    .await
+                    .unwrap();
+            }
+            Layout::Arrival => arrivals.extend(chunks),
+        }
     }
-    table
-        .optimize(lancedb::table::OptimizeAction::Compact {
-            options: Default::default(),
-            remap_options: None,
-        })
-        .await
-        .unwrap();
+    match scenario.layout {
+        Layout::Grouped => {
+            table
+                .optimize(lancedb::table::OptimizeAction::Compact {
+                    options: Default::default(),
+                    remap_options: None,
+                })
+                .await
+                .unwrap();
+        }
+        Layout::Arrival => {
+            // The n-th row stored is row n × stride (mod rows): a step
+            // coprime with the count visits every row once and moves from
+            // stream to stream, as writers into many streams do. Each
+            // fragment is one commit of the routine merges' size.
+            let stride = (7919..)
+                .find(|s| gcd(*s, rows) == 1)
+                .expect("a coprime stride");
+            let mut rows_in_order: Vec<Option<Chunk>> = arrivals.into_iter().map(Some).collect();
+            for start in (0..rows).step_by(ARRIVAL_FRAGMENT_ROWS) {
+                let end = (start + ARRIVAL_FRAGMENT_ROWS).min(rows);
+                let chunks: Vec<Chunk> = (start..end)
+                    .map(|n| {
+                        let mut c = rows_in_order[n * stride % rows].take().unwrap();
+                        c.created_at = 1_700_000_000_000_000 + n as i64 * 10_000_000;
+                        c.updated_at = c.created_at;
+                        c
+                    })
+                    .collect();
+                table
+                    .add(chunks_to_batch(&chunks, DIM).unwrap())
+                    .execute()
+                    .await
+                    .unwrap();
+            }
+        }
+    }
     table
         .optimize(lancedb::table::OptimizeAction::Index(Default::default()))
         .await
@@ -317,6 +386,14 @@ async fn build(
     store.ensure_vector_index(index_min_rows).await.unwrap();
     store.close().await;
     eprintln!("built {rows} memories in {:?}", started.elapsed());
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 /// The ids of the `k` chunks nearest `vector` by cosine, by a flat scan.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::hot::HotIndex;
 use super::maintain::{
-    merge_small_fragments, refresh_indexes_routinely, Maintenance, RefreshScope,
+    merge_fragments_in_tiers, refresh_indexes_routinely, Maintenance, RefreshScope,
 };
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
@@ -630,7 +630,7 @@ impl Merger {
         self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate) = (rewrite, gate);
-            match merge_small_fragments(&table, target_rows).await {
+            match merge_fragments_in_tiers(&table, target_rows).await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
