@@ -3,17 +3,19 @@
 //! of `POST /v1/search` (query embedding with MiniLM, BM25, vector and graph
 //! legs, fusion, ranking) minus HTTP.
 //!
-//! `cargo bench --bench search` (scenarios: `LOOMEM_BENCH_SIZES=10000,100000,1000000x1000`,
+//! `cargo bench --bench search` (scenarios:
+//! `LOOMEM_BENCH_SIZES=10000,100000,1000000x1000,1000000x1000:arrival`,
 //! where `ROWSxSTREAMS` spreads the rows over streams with Zipf-distributed
 //! sizes, the largest ~13% of the rows, and asks each query of a random
 //! stream; `LOOMEM_BENCH_BUILD_ONLY=1` only builds the tables;
 //! `LOOMEM_BENCH_SEED` draws other queries and streams;
 //! `LOOMEM_BENCH_SLOW_MS=N` names each timed search of N ms or more with its
 //! stream's size; a `:arrival` suffix stores the rows interleaved across
-//! streams, in fragments of 8,192 rows, as writers into many streams leave a
-//! table under the default configuration, where without it each stream's
-//! rows lie together in one fragment). Other `LOOMEM_*`
-//! overrides of `config.toml` apply, e.g. `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
+//! streams, in fragments the writer's merges make of 8,192-row commits, as
+//! writers into many streams leave a table under the default configuration,
+//! where without it each stream's rows lie together in one fragment). Other
+//! `LOOMEM_*` overrides of `config.toml` apply, e.g.
+//! `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
 //! A one-stream store holds real text by default: the turns of LongMemEval_S
 //! (`../shared/datasets/longmemeval/sessions.jsonl.gz`: its 98,780 user turns,
@@ -70,8 +72,9 @@ enum Layout {
     /// after the other).
     Grouped,
     /// The rows in the order many writers into many streams store them,
-    /// interleaved, in fragments of the routine merges' 8,192 rows (as the
-    /// default configuration, whose scheduler is off, keeps a table).
+    /// interleaved, in commits of the routine merges' 8,192 rows, then
+    /// merged as the writer merges them (as the default configuration, whose
+    /// scheduler is off, keeps a table).
     Arrival,
 }
 
@@ -377,6 +380,10 @@ async fn build(
                     .await
                     .unwrap();
             }
+            // What the writer's merges make of them.
+            loomem::store::maintain::merge_fragments_in_tiers(table, ARRIVAL_FRAGMENT_ROWS)
+                .await
+                .unwrap();
         }
     }
     table
@@ -474,7 +481,7 @@ fn bench_search(c: &mut Criterion) {
         .build()
         .unwrap();
     let scenarios: Vec<Scenario> = std::env::var("LOOMEM_BENCH_SIZES")
-        .unwrap_or_else(|_| "10000,100000,1000000x1000".into())
+        .unwrap_or_else(|_| "10000,100000,1000000x1000,1000000x1000:arrival".into())
         .split(',')
         .map(Scenario::parse)
         .collect();
