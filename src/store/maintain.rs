@@ -101,11 +101,13 @@ pub const TIER_FAN: usize = 8;
 /// many, the small ones at the tail left to the routine merges.
 ///
 /// Every read pays for each fragment a stream's rows lie in, and rows stored
-/// by writers into many streams lie in all of them: a stream's first load
-/// from a table of 8,192-row fragments costs about twice its load from one
-/// of 65,536-row fragments (README, **Where a stream's rows lie**). Each row
-/// is rewritten once more than with one tier, and at most `TIER_FAN ×
-/// target_rows` rows at a time.
+/// by writers into many streams lie in all of them: a small stream's first
+/// read from a 1M-row table of 8,192-row fragments takes about twice as long
+/// as from one of 65,536-row fragments (README, **Where a stream's rows
+/// lie**). Each row is rewritten once more than with one tier. Lance packs
+/// neighbouring fragments into new ones of fewer than twice the next tier's
+/// rows; a table that already holds many full fragments (one written before
+/// the tiers) has them all merged in one pass (16.6 s for 1M rows here).
 pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize) -> Result<()> {
     merge_small_fragments(table, target_rows).await?;
     let Some(native) = table.as_native() else {
