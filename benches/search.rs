@@ -72,14 +72,12 @@ enum Layout {
     /// after the other).
     Grouped,
     /// The rows in the order many writers into many streams store them,
-    /// interleaved, in commits of the routine merges' 8,192 rows, then
+    /// interleaved, in commits of the routine merges' size
+    /// (`storage.target_rows_per_fragment`, 8,192 by default), then
     /// merged as the writer merges them (as the default configuration, whose
     /// scheduler is off, keeps a table).
     Arrival,
 }
-
-/// Rows a fragment of an `Arrival` table holds: `storage.target_rows_per_fragment`.
-const ARRIVAL_FRAGMENT_ROWS: usize = 8192;
 
 /// A store to search: `rows` memories in `streams` streams.
 #[derive(Clone, Copy)]
@@ -294,7 +292,8 @@ async fn build(
         .enumerate()
         .flat_map(|(s, n)| std::iter::repeat_n(s, n))
         .collect();
-    let mut arrivals: Vec<Chunk> = Vec::new();
+    // An arrival table's rows, each taken when its turn to be stored comes.
+    let mut arrivals: Vec<Option<Chunk>> = Vec::new();
     for start in (0..rows).step_by(BATCH) {
         let end = (start + BATCH).min(rows);
         let (texts, vectors): (Vec<String>, Vec<Vec<f32>>) = match &embedder {
@@ -342,7 +341,7 @@ async fn build(
                     .await
                     .unwrap();
             }
-            Layout::Arrival => arrivals.extend(chunks),
+            Layout::Arrival => arrivals.extend(chunks.into_iter().map(Some)),
         }
     }
     match scenario.layout {
@@ -363,12 +362,12 @@ async fn build(
             let stride = (7919..)
                 .find(|s| gcd(*s, rows) == 1)
                 .expect("a coprime stride");
-            let mut rows_in_order: Vec<Option<Chunk>> = arrivals.into_iter().map(Some).collect();
-            for start in (0..rows).step_by(ARRIVAL_FRAGMENT_ROWS) {
-                let end = (start + ARRIVAL_FRAGMENT_ROWS).min(rows);
+            let fragment_rows = cfg.storage.target_rows_per_fragment;
+            for start in (0..rows).step_by(fragment_rows) {
+                let end = (start + fragment_rows).min(rows);
                 let chunks: Vec<Chunk> = (start..end)
                     .map(|n| {
-                        let mut c = rows_in_order[n * stride % rows].take().unwrap();
+                        let mut c = arrivals[n * stride % rows].take().unwrap();
                         c.created_at = 1_700_000_000_000_000 + n as i64 * 10_000_000;
                         c.updated_at = c.created_at;
                         c
@@ -381,7 +380,7 @@ async fn build(
                     .unwrap();
             }
             // What the writer's merges make of them.
-            loomem::store::maintain::merge_fragments_in_tiers(table, ARRIVAL_FRAGMENT_ROWS)
+            loomem::store::maintain::merge_fragments_in_tiers(table, fragment_rows)
                 .await
                 .unwrap();
         }

@@ -874,11 +874,15 @@ mod tests {
             .unwrap()
     }
 
+    /// Memory `i` of stream `s`.
+    fn memory(i: usize) -> Chunk {
+        Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0)
+    }
+
     /// `n` memories, one commit each.
     async fn commit_one_by_one(store: &Store, n: usize) {
         for i in 0..n {
-            let c = Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0);
-            store.upsert(vec![c]).await.unwrap();
+            store.upsert(vec![memory(i)]).await.unwrap();
         }
     }
 
@@ -1006,12 +1010,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = open(tmp.path(), Maintenance::off()).await;
         let table = store.chunks_table();
-        let commit = |from: usize, n: usize| {
-            let rows: Vec<Chunk> = (from..from + n)
-                .map(|i| Chunk::new(format!("id{i}"), "s".into(), format!("memory {i}"), 0))
-                .collect();
-            store.upsert(rows)
-        };
+        let commit = |from: usize, n: usize| store.upsert((from..from + n).map(memory).collect());
         // Seven full fragments of 4 rows, then two of one row.
         for k in 0..TIER_FAN - 1 {
             commit(4 * k, 4).await.unwrap();
