@@ -16,6 +16,7 @@ pub mod llm_calls;
 pub mod location;
 pub mod maintain;
 pub mod oauth;
+mod ordered_merge;
 pub mod relations;
 mod writer;
 

@@ -630,7 +630,7 @@ impl Merger {
         self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate) = (rewrite, gate);
-            match merge_fragments_in_tiers(&table, target_rows).await {
+            match merge_fragments_in_tiers(&table, target_rows, "stream").await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
