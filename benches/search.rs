@@ -380,7 +380,7 @@ async fn build(
                     .unwrap();
             }
             // What the writer's merges make of them.
-            loomem::store::maintain::merge_fragments_in_tiers(table, fragment_rows)
+            loomem::store::maintain::merge_fragments_in_tiers(table, fragment_rows, "stream")
                 .await
                 .unwrap();
         }
