@@ -30,6 +30,7 @@ use lance::dataset::index::DatasetIndexRemapperOptions;
 use lance::dataset::optimize::IndexRemapperOptions;
 use lance::dataset::transaction::{Operation, RewriteGroup, RewrittenIndex, Transaction};
 use lance::dataset::{CommitBuilder, InsertBuilder, WriteMode, WriteParams};
+use lance::index::DatasetIndexExt;
 use lance::Dataset;
 use lance_core::utils::row_addr_remap::RowAddrRemap;
 use lancedb::Table;
@@ -62,6 +63,44 @@ pub(super) fn plan(rows: &[usize], target_rows: usize, cap: usize) -> Vec<Vec<us
                 groups.push(std::mem::take(&mut group));
             }
             (group, sum) = (Vec::new(), 0);
+        }
+    }
+    groups
+}
+
+/// [`plan`] within each set of fragments the same index segments cover:
+/// Lance refuses a rewrite whose old fragments an index covers only in
+/// part (the new fragment would be half indexed). Fragments written since
+/// a segment was built wait until the writer's refreshes merge the
+/// segments; those no index covers merge among themselves.
+fn plan_by_coverage(
+    fragments: &[lance::table::format::Fragment],
+    indices: &[lance::table::format::IndexMetadata],
+    target_rows: usize,
+    cap: usize,
+) -> Vec<Vec<usize>> {
+    let mut classes: std::collections::BTreeMap<Vec<usize>, Vec<usize>> = Default::default();
+    for (at, f) in fragments.iter().enumerate() {
+        let covering: Vec<usize> = indices
+            .iter()
+            .enumerate()
+            .filter(|(_, ix)| {
+                ix.fragment_bitmap
+                    .as_ref()
+                    .is_some_and(|b| b.contains(f.id as u32))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        classes.entry(covering).or_default().push(at);
+    }
+    let mut groups = Vec::new();
+    for members in classes.values() {
+        let rows: Vec<usize> = members
+            .iter()
+            .map(|&at| fragments[at].num_rows().unwrap_or(0))
+            .collect();
+        for group in plan(&rows, target_rows, cap) {
+            groups.push(group.into_iter().map(|k| members[k]).collect());
         }
     }
     groups
@@ -100,11 +139,8 @@ pub(super) async fn merge_ordered(
     handle.ensure_mutable()?;
     let ds = handle.get().await?;
     let fragments = ds.manifest.fragments.as_ref().clone();
-    let rows: Vec<usize> = fragments
-        .iter()
-        .map(|f| f.num_rows().unwrap_or(0))
-        .collect();
-    let groups = plan(&rows, target_rows, cap);
+    let indices = ds.load_indices().await?;
+    let groups = plan_by_coverage(&fragments, &indices, target_rows, cap);
     if groups.is_empty() {
         return Ok(0);
     }
