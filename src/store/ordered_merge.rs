@@ -95,15 +95,19 @@ fn plan_by_coverage(
     }
     let mut groups = Vec::new();
     for members in classes.values() {
-        let rows: Vec<usize> = members
-            .iter()
-            .map(|&at| fragments[at].num_rows().unwrap_or(0))
-            .collect();
+        let rows: Vec<usize> = members.iter().map(|&at| rows_of(&fragments[at])).collect();
         for group in plan(&rows, target_rows, cap) {
             groups.push(group.into_iter().map(|k| members[k]).collect());
         }
     }
     groups
+}
+
+/// The rows a fragment was written with, its deleted ones included: a full
+/// fragment stays full when a few of its rows are deleted (the merge drops
+/// them).
+fn rows_of(f: &lance::table::format::Fragment) -> usize {
+    f.physical_rows.unwrap_or_else(|| f.num_rows().unwrap_or(0))
 }
 
 /// How many full fragments (at least `target_rows`, under `cap`) `table`
@@ -119,7 +123,7 @@ pub(super) async fn full_fragments(table: &Table, target_rows: usize, cap: usize
         ds.manifest
             .fragments
             .iter()
-            .filter(|f| f.num_rows().is_some_and(|n| n >= target_rows && n < cap))
+            .filter(|f| (target_rows..cap).contains(&rows_of(f)))
             .count(),
     )
 }
