@@ -902,6 +902,89 @@ mod tests {
         );
     }
 
+    /// The writer's own merges reach the second tier: single-row commits
+    /// into three streams, merged into fragments of about 4 rows and then
+    /// into ones of up to 32 whose rows are ordered by stream.
+    #[tokio::test]
+    async fn the_writer_orders_its_second_tier_by_stream() {
+        use crate::store::WriteBatch;
+        let tmp = tempfile::tempdir().unwrap();
+        let m = Maintenance {
+            compact_every_commits: 2,
+            target_rows_per_fragment: 4,
+            ..Maintenance::off()
+        };
+        let store = open(tmp.path(), m).await;
+        for i in 0..80 {
+            let mut c = memory(i);
+            c.stream = format!("s{}", i % 3);
+            let batch = WriteBatch {
+                fresh: vec![c],
+                rows: vec![],
+                side: vec![],
+                refuse: true,
+                history: vec![],
+            };
+            store.commit_batch(batch).await.unwrap();
+        }
+        // The last merges may still be running when the last write returns.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let handle = store.chunks_table().dataset().unwrap();
+        let tier = loop {
+            // The writer's merges commit through a handle of their own.
+            handle.reload().await.unwrap();
+            let ds = handle.get().await.unwrap();
+            let big = ds
+                .get_fragments()
+                .into_iter()
+                .map(|f| f.metadata().clone())
+                // A group closes when the next fragment would not fit, and
+                // the routine merges' fragments hold under twice the target.
+                .find(|f| f.physical_rows > Some(4 * (TIER_FAN - 2)));
+            if let Some(f) = big {
+                break (ds, f);
+            }
+            let rows: Vec<_> = ds
+                .get_fragments()
+                .iter()
+                .map(|f| f.metadata().physical_rows)
+                .collect();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no second-tier fragment: {rows:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let (ds, fragment) = tier;
+        let batches: Vec<arrow_array::RecordBatch> = {
+            use futures::TryStreamExt;
+            ds.scan()
+                .with_fragments(vec![fragment])
+                .project(&["stream"])
+                .unwrap()
+                .try_into_stream()
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap()
+        };
+        let streams: Vec<String> = batches
+            .iter()
+            .flat_map(|b| {
+                let c = crate::core::model::Columns::new(b);
+                (0..b.num_rows())
+                    .map(|r| c.str("stream", r).unwrap_or_default())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut sorted = streams.clone();
+        sorted.sort();
+        assert_eq!(streams, sorted);
+        assert!(streams.len() > 4 * (TIER_FAN - 2), "{streams:?}");
+        assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 80);
+    }
+
     /// Fragment merges run beside the pipeline's appends; a batch that
     /// replaces stored rows, a delete and an edit wait for the merge. Every
     /// write lands once, none fails on a commit conflict.
