@@ -33,36 +33,36 @@ use lance::dataset::{CommitBuilder, InsertBuilder, WriteMode, WriteParams};
 use lance::index::DatasetIndexExt;
 use lance::Dataset;
 use lance_core::utils::row_addr_remap::RowAddrRemap;
+use lance_core::ROW_ADDR;
 use lancedb::Table;
 
-/// The column Lance names a scanned row's address with.
-const ROW_ADDR: &str = "_rowaddr";
-
-/// Fragments of at least `target_rows` rows and under `cap`, in the order
-/// given as `(index, rows)`, packed into groups of up to `cap` rows: each
-/// group that filled (the next fragment would not fit, or it holds exactly
-/// `cap`) and holds two or more fragments. The last group, still filling,
-/// waits for more.
+/// The fragments whose row counts are `rows` (indexes into it), those of
+/// at least `target_rows` rows and under `cap` packed in order into groups
+/// of up to `cap` rows: each group that filled (the next fragment would not
+/// fit, or it holds exactly `cap`) and holds two or more fragments. The last
+/// group, still filling, waits for more.
 pub(super) fn plan(rows: &[usize], target_rows: usize, cap: usize) -> Vec<Vec<usize>> {
     let mut groups = Vec::new();
     let (mut group, mut sum) = (Vec::new(), 0);
+    // A filled group is kept if it merges anything, and a new one started.
+    let close = |groups: &mut Vec<Vec<usize>>, group: &mut Vec<usize>, sum: &mut usize| {
+        if group.len() > 1 {
+            groups.push(std::mem::take(group));
+        }
+        group.clear();
+        *sum = 0;
+    };
     for (i, &n) in rows.iter().enumerate() {
         if n < target_rows || n >= cap {
             continue;
         }
         if sum + n > cap {
-            if group.len() > 1 {
-                groups.push(std::mem::take(&mut group));
-            }
-            (group, sum) = (Vec::new(), 0);
+            close(&mut groups, &mut group, &mut sum);
         }
         group.push(i);
         sum += n;
         if sum == cap {
-            if group.len() > 1 {
-                groups.push(std::mem::take(&mut group));
-            }
-            (group, sum) = (Vec::new(), 0);
+            close(&mut groups, &mut group, &mut sum);
         }
     }
     groups
