@@ -106,7 +106,7 @@ fn plan_by_coverage(
 /// The rows a fragment was written with, its deleted ones included: a full
 /// fragment stays full when a few of its rows are deleted (the merge drops
 /// them).
-fn rows_of(f: &lance::table::format::Fragment) -> usize {
+pub(super) fn rows_of(f: &lance::table::format::Fragment) -> usize {
     f.physical_rows.unwrap_or_else(|| f.num_rows().unwrap_or(0))
 }
 
