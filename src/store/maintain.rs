@@ -837,6 +837,66 @@ mod tests {
         }
     }
 
+    /// Lance does what a tiered [`scalar_fold`] asks: merging the newest
+    /// two segments with the new rows leaves the older segments as they
+    /// were, the merged one comes last (so sizes read oldest first, as the
+    /// policy takes them), and every row is still found through the `id`
+    /// index and the full-text index.
+    #[tokio::test]
+    async fn a_tiered_merge_folds_the_newest_segments_and_keeps_the_older() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open(tmp.path(), Maintenance::off()).await;
+        let table = store.chunks_table();
+        let named = |column: &'static str| async move {
+            table
+                .list_indices()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|i| i.columns == [column])
+                .unwrap()
+                .name
+        };
+        let (id, content) = (named("id").await, named("content").await);
+        let mut from = 0;
+        for n in [100, 30, 20] {
+            store.upsert(memories_with_vectors(from, n)).await.unwrap();
+            for name in [&id, &content] {
+                fold_index(table, name, IndexFold::Append).await.unwrap();
+            }
+            from += n;
+        }
+        let before = segment_rows(table).await;
+        for name in [&id, &content] {
+            let rows = &before[name.as_str()];
+            assert_eq!(rows[rows.len() - 3..], [100, 30, 20], "{name}: {rows:?}");
+        }
+        store.upsert(memories_with_vectors(from, 10)).await.unwrap();
+        from += 10;
+        for name in [&id, &content] {
+            fold_index(table, name, IndexFold::Merge(2)).await.unwrap();
+        }
+        let after = segment_rows(table).await;
+        for name in [&id, &content] {
+            let (old, new) = (&before[name.as_str()], &after[name.as_str()]);
+            assert_eq!(new.len(), old.len() - 1, "{name}: {old:?} → {new:?}");
+            assert_eq!(new[..new.len() - 1], old[..old.len() - 2], "{name}");
+            assert_eq!(new.last(), Some(&60), "{name}: 30 + 20 + 10 new rows");
+            let s = table.index_stats(name).await.unwrap().unwrap();
+            assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (from, 0), "{name}");
+        }
+        let ids: Vec<String> = (0..from).map(|i| format!("id{i}")).collect();
+        assert_eq!(store.owners(&ids).await.unwrap().len(), from);
+        for i in [5, 110, 135, 155] {
+            let hits = store
+                .search_text_lance(None, &i.to_string(), &crate::store::Filter::new(), 3)
+                .await
+                .unwrap();
+            let want = format!("id{i}");
+            assert_eq!(hits.first().map(|h| h.id.as_str()), Some(want.as_str()));
+        }
+    }
+
     /// A pressing refresh indexes the new rows on `id` and leaves the other
     /// scalar and full-text indexes to a later one (saying so), until their
     /// new rows are a share of the table; a refresh of everything then
