@@ -883,7 +883,11 @@ mod tests {
             assert_eq!(new[..new.len() - 1], old[..old.len() - 2], "{name}");
             assert_eq!(new.last(), Some(&60), "{name}: 30 + 20 + 10 new rows");
             let s = table.index_stats(name).await.unwrap().unwrap();
-            assert_eq!((s.num_indexed_rows, s.num_unindexed_rows), (from, 0), "{name}");
+            assert_eq!(
+                (s.num_indexed_rows, s.num_unindexed_rows),
+                (from, 0),
+                "{name}"
+            );
         }
         let ids: Vec<String> = (0..from).map(|i| format!("id{i}")).collect();
         assert_eq!(store.owners(&ids).await.unwrap().len(), from);
