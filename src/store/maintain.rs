@@ -346,12 +346,13 @@ pub async fn refresh_indexes_routinely(table: &Table, scope: RefreshScope) -> Re
             behind |= unindexed > 0;
             IndexFold::Wait
         } else {
-            match segments.get(&index.name) {
-                Some(rows) => scalar_fold(unindexed, rows),
-                // Sizes unknown (not a local Lance table): merge them all.
-                None if pieces + 1 >= SCALAR_MAX_PIECES => IndexFold::Merge(pieces as usize),
-                None => scalar_fold(unindexed, &[]),
-            }
+            // Sizes unknown (no Lance dataset to read them from): taken as
+            // empty, so the segments all merge at eight.
+            let unknown = || vec![0; pieces as usize];
+            scalar_fold(
+                unindexed,
+                &segments.get(&index.name).cloned().unwrap_or_else(unknown),
+            )
         };
         let started = std::time::Instant::now();
         fold_index(table, &index.name, fold).await?;
