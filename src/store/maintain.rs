@@ -114,11 +114,17 @@ pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<
 /// Full fragments of one tier that make one of the next.
 pub const TIER_FAN: usize = 8;
 
-/// [`merge_small_fragments`], then the second tier: once `TIER_FAN`
-/// fragments hold `target_rows` rows or more (and fewer than the next tier's
-/// `TIER_FAN × target_rows`), they are rewritten in groups of up to that
-/// many rows, each group as one fragment whose rows are ordered by `key`
-/// (a stream's rows together), the indexes remapped to the moved rows
+/// The ordered tiers above the routine merges' fragments: with the default
+/// 8,192 rows, fragments of 65,536, 524,288 and 4,194,304 rows. Larger ones
+/// are not merged again.
+pub const ORDERED_TIERS: usize = 3;
+
+/// [`merge_small_fragments`], then the ordered tiers, lowest first: once
+/// `TIER_FAN` fragments of a tier are full (the second tier's hold
+/// `target_rows` rows or more, a higher tier's 7/8 of the tier below's
+/// size), they are rewritten in groups of up to `TIER_FAN` times their
+/// size, each group as one fragment whose rows are ordered by `key` (a
+/// stream's rows together), the indexes remapped to the moved rows
 /// ([`super::ordered_merge`]). The small fragments at the tail are left to
 /// the routine merges.
 ///
@@ -126,24 +132,29 @@ pub const TIER_FAN: usize = 8;
 /// scattered through a fragment: rows stored by writers into many streams
 /// lie in all of them. A small stream's first read from a 1M-row table took
 /// 63 ms in 8,192-row fragments, 29 ms in 65,536-row ones and 7.5 ms with
-/// those ordered by stream (README, **Where a stream's rows lie**). Each row
-/// is rewritten once more than with one tier.
+/// those ordered by stream (README, **Where a stream's rows lie**); the
+/// third tier makes one fragment of eight of those. Each row is rewritten
+/// once more per tier it climbs (at most four times in all).
 pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize, key: &str) -> Result<()> {
     merge_small_fragments(table, target_rows).await?;
-    let next = target_rows * TIER_FAN;
-    match super::ordered_merge::full_fragments(table, target_rows, next).await {
-        Some(full) if full >= TIER_FAN => {
-            let merged = retrying("ordered merge", || {
-                super::ordered_merge::merge_ordered(table, key, target_rows, next)
-            })
-            .await?;
-            tracing::debug!(table = %table.name(), merged, "full fragments merged by {key}");
-            Ok(())
+    let tiers = super::ordered_merge::tiers(target_rows, TIER_FAN, ORDERED_TIERS);
+    for (k, tier) in tiers.iter().enumerate() {
+        // Each tier's merges may fill the next, so the counts are read anew.
+        // `None`: a table the merge cannot rewrite (one with stable row
+        // ids, which loomem never creates).
+        let Some(counts) = super::ordered_merge::fragments_in_tiers(table, &tiers).await else {
+            return Ok(());
+        };
+        if counts[k] < TIER_FAN {
+            continue;
         }
-        // Too few full fragments, or a table the merge cannot rewrite (one
-        // with stable row ids, which loomem never creates).
-        _ => Ok(()),
+        let merged = retrying("ordered merge", || {
+            super::ordered_merge::merge_ordered(table, key, *tier)
+        })
+        .await?;
+        tracing::debug!(table = %table.name(), merged, tier = k + 2, "full fragments merged by {key}");
     }
+    Ok(())
 }
 
 /// Fold rows written since the last refresh into the table's indexes (the
@@ -1348,8 +1359,15 @@ mod tests {
             before,
             "every index remapped, none rebuilt"
         );
-        // Stored order: each fragment's rows by stream (three runs of
-        // three streams), in arrival order within one.
+        // Each fragment's rows by stream: three runs of three streams.
+        check_ordered_and_indexed(&store, rows, 40, 5).await;
+    }
+
+    /// After an ordered merge of memories `0..rows` (with [`vector_of`], in
+    /// [`stream_of`]'s three streams) but `gone`, deleted: the stored order
+    /// changes stream `turns` times, and within a stream keeps the arrival
+    /// order; every index answers with the right memory.
+    async fn check_ordered_and_indexed(store: &Store, rows: usize, gone: usize, turns: usize) {
         let stored: Vec<(String, usize)> = store
             .find(&crate::store::Filter::new(), None)
             .await
@@ -1358,14 +1376,14 @@ mod tests {
             .map(|c| (c.stream, c.id[2..].parse().unwrap()))
             .collect();
         assert_eq!(stored.len(), rows - 1);
-        assert!(store.get("id40").await.unwrap().is_none());
+        assert!(store.get(&format!("id{gone}")).await.unwrap().is_none());
         let text = store
-            .search_text_lance(None, "40", &crate::store::Filter::new(), 3)
+            .search_text_lance(None, &gone.to_string(), &crate::store::Filter::new(), 3)
             .await
             .unwrap();
         assert!(text.is_empty(), "{text:?}");
-        let turns = stored.windows(2).filter(|w| w[0].0 != w[1].0).count();
-        assert_eq!(turns, 5, "{stored:?}");
+        let changes = stored.windows(2).filter(|w| w[0].0 != w[1].0).count();
+        assert_eq!(changes, turns, "{stored:?}");
         let in_order = stored
             .windows(2)
             .all(|w| w[0].0 != w[1].0 || w[0].1 < w[1].1);
@@ -1399,8 +1417,58 @@ mod tests {
         let s1 = crate::store::Filter::new().stream("s1");
         assert_eq!(
             store.count(&s1).await.unwrap(),
-            (0..rows).filter(|i| i % 3 == 1 && *i != 40).count()
+            (0..rows).filter(|i| i % 3 == 1 && *i != gone).count()
         );
+    }
+
+    /// The third tier: eight ordered fragments of the second merged as they
+    /// are read (a k-way merge, never the group whole in memory), one of
+    /// them holding a deleted row, into one fragment ordered by stream, every
+    /// index remapped (twice: the second tier's merge ran in the same pass).
+    #[tokio::test]
+    async fn the_third_tier_merges_ordered_fragments_as_it_reads_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open(tmp.path(), Maintenance::off()).await;
+        let table = store.chunks_table();
+        let write = |k: usize| {
+            let rows = memories_with_vectors(8 * k, 8)
+                .into_iter()
+                .map(|mut c| {
+                    c.stream = stream_of(&c.id);
+                    c
+                })
+                .collect();
+            store.upsert(rows)
+        };
+        // Seven second-tier fragments of 64 (too few for the third).
+        let second = 8 * TIER_FAN;
+        for k in 0..TIER_FAN * (TIER_FAN - 1) {
+            write(k).await.unwrap();
+        }
+        merge_fragments_in_tiers(table, 8, "stream").await.unwrap();
+        assert_eq!(fragment_rows(table).await, [second; TIER_FAN - 1]);
+        let gone = crate::store::Filter::new().id("id40");
+        assert_eq!(store.delete(&gone).await.unwrap(), 1);
+        // Eight more of the routine size, every index over all of them:
+        // they make the eighth second-tier fragment, and the eight the third.
+        for k in TIER_FAN * (TIER_FAN - 1)..TIER_FAN * TIER_FAN {
+            write(k).await.unwrap();
+        }
+        let rows = second * TIER_FAN;
+        assert!(store.ensure_vector_index(256).await.unwrap());
+        refresh_indexes(table).await.unwrap();
+        merge_fragments_in_tiers(table, 8, "stream").await.unwrap();
+        assert_eq!(fragment_rows(table).await, [rows - 1]);
+        for index in table.list_indices().await.unwrap() {
+            let s = table.index_stats(&index.name).await.unwrap().unwrap();
+            assert_eq!(
+                (s.num_indexed_rows, s.num_unindexed_rows),
+                (rows - 1, 0),
+                "{}",
+                index.name
+            );
+        }
+        check_ordered_and_indexed(&store, rows, 40, 2).await;
     }
 
     /// The stream of memory `id` in the ordered-merge test: one of three.
