@@ -13,7 +13,9 @@
 //! stream's size; a `:arrival` suffix stores the rows interleaved across
 //! streams, in fragments the writer's merges make of 8,192-row commits, as
 //! writers into many streams leave a table under the default configuration,
-//! where without it each stream's rows lie together in one fragment). Other
+//! where without it each stream's rows lie together in one fragment; a
+//! cached arrival table is first given the merges this build would make of
+//! it, unless `LOOMEM_BENCH_KEEP_LAYOUT` is set). Other
 //! `LOOMEM_*` overrides of `config.toml` apply, e.g.
 //! `LOOMEM_SEARCH__VECTOR_FEEDBACK=0`.
 //!
@@ -267,9 +269,11 @@ async fn build(
     let store = Store::open(dir, DIM, 100_000).await.unwrap();
     let have = store.count(&loomem::store::Filter::new()).await.unwrap();
     if have == rows && (rows < index_min_rows || store.has_vector_index().await) {
-        if scenario.layout == Layout::Arrival {
+        if scenario.layout == Layout::Arrival && std::env::var("LOOMEM_BENCH_KEEP_LAYOUT").is_err()
+        {
             // A table cached by an earlier build catches up with what this
-            // build's merges make of it (nothing when there is nothing to do).
+            // build's merges make of it (nothing when there is nothing to do);
+            // `LOOMEM_BENCH_KEEP_LAYOUT` measures it as it lies.
             let fragment_rows = cfg.storage.target_rows_per_fragment;
             let started = Instant::now();
             loomem::store::maintain::merge_fragments_in_tiers(

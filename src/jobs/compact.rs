@@ -1,5 +1,6 @@
 //! `compact`: the full maintenance pass over every table (see
-//! [`crate::store::maintain::full_pass`]): merge small fragments, fold new rows
+//! [`crate::store::maintain::full_pass`]): merge small fragments (the chunk
+//! table's as its writer does, in tiers ordered by stream), fold new rows
 //! into the indexes (FTS, BTree, vector), prune versions older than
 //! `prune_older_than_hours` (168) that no tag holds.
 
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
-use crate::store::maintain::{full_pass, PassReport};
+use crate::store::maintain::{full_pass, PassMerge, PassReport};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,10 +40,17 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             // Its merge would fail a vector index build in progress.
             ctx.services.store.vector_build_finished().await;
         }
+        let merge = if name == crate::store::CHUNKS {
+            PassMerge::Tiers {
+                target_rows: ctx.services.store.maintenance().target_rows_per_fragment,
+                key: "stream",
+            }
+        } else {
+            PassMerge::Large
+        };
         let prune = chrono::Duration::try_hours(params.prune_older_than_hours);
-        report
-            .tables
-            .insert(name, full_pass(&table, prune, ctx.dry_run).await?);
+        let pass = full_pass(&table, merge, prune, ctx.dry_run).await?;
+        report.tables.insert(name, pass);
     }
     super::report(&report)
 }

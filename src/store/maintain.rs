@@ -528,17 +528,37 @@ pub struct PassReport {
     pub small_fragments_after: usize,
 }
 
-/// The full pass of the `compact` job: merge into large fragments, refresh
-/// the indexes, prune versions older than `prune_older_than` that no tag
-/// holds. With `dry_run`, only report.
+/// How a full pass merges a table's fragments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassMerge<'a> {
+    /// Into Lance's large fragments (about a million rows), in stored order.
+    Large,
+    /// As the chunk writer does ([`merge_fragments_in_tiers`]): a merge into
+    /// large fragments would undo its ordered tiers, leaving each stream's
+    /// rows in a run of every merged fragment.
+    Tiers { target_rows: usize, key: &'a str },
+}
+
+/// The full pass of the `compact` job: merge the fragments (`merge`),
+/// refresh the indexes, prune versions older than `prune_older_than` that
+/// no tag holds. With `dry_run`, only report.
 pub async fn full_pass(
     table: &Table,
+    merge: PassMerge<'_>,
     prune_older_than: Option<chrono::Duration>,
     dry_run: bool,
 ) -> Result<PassReport> {
     let before = table.stats().await?;
     if !dry_run {
-        merge_small_fragments(table, CompactionOptions::default().target_rows_per_fragment).await?;
+        match merge {
+            PassMerge::Large => {
+                let large = CompactionOptions::default().target_rows_per_fragment;
+                merge_small_fragments(table, large).await?
+            }
+            PassMerge::Tiers { target_rows, key } => {
+                merge_fragments_in_tiers(table, target_rows, key).await?
+            }
+        }
         refresh_indexes(table).await?;
         retrying("prune", || {
             table.optimize(OptimizeAction::Prune {
@@ -1482,16 +1502,58 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = open(tmp.path(), Maintenance::off()).await;
         commit_one_by_one(&store, 10).await;
-        let dry = full_pass(store.chunks_table(), None, true).await.unwrap();
+        let dry = full_pass(store.chunks_table(), PassMerge::Large, None, true)
+            .await
+            .unwrap();
         assert_eq!(
             (dry.rows, dry.fragments_before, dry.fragments_after),
             (10, 10, 10)
         );
-        let done = full_pass(store.chunks_table(), None, false).await.unwrap();
+        let done = full_pass(store.chunks_table(), PassMerge::Large, None, false)
+            .await
+            .unwrap();
         assert_eq!(
             (done.rows, done.fragments_before, done.fragments_after),
             (10, 10, 1)
         );
+    }
+
+    /// On the chunk table the full pass merges as the writer does: two
+    /// ordered second-tier fragments stay two, where a merge into large
+    /// fragments would make one holding each stream's rows twice apart.
+    #[tokio::test]
+    async fn the_full_pass_keeps_the_chunk_tiers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open(tmp.path(), Maintenance::off()).await;
+        let table = store.chunks_table();
+        for k in 0..2 * TIER_FAN {
+            let rows = (4 * k..4 * k + 4)
+                .map(|i| {
+                    let mut c = memory(i);
+                    c.stream = stream_of(&c.id);
+                    c
+                })
+                .collect();
+            store.upsert(rows).await.unwrap();
+        }
+        let tiers = PassMerge::Tiers {
+            target_rows: 4,
+            key: "stream",
+        };
+        for _ in 0..2 {
+            let done = full_pass(table, tiers, None, false).await.unwrap();
+            assert_eq!((done.rows, done.fragments_after), (64, 2));
+            assert_eq!(fragment_rows(table).await, [32, 32]);
+        }
+        let stored: Vec<String> = store
+            .find(&crate::store::Filter::new(), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.stream)
+            .collect();
+        let changes = stored.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!(changes, 5, "{stored:?}");
     }
 
     #[tokio::test]

@@ -184,6 +184,8 @@ pub struct Store {
     _maintainer: maintain::AbortOnDrop,
     /// Set while the vector index is built; the writer's merges wait.
     vector_build: maintain::VectorBuild,
+    /// The routine maintenance the store was opened with.
+    maintenance: maintain::Maintenance,
 }
 
 /// Shared by every writer of the tables a snapshot covers; a write holds it
@@ -308,7 +310,13 @@ impl Store {
             write_gate: Default::default(),
             table_gate,
             vector_build,
+            maintenance,
         })
+    }
+
+    /// The routine maintenance the store was opened with.
+    pub fn maintenance(&self) -> maintain::Maintenance {
+        self.maintenance
     }
 
     /// Restrict vector reads to embeddings `model` made: vectors of another model
