@@ -1322,16 +1322,7 @@ mod tests {
         let table = store.chunks_table();
         // Full fragments of 32 rows, each holding three streams' rows
         // interleaved, as writers into many streams leave them.
-        let write = |k: usize| {
-            let rows = memories_with_vectors(32 * k, 32)
-                .into_iter()
-                .map(|mut c| {
-                    c.stream = stream_of(&c.id);
-                    c
-                })
-                .collect();
-            store.upsert(rows)
-        };
+        let write = |k: usize| store.upsert(in_three_streams(memories_with_vectors(32 * k, 32)));
         // Two fragments the scalar indexes cover, then eight they do not:
         // the eight become one, the two wait.
         for k in 0..2 {
@@ -1450,16 +1441,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = open(tmp.path(), Maintenance::off()).await;
         let table = store.chunks_table();
-        let write = |k: usize| {
-            let rows = memories_with_vectors(8 * k, 8)
-                .into_iter()
-                .map(|mut c| {
-                    c.stream = stream_of(&c.id);
-                    c
-                })
-                .collect();
-            store.upsert(rows)
-        };
+        let write = |k: usize| store.upsert(in_three_streams(memories_with_vectors(8 * k, 8)));
         // Seven second-tier fragments of 64 (too few for the third).
         let second = 8 * TIER_FAN;
         for k in 0..TIER_FAN * (TIER_FAN - 1) {
@@ -1489,6 +1471,17 @@ mod tests {
             );
         }
         check_ordered_and_indexed(&store, rows, 40, 2).await;
+    }
+
+    /// `rows`, each moved to its [`stream_of`], as writers into many streams
+    /// leave them interleaved.
+    fn in_three_streams(rows: Vec<Chunk>) -> Vec<Chunk> {
+        rows.into_iter()
+            .map(|mut c| {
+                c.stream = stream_of(&c.id);
+                c
+            })
+            .collect()
     }
 
     /// The stream of memory `id` in the ordered-merge test: one of three.
@@ -1527,14 +1520,8 @@ mod tests {
         let store = open(tmp.path(), Maintenance::off()).await;
         let table = store.chunks_table();
         for k in 0..2 * TIER_FAN {
-            let rows = (4 * k..4 * k + 4)
-                .map(|i| {
-                    let mut c = memory(i);
-                    c.stream = stream_of(&c.id);
-                    c
-                })
-                .collect();
-            store.upsert(rows).await.unwrap();
+            let rows = (4 * k..4 * k + 4).map(memory).collect();
+            store.upsert(in_three_streams(rows)).await.unwrap();
         }
         let tiers = PassMerge::Tiers {
             target_rows: 4,
