@@ -136,9 +136,37 @@ pub const ORDERED_TIERS: usize = 3;
 /// third tier makes one fragment of eight of those. Each row is rewritten
 /// once more per tier it climbs (at most four times in all).
 pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize, key: &str) -> Result<()> {
+    merge_in_tiers(table, target_rows, key, Reach::Every(None)).await
+}
+
+/// How far up the ordered tiers one pass of [`merge_in_tiers`] goes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Reach<'a> {
+    /// The second tier only: the writer's merges while it writes. A higher
+    /// tier's merge takes half a minute at a million rows, and every
+    /// write that replaces rows would wait for it.
+    Second,
+    /// Every tier; with `Some`, each merge above the second gives way as
+    /// soon as that is notified, at any point before its commit (the
+    /// writer's merges once it rests: a write that replaces rows notifies
+    /// rather than waits).
+    Every(Option<&'a tokio::sync::Notify>),
+}
+
+/// [`merge_fragments_in_tiers`], as far up as `reach` says.
+pub(super) async fn merge_in_tiers(
+    table: &Table,
+    target_rows: usize,
+    key: &str,
+    reach: Reach<'_>,
+) -> Result<()> {
     merge_small_fragments(table, target_rows).await?;
     let tiers = super::ordered_merge::tiers(target_rows, TIER_FAN, ORDERED_TIERS);
-    for (k, tier) in tiers.iter().enumerate() {
+    let climb = match reach {
+        Reach::Second => 1,
+        Reach::Every(_) => tiers.len(),
+    };
+    for (k, tier) in tiers.iter().enumerate().take(climb) {
         // Each tier's merges may fill the next, so the counts are read anew.
         // `None`: a table the merge cannot rewrite (one with stable row
         // ids, which loomem never creates).
@@ -148,10 +176,18 @@ pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize, key: &s
         if counts[k] < TIER_FAN {
             continue;
         }
+        let give_way = match reach {
+            Reach::Every(Some(notify)) if k > 0 => Some(notify),
+            _ => None,
+        };
         let merged = retrying("ordered merge", || {
-            super::ordered_merge::merge_ordered(table, key, *tier)
+            super::ordered_merge::merge_ordered(table, key, *tier, give_way)
         })
         .await?;
+        let Some(merged) = merged else {
+            tracing::debug!(table = %table.name(), tier = k + 2, "ordered merge gave way to a write");
+            return Ok(());
+        };
         tracing::debug!(table = %table.name(), merged, tier = k + 2, "full fragments merged by {key}");
     }
     Ok(())
@@ -1435,7 +1471,8 @@ mod tests {
     /// The third tier: eight ordered fragments of the second merged as they
     /// are read (a k-way merge, never the group whole in memory), one of
     /// them holding a deleted row, into one fragment ordered by stream, every
-    /// index remapped (twice: the second tier's merge ran in the same pass).
+    /// index remapped (twice: the second tier's merge ran in an earlier
+    /// pass). A pass that stops at the second tier, or gives way, leaves it.
     #[tokio::test]
     async fn the_third_tier_merges_ordered_fragments_as_it_reads_them() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1459,6 +1496,20 @@ mod tests {
         let rows = second * TIER_FAN;
         assert!(store.ensure_vector_index(256).await.unwrap());
         refresh_indexes(table).await.unwrap();
+        // The writer's merges while it writes stop at the second tier; one
+        // told to give way (a write that replaces rows came) merges the
+        // second tier and leaves the third.
+        let eight = [&[second - 1][..], &[second; TIER_FAN - 1]].concat();
+        let give_way = tokio::sync::Notify::new();
+        give_way.notify_one();
+        merge_in_tiers(table, 8, "stream", Reach::Every(Some(&give_way)))
+            .await
+            .unwrap();
+        assert_eq!(fragment_rows(table).await, eight);
+        merge_in_tiers(table, 8, "stream", Reach::Second)
+            .await
+            .unwrap();
+        assert_eq!(fragment_rows(table).await, eight);
         merge_fragments_in_tiers(table, 8, "stream").await.unwrap();
         assert_eq!(fragment_rows(table).await, [rows - 1]);
         for index in table.list_indices().await.unwrap() {

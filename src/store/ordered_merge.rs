@@ -173,18 +173,49 @@ pub(super) fn tiers(target_rows: usize, fan: usize, tiers: usize) -> Vec<Tier> {
 
 /// One attempt: the groups [`plan`] finds among `table`'s fragments of
 /// `tier`, each rewritten as one fragment ordered by `key`, committed in one
-/// `Rewrite` with every index remapped. The number of fragments merged.
-pub(super) async fn merge_ordered(table: &Table, key: &str, tier: Tier) -> lancedb::Result<usize> {
+/// `Rewrite` with every index remapped. The number of fragments merged;
+/// `None` when `give_way` was notified first (the merge is dropped before
+/// its commit, so nothing changes but unreferenced files and reserved ids).
+pub(super) async fn merge_ordered(
+    table: &Table,
+    key: &str,
+    tier: Tier,
+    give_way: Option<&tokio::sync::Notify>,
+) -> lancedb::Result<Option<usize>> {
     let Some(handle) = table.dataset() else {
-        return Ok(0);
+        return Ok(Some(0));
     };
     handle.ensure_mutable()?;
     let ds = handle.get().await?;
+    let prepared = match give_way {
+        None => prepare(ds, key, tier).await?,
+        Some(notify) => tokio::select! {
+            biased;
+            _ = notify.notified() => return Ok(None),
+            prepared = prepare(ds, key, tier) => prepared?,
+        },
+    };
+    let Some((reserved, swap, merged)) = prepared else {
+        return Ok(Some(0));
+    };
+    let committed = CommitBuilder::new(Arc::new(reserved)).execute(swap).await?;
+    handle.update(committed);
+    Ok(Some(merged))
+}
+
+/// Everything of [`merge_ordered`] but its commit: the dataset with the new
+/// fragments' ids reserved, the `Rewrite` to commit on it, and the number
+/// of fragments it merges (`None`: nothing to merge).
+async fn prepare(
+    ds: Arc<Dataset>,
+    key: &str,
+    tier: Tier,
+) -> lancedb::Result<Option<(Dataset, Transaction, usize)>> {
     let fragments = ds.manifest.fragments.as_ref().clone();
     let indices = ds.load_indices().await?;
     let groups = plan_by_coverage(&fragments, &indices, tier);
     if groups.is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     let read_version = ds.manifest.version;
     let mut rewrite = Vec::with_capacity(groups.len());
@@ -277,9 +308,7 @@ pub(super) async fn merge_ordered(table: &Table, key: &str, tier: Tier) -> lance
         },
         None,
     );
-    let committed = CommitBuilder::new(Arc::new(reserved)).execute(swap).await?;
-    handle.update(committed);
-    Ok(affected.len())
+    Ok(Some((reserved, swap, affected.len())))
 }
 
 /// Rows of a merged fragment built at a time.

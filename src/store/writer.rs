@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::hot::HotIndex;
 use super::maintain::{
-    merge_fragments_in_tiers, refresh_indexes_routinely, Maintenance, RefreshScope,
+    merge_in_tiers, refresh_indexes_routinely, Maintenance, Reach, RefreshScope,
 };
 use super::{batch_reader, Result, StoreError};
 use crate::core::model::Chunk;
@@ -442,14 +442,15 @@ async fn run(
             maintenance.compact_every_commits * BIG_COMMIT_WEIGHT,
         )
     };
-    // Start a merge unless a refresh or an access flush is running.
-    let start_merge = |merger: &mut Merger, refresher: &Refresher, toucher: &Toucher| {
+    // Start a merge unless a refresh or an access flush is running; `rested`:
+    // the writer is idle, so the merge may climb every tier.
+    let start_merge = |merger: &mut Merger, refresher: &Refresher, toucher: &Toucher, rested| {
         !refresher.busy()
             && !toucher.busy()
-            && merger.start(table, &gate, maintenance.target_rows_per_fragment)
+            && merger.start(table, &gate, maintenance.target_rows_per_fragment, rested)
     };
     loop {
-        if merge_due(since_compact) && start_merge(&mut merger, &refresher, &toucher) {
+        if merge_due(since_compact) && start_merge(&mut merger, &refresher, &toucher, false) {
             since_compact = 0;
         }
         let refresh_may_start = !merge_due(since_compact) && !merger.busy();
@@ -475,7 +476,7 @@ async fn run(
                                 since_refresh = 0;
                             }
                         } else if merge_may(since_compact, 1)
-                            && start_merge(&mut merger, &refresher, &toucher)
+                            && start_merge(&mut merger, &refresher, &toucher, true)
                         {
                             since_compact = 0;
                         }
@@ -492,7 +493,7 @@ async fn run(
         // `Merger`, `Toucher`); a batch settles them itself before it merges
         // on `id`, and a flush waits for the merge itself.
         if !matches!(op, WriteOp::Commit(..) | WriteOp::Touch(..)) {
-            merger.settle().await;
+            merger.give_way().await;
             toucher.settle().await;
         }
         // One operation at a time under the table gate (a rollback waits for
@@ -598,12 +599,20 @@ async fn run(
 /// (`merge_insert`, delete) could touch the fragments being rewritten, so
 /// it waits for the merge to finish ([`Merger::settle`]) and never meets a
 /// commit conflict from it.
+///
+/// A merge the writer starts while it writes stops at the second tier. One
+/// started once it rests climbs every tier, and its merges above the second
+/// (half a minute at a million rows) give way to the first write that
+/// replaces rows instead of holding the writer that long: dropped before
+/// their commit, they are tried again the next time the writer rests.
 #[derive(Default)]
 struct Merger {
     running: Beside,
     /// Held by the running merge or access flush: the two rewrite the same
     /// fragments, so they take turns (see [`Toucher`]).
     rewrite: Rewrite,
+    /// Notified to have the running merge's higher tiers give way.
+    give_way: Arc<tokio::sync::Notify>,
 }
 
 /// See [`Merger::rewrite`].
@@ -612,7 +621,13 @@ type Rewrite = Arc<tokio::sync::Mutex<()>>;
 impl Merger {
     /// Start a merge unless one is running, an access flush holds the
     /// fragments or a rollback holds the table; whether one was started.
-    fn start(&mut self, table: &Table, gate: &super::TableGate, target_rows: usize) -> bool {
+    fn start(
+        &mut self,
+        table: &Table,
+        gate: &super::TableGate,
+        target_rows: usize,
+        rested: bool,
+    ) -> bool {
         if self.busy() {
             return false;
         }
@@ -627,10 +642,18 @@ impl Merger {
             return false;
         };
         let table = table.clone();
+        // A fresh signal each merge: one left from the last is not for this.
+        self.give_way = Arc::default();
+        let give_way = self.give_way.clone();
         self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate) = (rewrite, gate);
-            match merge_fragments_in_tiers(&table, target_rows, "stream").await {
+            let reach = if rested {
+                Reach::Every(Some(&give_way))
+            } else {
+                Reach::Second
+            };
+            match merge_in_tiers(&table, target_rows, "stream", reach).await {
                 Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
                 Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
             }
@@ -646,6 +669,14 @@ impl Merger {
     /// Wait for the running merge, if any.
     async fn settle(&mut self) {
         self.running.settle("chunk fragment merge").await;
+    }
+
+    /// Have the running merge's higher tiers give way, then wait for it.
+    async fn give_way(&mut self) {
+        if self.busy() {
+            self.give_way.notify_one();
+        }
+        self.settle().await;
     }
 }
 
@@ -959,9 +990,9 @@ async fn write_chunks(
     }
     let changed: Vec<Lifecycle> = current.into_values().collect();
     let read = started.elapsed().saturating_sub(appended);
-    // A merge rewrites rows, so it waits for the fragment merge and the
-    // access flush.
-    merger.settle().await;
+    // A merge rewrites rows, so it waits for the fragment merge (or has a
+    // merge above the second tier give way) and the access flush.
+    merger.give_way().await;
     toucher.settle().await;
     let settled = started.elapsed() - appended - read;
     if !changed.is_empty() {
