@@ -136,7 +136,8 @@ pub const ORDERED_TIERS: usize = 3;
 /// third tier makes one fragment of eight of those. Each row is rewritten
 /// once more per tier it climbs (at most four times in all).
 pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize, key: &str) -> Result<()> {
-    merge_in_tiers(table, target_rows, key, Reach::Every(None)).await
+    merge_in_tiers(table, target_rows, key, Reach::Every(None)).await?;
+    Ok(())
 }
 
 /// How far up the ordered tiers one pass of [`merge_in_tiers`] goes.
@@ -153,28 +154,33 @@ pub(super) enum Reach<'a> {
     Every(Option<&'a tokio::sync::Notify>),
 }
 
-/// [`merge_fragments_in_tiers`], as far up as `reach` says.
+/// [`merge_fragments_in_tiers`], as far up as `reach` says; whether it
+/// left a tier above the second with enough full fragments to merge (out of
+/// reach, or given way).
 pub(super) async fn merge_in_tiers(
     table: &Table,
     target_rows: usize,
     key: &str,
     reach: Reach<'_>,
-) -> Result<()> {
+) -> Result<bool> {
     merge_small_fragments(table, target_rows).await?;
     let tiers = super::ordered_merge::tiers(target_rows, TIER_FAN, ORDERED_TIERS);
     let climb = match reach {
         Reach::Second => 1,
         Reach::Every(_) => tiers.len(),
     };
-    for (k, tier) in tiers.iter().enumerate().take(climb) {
+    for (k, tier) in tiers.iter().enumerate() {
         // Each tier's merges may fill the next, so the counts are read anew.
         // `None`: a table the merge cannot rewrite (one with stable row
         // ids, which loomem never creates).
         let Some(counts) = super::ordered_merge::fragments_in_tiers(table, &tiers).await else {
-            return Ok(());
+            return Ok(false);
         };
         if counts[k] < TIER_FAN {
             continue;
+        }
+        if k >= climb {
+            return Ok(true);
         }
         let give_way = match reach {
             Reach::Every(Some(notify)) if k > 0 => Some(notify),
@@ -186,11 +192,11 @@ pub(super) async fn merge_in_tiers(
         .await?;
         let Some(merged) = merged else {
             tracing::debug!(table = %table.name(), tier = k + 2, "ordered merge gave way to a write");
-            return Ok(());
+            return Ok(true);
         };
         tracing::debug!(table = %table.name(), merged, tier = k + 2, "full fragments merged by {key}");
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Fold rows written since the last refresh into the table's indexes (the
@@ -1207,6 +1213,62 @@ mod tests {
         assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 80);
     }
 
+    /// The writer climbs the third tier once it rests: commits of a full
+    /// routine fragment each make eight second-tier fragments while it
+    /// writes, and the merge it starts after the writes go quiet (its
+    /// merges while writing left the third tier due) makes them one,
+    /// ordered by stream.
+    #[tokio::test]
+    async fn the_writer_climbs_the_third_tier_once_it_rests() {
+        use crate::store::WriteBatch;
+        let tmp = tempfile::tempdir().unwrap();
+        let m = Maintenance {
+            compact_every_commits: 2,
+            target_rows_per_fragment: 4,
+            ..Maintenance::off()
+        };
+        let store = open(tmp.path(), m).await;
+        let rows = 4 * TIER_FAN * TIER_FAN;
+        for k in 0..rows / 4 {
+            let batch = WriteBatch {
+                fresh: in_three_streams((4 * k..4 * k + 4).map(memory).collect()),
+                rows: vec![],
+                side: vec![],
+                refuse: true,
+                history: vec![],
+            };
+            store.commit_batch(batch).await.unwrap();
+        }
+        let handle = store.chunks_table().dataset().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            // The writer's merges commit through a handle of their own.
+            handle.reload().await.unwrap();
+            let counts: Vec<usize> = fragment_rows(store.chunks_table()).await;
+            if counts == [rows] {
+                break;
+            }
+            assert!(
+                counts.iter().all(|&n| n <= rows),
+                "fragments past the third tier: {counts:?}"
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no third-tier fragment: {counts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let stored: Vec<String> = store
+            .find(&crate::store::Filter::new(), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.stream)
+            .collect();
+        let changes = stored.windows(2).filter(|w| w[0] != w[1]).count();
+        assert_eq!((stored.len(), changes), (rows, 2), "{stored:?}");
+    }
+
     /// Fragment merges run beside the pipeline's appends; a batch that
     /// replaces stored rows, a delete and an edit wait for the merge. Every
     /// write lands once, none fails on a commit conflict.
@@ -1502,13 +1564,11 @@ mod tests {
         let eight = [&[second - 1][..], &[second; TIER_FAN - 1]].concat();
         let give_way = tokio::sync::Notify::new();
         give_way.notify_one();
-        merge_in_tiers(table, 8, "stream", Reach::Every(Some(&give_way)))
-            .await
-            .unwrap();
+        let due = merge_in_tiers(table, 8, "stream", Reach::Every(Some(&give_way)));
+        assert!(due.await.unwrap(), "the third tier is left due");
         assert_eq!(fragment_rows(table).await, eight);
-        merge_in_tiers(table, 8, "stream", Reach::Second)
-            .await
-            .unwrap();
+        let due = merge_in_tiers(table, 8, "stream", Reach::Second);
+        assert!(due.await.unwrap());
         assert_eq!(fragment_rows(table).await, eight);
         merge_fragments_in_tiers(table, 8, "stream").await.unwrap();
         assert_eq!(fragment_rows(table).await, [rows - 1]);

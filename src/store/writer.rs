@@ -456,11 +456,14 @@ async fn run(
         let refresh_may_start = !merge_due(since_compact) && !merger.busy();
         let unindexed = refresher.lacking(since_refresh);
         let unmerged = owed(since_compact, 1);
+        // A running merge may leave a tier to climb.
+        let climb = maintenance.compact_every_commits > 0 && (merger.busy() || merger.climb_owed());
         let received = match next.take() {
             Some(op) => Some(op),
-            // Rows left unindexed are indexed, and fragments left unmerged
-            // merged, once the writer has been idle a while.
-            None if unindexed || unmerged => {
+            // Rows left unindexed are indexed, fragments left unmerged
+            // merged, and tiers left due climbed, once the writer has been
+            // idle a while.
+            None if unindexed || unmerged || climb => {
                 match tokio::time::timeout(INDEX_REFRESH_QUIET, rx.recv()).await {
                     Ok(op) => op,
                     Err(_idle) => {
@@ -479,6 +482,8 @@ async fn run(
                             && start_merge(&mut merger, &refresher, &toucher, true)
                         {
                             since_compact = 0;
+                        } else if merger.climb_owed() && !building.running() {
+                            start_merge(&mut merger, &refresher, &toucher, true);
                         }
                         continue;
                     }
@@ -613,6 +618,9 @@ struct Merger {
     rewrite: Rewrite,
     /// Notified to have the running merge's higher tiers give way.
     give_way: Arc<tokio::sync::Notify>,
+    /// Set when the last merge left a tier above the second due (out of its
+    /// reach, or given way): the writer climbs it once it rests.
+    climb: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// See [`Merger::rewrite`].
@@ -644,7 +652,7 @@ impl Merger {
         let table = table.clone();
         // A fresh signal each merge: one left from the last is not for this.
         self.give_way = Arc::default();
-        let give_way = self.give_way.clone();
+        let (give_way, climb) = (self.give_way.clone(), self.climb.clone());
         self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate) = (rewrite, gate);
@@ -653,10 +661,17 @@ impl Merger {
             } else {
                 Reach::Second
             };
-            match merge_in_tiers(&table, target_rows, "stream", reach).await {
-                Ok(()) => tracing::debug!(took = ?started.elapsed(), "chunk fragments merged"),
-                Err(e) => tracing::warn!(error = %e, "chunk fragment merge failed; will retry"),
-            }
+            let due = match merge_in_tiers(&table, target_rows, "stream", reach).await {
+                Ok(due) => {
+                    tracing::debug!(took = ?started.elapsed(), due, "chunk fragments merged");
+                    due
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "chunk fragment merge failed; will retry");
+                    false
+                }
+            };
+            climb.store(due, std::sync::atomic::Ordering::Relaxed);
         })));
         true
     }
@@ -664,6 +679,11 @@ impl Merger {
     /// Whether a merge is running.
     fn busy(&self) -> bool {
         self.running.busy()
+    }
+
+    /// Whether the last merge left a tier above the second to climb.
+    fn climb_owed(&self) -> bool {
+        self.climb.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wait for the running merge, if any.
