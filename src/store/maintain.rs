@@ -1130,30 +1130,40 @@ mod tests {
         );
     }
 
-    /// The writer's own merges reach the second tier: single-row commits
-    /// into three streams, merged into fragments of about 4 rows and then
-    /// into ones of up to 32 whose rows are ordered by stream.
-    #[tokio::test]
-    async fn the_writer_orders_its_second_tier_by_stream() {
-        use crate::store::WriteBatch;
-        let tmp = tempfile::tempdir().unwrap();
+    /// A store whose writer merges after every two commits, into fragments
+    /// of 4 rows (and the tiers above: 32, 256, …).
+    async fn merging_every_two_commits(dir: &std::path::Path) -> Store {
         let m = Maintenance {
             compact_every_commits: 2,
             target_rows_per_fragment: 4,
             ..Maintenance::off()
         };
-        let store = open(tmp.path(), m).await;
+        open(dir, m).await
+    }
+
+    /// `fresh` committed by the writer as one batch of new memories.
+    async fn commit_fresh(store: &Store, fresh: Vec<Chunk>) {
+        let batch = crate::store::WriteBatch {
+            fresh,
+            rows: vec![],
+            side: vec![],
+            refuse: true,
+            history: vec![],
+        };
+        store.commit_batch(batch).await.unwrap();
+    }
+
+    /// The writer's own merges reach the second tier: single-row commits
+    /// into three streams, merged into fragments of about 4 rows and then
+    /// into ones of up to 32 whose rows are ordered by stream.
+    #[tokio::test]
+    async fn the_writer_orders_its_second_tier_by_stream() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = merging_every_two_commits(tmp.path()).await;
         for i in 0..80 {
             let mut c = memory(i);
             c.stream = format!("s{}", i % 3);
-            let batch = WriteBatch {
-                fresh: vec![c],
-                rows: vec![],
-                side: vec![],
-                refuse: true,
-                history: vec![],
-            };
-            store.commit_batch(batch).await.unwrap();
+            commit_fresh(&store, vec![c]).await;
         }
         // The last merges may still be running when the last write returns.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -1220,24 +1230,12 @@ mod tests {
     /// ordered by stream.
     #[tokio::test]
     async fn the_writer_climbs_the_third_tier_once_it_rests() {
-        use crate::store::WriteBatch;
         let tmp = tempfile::tempdir().unwrap();
-        let m = Maintenance {
-            compact_every_commits: 2,
-            target_rows_per_fragment: 4,
-            ..Maintenance::off()
-        };
-        let store = open(tmp.path(), m).await;
+        let store = merging_every_two_commits(tmp.path()).await;
         let rows = 4 * TIER_FAN * TIER_FAN;
         for k in 0..rows / 4 {
-            let batch = WriteBatch {
-                fresh: in_three_streams((4 * k..4 * k + 4).map(memory).collect()),
-                rows: vec![],
-                side: vec![],
-                refuse: true,
-                history: vec![],
-            };
-            store.commit_batch(batch).await.unwrap();
+            let fresh = in_three_streams((4 * k..4 * k + 4).map(memory).collect());
+            commit_fresh(&store, fresh).await;
         }
         let handle = store.chunks_table().dataset().unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
@@ -1258,15 +1256,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let stored: Vec<String> = store
-            .find(&crate::store::Filter::new(), None)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.stream)
-            .collect();
-        let changes = stored.windows(2).filter(|w| w[0] != w[1]).count();
-        assert_eq!((stored.len(), changes), (rows, 2), "{stored:?}");
+        assert_eq!(stream_changes(&store).await, (rows, 2));
     }
 
     /// Fragment merges run beside the pipeline's appends; a batch that
@@ -1584,6 +1574,20 @@ mod tests {
         check_ordered_and_indexed(&store, rows, 40, 2).await;
     }
 
+    /// How many memories the store holds, and how many times the stream
+    /// changes from one to the next in stored order.
+    async fn stream_changes(store: &Store) -> (usize, usize) {
+        let stored: Vec<String> = store
+            .find(&crate::store::Filter::new(), None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.stream)
+            .collect();
+        let changes = stored.windows(2).filter(|w| w[0] != w[1]).count();
+        (stored.len(), changes)
+    }
+
     /// `rows`, each moved to its [`stream_of`], as writers into many streams
     /// leave them interleaved.
     fn in_three_streams(rows: Vec<Chunk>) -> Vec<Chunk> {
@@ -1643,15 +1647,7 @@ mod tests {
             assert_eq!((done.rows, done.fragments_after), (64, 2));
             assert_eq!(fragment_rows(table).await, [32, 32]);
         }
-        let stored: Vec<String> = store
-            .find(&crate::store::Filter::new(), None)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|c| c.stream)
-            .collect();
-        let changes = stored.windows(2).filter(|w| w[0] != w[1]).count();
-        assert_eq!(changes, 5, "{stored:?}");
+        assert_eq!(stream_changes(&store).await, (64, 5));
     }
 
     #[tokio::test]
