@@ -279,7 +279,7 @@ async fn build(
             loomem::store::maintain::merge_fragments_in_tiers(
                 store.chunks_table(),
                 fragment_rows,
-                "stream",
+                loomem::store::CHUNK_ORDER,
             )
             .await
             .unwrap();
@@ -408,9 +408,13 @@ async fn build(
                     .unwrap();
             }
             // What the writer's merges make of them.
-            loomem::store::maintain::merge_fragments_in_tiers(table, fragment_rows, "stream")
-                .await
-                .unwrap();
+            loomem::store::maintain::merge_fragments_in_tiers(
+                table,
+                fragment_rows,
+                loomem::store::CHUNK_ORDER,
+            )
+            .await
+            .unwrap();
         }
     }
     table

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{JobContext, JobReport};
 use crate::core::error::Result;
-use crate::store::maintain::{full_pass, PassMerge, PassReport};
+use crate::store::maintain::{full_pass, PassReport};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,14 +40,7 @@ pub async fn run_once(ctx: &JobContext) -> Result<JobReport> {
             // Its merge would fail a vector index build in progress.
             ctx.services.store.vector_build_finished().await;
         }
-        let merge = if name == crate::store::CHUNKS {
-            PassMerge::Tiers {
-                target_rows: ctx.services.store.maintenance().target_rows_per_fragment,
-                key: "stream",
-            }
-        } else {
-            PassMerge::Large
-        };
+        let merge = ctx.services.store.pass_merge(name);
         let prune = chrono::Duration::try_hours(params.prune_older_than_hours);
         let pass = full_pass(&table, merge, prune, ctx.dry_run).await?;
         report.tables.insert(name, pass);

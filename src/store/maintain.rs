@@ -170,13 +170,13 @@ pub(super) async fn merge_in_tiers(
         Reach::Every(_) => tiers.len(),
     };
     for (k, tier) in tiers.iter().enumerate() {
-        // Each tier's merges may fill the next, so the counts are read anew.
+        // Each tier is counted after the merges below it, which may fill it.
         // `None`: a table the merge cannot rewrite (one with stable row
         // ids, which loomem never creates).
-        let Some(counts) = super::ordered_merge::fragments_in_tiers(table, &tiers).await else {
+        let Some(full) = super::ordered_merge::fragments_in_tier(table, *tier).await else {
             return Ok(false);
         };
-        if counts[k] < TIER_FAN {
+        if full < TIER_FAN {
             continue;
         }
         if k >= climb {

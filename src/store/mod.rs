@@ -45,6 +45,9 @@ pub use writer::ChunkWriter;
 use filter::sql_str;
 
 pub const CHUNKS: &str = "chunks";
+/// The column the chunk table's ordered merges sort its rows by: a stream's
+/// rows together ([`maintain::merge_fragments_in_tiers`]).
+pub const CHUNK_ORDER: &str = "stream";
 pub const DEAD_LETTERS: &str = "dead_letters";
 pub const ENTITIES: &str = "entities";
 pub const EDGES: &str = "edges";
@@ -314,9 +317,17 @@ impl Store {
         })
     }
 
-    /// The routine maintenance the store was opened with.
-    pub fn maintenance(&self) -> maintain::Maintenance {
-        self.maintenance
+    /// How the `compact` job's full pass merges table `name`: the chunk
+    /// table in its writer's ordered tiers, every other into large fragments.
+    pub fn pass_merge(&self, name: &str) -> maintain::PassMerge<'static> {
+        if name == CHUNKS {
+            maintain::PassMerge::Tiers {
+                target_rows: self.maintenance.target_rows_per_fragment,
+                key: CHUNK_ORDER,
+            }
+        } else {
+            maintain::PassMerge::Large
+        }
     }
 
     /// Restrict vector reads to embeddings `model` made: vectors of another model

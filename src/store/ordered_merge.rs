@@ -118,21 +118,21 @@ pub(super) fn rows_of(f: &lance::table::format::Fragment) -> usize {
     f.physical_rows.unwrap_or_else(|| f.num_rows().unwrap_or(0))
 }
 
-/// How many fragments of each tier of `tiers` `table` holds; `None` where
-/// the ordered merge cannot run (not a local Lance table, or one with stable
-/// row ids, whose indexes need no remap).
-pub(super) async fn fragments_in_tiers(table: &Table, tiers: &[Tier]) -> Option<Vec<usize>> {
+/// How many fragments of `tier` `table` holds; `None` where the ordered
+/// merge cannot run (not a local Lance table, or one with stable row ids,
+/// whose indexes need no remap).
+pub(super) async fn fragments_in_tier(table: &Table, tier: Tier) -> Option<usize> {
     let handle = table.dataset()?;
     let ds = handle.get().await.ok()?;
     if ds.manifest.uses_stable_row_ids() {
         return None;
     }
-    let rows: Vec<usize> = ds.manifest.fragments.iter().map(rows_of).collect();
     Some(
-        tiers
+        ds.manifest
+            .fragments
             .iter()
-            .map(|t| rows.iter().filter(|n| (t.lo..t.hi).contains(n)).count())
-            .collect(),
+            .filter(|f| (tier.lo..tier.hi).contains(&rows_of(f)))
+            .count(),
     )
 }
 

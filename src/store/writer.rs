@@ -661,7 +661,7 @@ impl Merger {
             } else {
                 Reach::Second
             };
-            let due = match merge_in_tiers(&table, target_rows, "stream", reach).await {
+            let due = match merge_in_tiers(&table, target_rows, super::CHUNK_ORDER, reach).await {
                 Ok(due) => {
                     tracing::debug!(took = ?started.elapsed(), due, "chunk fragments merged");
                     due
