@@ -18,6 +18,7 @@ pub mod maintain;
 pub mod oauth;
 mod ordered_merge;
 pub mod relations;
+mod stream_read;
 mod writer;
 
 pub use location::Location;
@@ -176,6 +177,8 @@ pub struct Store {
     embed_model: Option<String>,
     /// The streams' vectors in memory, kept in step by the writer.
     hot: std::sync::Arc<hot::HotIndex>,
+    /// The chunk table's fragments open for the hot index's loads.
+    stream_reads: stream_read::StreamReads,
     /// The pipeline worker holds it shared while it processes a batch; a
     /// snapshot rollback holds it exclusively, so no batch lands mid-restore.
     pub write_gate: tokio::sync::RwLock<()>,
@@ -310,6 +313,7 @@ impl Store {
             writer,
             embed_model: None,
             hot,
+            stream_reads: Default::default(),
             write_gate: Default::default(),
             table_gate,
             vector_build,
@@ -1217,14 +1221,21 @@ impl Store {
         // there. Lance's own batches (up to 8,192 rows), not lancedb's
         // 1,024-row slices: the index is sized for each batch before it
         // takes the batch's rows.
-        let mut whole = lancedb::query::QueryExecutionOptions::default();
-        whole.max_batch_length = 0;
-        let mut batches = self
-            .chunks
-            .query()
-            .only_if(filter.predicate())
-            .execute_with_options(whole)
-            .await?;
+        let mut batches = match self.stream_reads.read(&self.chunks, guard.stream()).await? {
+            Some(rows) => rows,
+            None => {
+                let mut whole = lancedb::query::QueryExecutionOptions::default();
+                whole.max_batch_length = 0;
+                let rows = self
+                    .chunks
+                    .query()
+                    .only_if(filter.predicate())
+                    .execute_with_options(whole)
+                    .await?
+                    .map_err(lancedb::Error::from);
+                futures::StreamExt::boxed(rows)
+            }
+        };
         let mut index = hot::StreamIndex::new(self.dim);
         let mut rows = 0;
         while let Some(batch) = batches.try_next().await? {

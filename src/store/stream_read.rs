@@ -1,0 +1,363 @@
+//! A stream's rows read straight from the chunk table's fragments, for the
+//! hot index's loads.
+//!
+//! A load through lancedb's query plans every read in DataFusion, evaluates
+//! the `stream` index, and opens a reader for every fragment, which clones
+//! and converts the schema's fields each time; on the 1M arrival store that
+//! was about half of a small stream's first search. Here each fragment keeps
+//! a reader open and a directory of where each stream's rows lie in it (the
+//! ordered merges leave one run a stream), so a load reads those ranges and
+//! nothing else.
+//!
+//! What can be kept and for how long:
+//! - a fragment's data files never change, so the directory of the file that
+//!   holds `stream` holds for as long as the fragment keeps its files (a
+//!   merge or a rewrite gives the rows a new fragment). It counts deleted
+//!   rows too; the reader drops them.
+//! - the reader reads the fragment as its manifest entry was when opened
+//!   (its deletion vector), so it is opened again when the entry changes
+//!   (a delete, an update) or the table's schema does.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{Array, RecordBatch, StringArray};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use lance::dataset::fragment::{FileFragment, FragReadConfig, FragmentReader};
+use lance::datatypes::Schema;
+use lance::table::format::Fragment;
+use lance::Dataset;
+use lancedb::connection::LanceFileVersion;
+use lancedb::Table;
+
+use super::CHUNK_ORDER;
+
+/// Rows a read decodes at once: Lance's own batches.
+const BATCH_ROWS: u32 = 8192;
+
+/// Where each stream's rows lie in one fragment: physical row ranges, in
+/// order, deleted rows included.
+type Directory = HashMap<Box<str>, Vec<Range<u64>>>;
+
+/// One fragment as a load reads it.
+struct Opened {
+    /// The manifest entry the reader was opened for.
+    fragment: Fragment,
+    reader: Arc<FragmentReader>,
+    directory: Arc<Directory>,
+}
+
+/// The chunk table's fragments, open for loads (see the module's notes).
+#[derive(Default)]
+pub(super) struct StreamReads {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The schema the readers project (the table's whole schema).
+    schema: Option<Schema>,
+    fragments: HashMap<u64, Arc<Opened>>,
+    /// How many directories were built (for the tests: a delete keeps them).
+    built: usize,
+}
+
+/// A stream's rows, batch by batch.
+pub(super) type Rows = BoxStream<'static, lancedb::Result<RecordBatch>>;
+
+impl StreamReads {
+    /// `stream`'s rows in `table`'s latest version, every column; None where
+    /// this read cannot serve (not a local Lance table, or one in the legacy
+    /// file format or with stable row ids), and the caller asks lancedb.
+    pub async fn read(&self, table: &Table, stream: &str) -> lancedb::Result<Option<Rows>> {
+        let Some(handle) = table.dataset() else {
+            return Ok(None);
+        };
+        let ds = handle.get().await?;
+        let format = ds
+            .manifest
+            .data_storage_format
+            .lance_file_format()
+            .to_selector();
+        if ds.manifest.uses_stable_row_ids() || format == LanceFileVersion::Legacy {
+            return Ok(None);
+        }
+        let cached: HashMap<u64, Arc<Opened>> = {
+            let mut st = self.state.lock().expect("stream reads lock");
+            if st.schema.as_ref() != Some(ds.schema()) {
+                st.schema = Some(ds.schema().clone());
+                st.fragments.clear();
+            }
+            let live: HashMap<u64, ()> = ds.manifest.fragments.iter().map(|f| (f.id, ())).collect();
+            st.fragments.retain(|id, _| live.contains_key(id));
+            st.fragments.clone()
+        };
+        let mut reads = Vec::new();
+        for file in ds.get_fragments() {
+            let kept = cached.get(&(file.id() as u64));
+            let opened = self.open(&ds, file, kept).await?;
+            if let Some(ranges) = opened.directory.get(stream) {
+                let ranges: Arc<[Range<u64>]> = ranges.clone().into();
+                let reader = Arc::clone(&opened.reader);
+                reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
+            }
+        }
+        let streams = futures::future::try_join_all(reads).await?;
+        let rows = futures::stream::select_all(
+            streams
+                .into_iter()
+                .map(|s| s.buffered(2).map_err(lancedb::Error::from)),
+        );
+        Ok(Some(rows.boxed()))
+    }
+
+    /// `file` open for reads: `kept` when it was opened for the same
+    /// manifest entry; else a new reader, with `kept`'s directory while the
+    /// data files are the same.
+    async fn open(
+        &self,
+        ds: &Dataset,
+        file: FileFragment,
+        kept: Option<&Arc<Opened>>,
+    ) -> lancedb::Result<Arc<Opened>> {
+        let fragment = file.metadata();
+        if let Some(opened) = kept.filter(|o| o.fragment == *fragment) {
+            return Ok(Arc::clone(opened));
+        }
+        let same_rows = |o: &&Arc<Opened>| {
+            o.fragment.files == fragment.files && o.fragment.overlays == fragment.overlays
+        };
+        let (directory, built) = match kept.filter(same_rows) {
+            Some(o) => (Arc::clone(&o.directory), false),
+            None => (Arc::new(directory(&file, ds.schema()).await?), true),
+        };
+        let reader = file
+            .open(ds.schema(), FragReadConfig::default())
+            .await
+            .map_err(lancedb::Error::from)?;
+        let opened = Arc::new(Opened {
+            fragment: fragment.clone(),
+            reader: Arc::new(reader),
+            directory,
+        });
+        let mut st = self.state.lock().expect("stream reads lock");
+        st.built += usize::from(built);
+        st.fragments.insert(opened.fragment.id, Arc::clone(&opened));
+        Ok(opened)
+    }
+
+    /// How many fragment directories have been built.
+    #[cfg(test)]
+    pub fn built(&self) -> usize {
+        self.state.lock().expect("stream reads lock").built
+    }
+}
+
+/// Where each stream's rows lie in `file`: its `stream` column read whole,
+/// deleted rows included, runs of one stream gathered into ranges.
+async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Directory> {
+    let projection = schema
+        .project(&[CHUNK_ORDER])
+        .map_err(lancedb::Error::from)?;
+    let config = FragReadConfig {
+        ignore_deletions: true,
+        ..FragReadConfig::default()
+    };
+    let reader = file
+        .open(&projection, config)
+        .await
+        .map_err(lancedb::Error::from)?;
+    let mut batches = reader
+        .read_all(BATCH_ROWS)
+        .await
+        .map_err(lancedb::Error::from)?
+        .buffered(2);
+    let mut out: Directory = HashMap::new();
+    let mut at = 0u64;
+    let mut run: Option<(Box<str>, u64)> = None;
+    while let Some(batch) = batches.try_next().await.map_err(lancedb::Error::from)? {
+        let streams = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or_else(|| lancedb::Error::Runtime {
+                message: "the stream column is not a string column".into(),
+            })?;
+        for i in 0..streams.len() {
+            let s = streams.value(i);
+            match &run {
+                Some((current, _)) if **current == *s => {}
+                _ => {
+                    if let Some((name, start)) = run.take() {
+                        out.entry(name).or_default().push(start..at);
+                    }
+                    run = Some((s.into(), at));
+                }
+            }
+            at += 1;
+        }
+    }
+    if let Some((name, start)) = run {
+        out.entry(name).or_default().push(start..at);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::TryStreamExt;
+    use lancedb::query::{ExecutableQuery, QueryBase};
+
+    use crate::core::model::{batch_to_chunks, Chunk};
+    use crate::store::maintain::{merge_fragments_in_tiers, Maintenance};
+    use crate::store::{Filter, Location, Store, CHUNK_ORDER};
+
+    /// (id, text) of every row of `stream`, sorted: read from the fragments,
+    /// and through lancedb's query.
+    async fn both_reads(
+        store: &Store,
+        stream: &str,
+    ) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        let sorted = |batches: Vec<arrow_array::RecordBatch>| {
+            let mut rows: Vec<(String, String)> = batches
+                .iter()
+                .flat_map(|b| batch_to_chunks(b).unwrap())
+                .map(|c| {
+                    assert_eq!(c.stream, stream);
+                    (c.id, c.content)
+                })
+                .collect();
+            rows.sort();
+            rows
+        };
+        let table = store.chunks_table();
+        let direct = store
+            .stream_reads
+            .read(table, stream)
+            .await
+            .unwrap()
+            .expect("a local table of the current format is read directly")
+            .try_collect()
+            .await
+            .unwrap();
+        let query = table
+            .query()
+            .only_if(Filter::new().stream(stream).predicate())
+            .execute()
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        (sorted(direct), sorted(query))
+    }
+
+    async fn agree(store: &Store, round: &str) {
+        for s in ["s0", "s1", "s2", "nowhere"] {
+            let (direct, query) = both_reads(store, s).await;
+            assert_eq!(direct, query, "stream {s} after {round}");
+            assert_eq!(
+                direct.is_empty(),
+                s == "nowhere",
+                "stream {s} after {round}"
+            );
+        }
+    }
+
+    /// Memories `from..from + n`, interleaved over three streams.
+    fn interleaved(from: usize, n: usize) -> Vec<Chunk> {
+        (from..from + n)
+            .map(|i| {
+                let mut c = Chunk::new(
+                    format!("id{i}"),
+                    format!("s{}", i % 3),
+                    format!("memory {i}"),
+                    0,
+                );
+                c.embedding = Some(vec![i as f32; 8]);
+                c
+            })
+            .collect()
+    }
+
+    /// A stream read straight from the fragments finds what lancedb's query
+    /// finds, through ordered merges, new fragments, deletes and updates;
+    /// a delete or an update opens the fragments it touched again but keeps
+    /// their directories.
+    #[tokio::test]
+    async fn a_stream_read_from_the_fragments_is_what_the_query_reads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open_with(
+            &Location::local(tmp.path()),
+            8,
+            100,
+            None,
+            Maintenance::off(),
+        )
+        .await
+        .unwrap();
+        for k in 0..24 {
+            store.upsert(interleaved(4 * k, 4)).await.unwrap();
+        }
+        agree(&store, "24 commits").await;
+        merge_fragments_in_tiers(store.chunks_table(), 4, CHUNK_ORDER)
+            .await
+            .unwrap();
+        store
+            .chunks_table()
+            .dataset()
+            .unwrap()
+            .reload()
+            .await
+            .unwrap();
+        for k in 24..27 {
+            store.upsert(interleaved(4 * k, 4)).await.unwrap();
+        }
+        agree(&store, "the ordered merge and three commits").await;
+        // The ordered fragments hold each stream as one run.
+        let runs = {
+            let st = store.stream_reads.state.lock().unwrap();
+            st.fragments
+                .values()
+                .filter_map(|o| {
+                    o.directory
+                        .get("s1")
+                        .map(|r| (r.len(), r[0].end - r[0].start))
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(runs.iter().any(|&(n, rows)| n == 1 && rows > 4), "{runs:?}");
+
+        let built = store.stream_reads.built();
+        let gone: Vec<String> = [1, 4, 7, 52, 100]
+            .iter()
+            .map(|i| format!("id{i}"))
+            .collect();
+        assert_eq!(store.delete(&Filter::new().ids(&gone)).await.unwrap(), 5);
+        agree(&store, "a delete").await;
+        let (s1, _) = both_reads(&store, "s1").await;
+        assert!(s1.iter().all(|(id, _)| !gone.contains(id)), "{s1:?}");
+        assert_eq!(
+            store.stream_reads.built(),
+            built,
+            "a delete keeps the directories"
+        );
+
+        let mut changed = interleaved(10, 1);
+        changed[0].content = "memory 10, changed".into();
+        store.upsert(changed).await.unwrap();
+        agree(&store, "an update").await;
+        let (s1, _) = both_reads(&store, "s1").await;
+        assert!(
+            s1.contains(&("id10".into(), "memory 10, changed".into())),
+            "{s1:?}"
+        );
+        assert_eq!(
+            store.stream_reads.built(),
+            built + 1,
+            "an update builds the directory of its new fragment alone"
+        );
+    }
+}
