@@ -41,18 +41,34 @@ const BATCH_ROWS: u32 = 8192;
 /// order, deleted rows included.
 type Directory = HashMap<Box<str>, Vec<Range<u64>>>;
 
+/// How many fragments are kept open at most: each open reader holds its data
+/// files open. Past it (a table whose small fragments wait for their merge)
+/// a fragment is opened for each read, as lancedb's query does.
+const MAX_OPEN: usize = 256;
+
 /// One fragment as a load reads it.
 struct Opened {
     /// The manifest entry the reader was opened for.
     fragment: Fragment,
-    reader: Arc<FragmentReader>,
+    /// None when [`MAX_OPEN`] others were open.
+    reader: Option<Arc<FragmentReader>>,
     directory: Arc<Directory>,
 }
 
 /// The chunk table's fragments, open for loads (see the module's notes).
-#[derive(Default)]
 pub(super) struct StreamReads {
     state: Mutex<State>,
+    /// [`MAX_OPEN`], but in tests.
+    max_open: usize,
+}
+
+impl Default for StreamReads {
+    fn default() -> StreamReads {
+        StreamReads {
+            state: Mutex::default(),
+            max_open: MAX_OPEN,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -97,29 +113,41 @@ impl StreamReads {
         let mut reads = Vec::new();
         for file in ds.get_fragments() {
             let kept = cached.get(&(file.id() as u64));
-            let opened = self.open(&ds, file, kept).await?;
-            if let Some(ranges) = opened.directory.get(stream) {
-                let ranges: Arc<[Range<u64>]> = ranges.clone().into();
-                let reader = Arc::clone(&opened.reader);
-                reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
-            }
+            let opened = self.open(&ds, &file, kept).await?;
+            let Some(ranges) = opened.directory.get(stream) else {
+                continue;
+            };
+            let reader = match &opened.reader {
+                Some(reader) => Arc::clone(reader),
+                None => Arc::new(open_reader(&file, ds.schema()).await?),
+            };
+            let ranges: Arc<[Range<u64>]> = ranges.clone().into();
+            reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
         }
         let streams = futures::future::try_join_all(reads).await?;
-        let rows = futures::stream::select_all(
-            streams
-                .into_iter()
-                .map(|s| s.buffered(2).map_err(lancedb::Error::from)),
-        );
+        // Each batch is decoded on a task of its own, so the runtime's other
+        // threads decode the next batches while the caller files this one.
+        let rows = futures::stream::select_all(streams.into_iter().map(|s| {
+            s.map(tokio::spawn)
+                .buffered(2)
+                .map(|decoded| match decoded {
+                    Ok(batch) => batch.map_err(lancedb::Error::from),
+                    Err(e) => Err(lancedb::Error::Runtime {
+                        message: format!("a stream read's decode task failed: {e}"),
+                    }),
+                })
+        }));
         Ok(Some(rows.boxed()))
     }
 
-    /// `file` open for reads: `kept` when it was opened for the same
-    /// manifest entry; else a new reader, with `kept`'s directory while the
-    /// data files are the same.
+    /// `file` ready for reads: `kept` when it was opened for the same
+    /// manifest entry; else opened again (while fewer than [`MAX_OPEN`] are
+    /// open, or `kept` was), with `kept`'s directory while the data files
+    /// are the same.
     async fn open(
         &self,
         ds: &Dataset,
-        file: FileFragment,
+        file: &FileFragment,
         kept: Option<&Arc<Opened>>,
     ) -> lancedb::Result<Arc<Opened>> {
         let fragment = file.metadata();
@@ -131,15 +159,20 @@ impl StreamReads {
         };
         let (directory, built) = match kept.filter(same_rows) {
             Some(o) => (Arc::clone(&o.directory), false),
-            None => (Arc::new(directory(&file, ds.schema()).await?), true),
+            None => (Arc::new(directory(file, ds.schema()).await?), true),
         };
-        let reader = file
-            .open(ds.schema(), FragReadConfig::default())
-            .await
-            .map_err(lancedb::Error::from)?;
+        let room = {
+            let st = self.state.lock().expect("stream reads lock");
+            let open = st.fragments.values().filter(|o| o.reader.is_some());
+            open.count() < self.max_open || kept.is_some_and(|o| o.reader.is_some())
+        };
+        let reader = match room {
+            true => Some(Arc::new(open_reader(file, ds.schema()).await?)),
+            false => None,
+        };
         let opened = Arc::new(Opened {
             fragment: fragment.clone(),
-            reader: Arc::new(reader),
+            reader,
             directory,
         });
         let mut st = self.state.lock().expect("stream reads lock");
@@ -148,11 +181,27 @@ impl StreamReads {
         Ok(opened)
     }
 
+    /// Keeping at most `max_open` fragments open.
+    #[cfg(test)]
+    fn keeping(max_open: usize) -> StreamReads {
+        StreamReads {
+            max_open,
+            ..StreamReads::default()
+        }
+    }
+
     /// How many fragment directories have been built.
     #[cfg(test)]
     pub fn built(&self) -> usize {
         self.state.lock().expect("stream reads lock").built
     }
+}
+
+/// `file` open for reads of every column of `schema`.
+async fn open_reader(file: &FileFragment, schema: &Schema) -> lancedb::Result<FragmentReader> {
+    file.open(schema, FragReadConfig::default())
+        .await
+        .map_err(lancedb::Error::from)
 }
 
 /// Where each stream's rows lie in `file`: its `stream` column read whole,
@@ -210,14 +259,16 @@ mod tests {
     use futures::TryStreamExt;
     use lancedb::query::{ExecutableQuery, QueryBase};
 
+    use super::StreamReads;
     use crate::core::model::{batch_to_chunks, Chunk};
     use crate::store::maintain::{merge_fragments_in_tiers, Maintenance};
     use crate::store::{Filter, Location, Store, CHUNK_ORDER};
 
-    /// (id, text) of every row of `stream`, sorted: read from the fragments,
-    /// and through lancedb's query.
+    /// (id, text) of every row of `stream`, sorted: read from the fragments
+    /// by `reads`, and through lancedb's query.
     async fn both_reads(
         store: &Store,
+        reads: &StreamReads,
         stream: &str,
     ) -> (Vec<(String, String)>, Vec<(String, String)>) {
         let sorted = |batches: Vec<arrow_array::RecordBatch>| {
@@ -233,8 +284,7 @@ mod tests {
             rows
         };
         let table = store.chunks_table();
-        let direct = store
-            .stream_reads
+        let direct = reads
             .read(table, stream)
             .await
             .unwrap()
@@ -254,9 +304,9 @@ mod tests {
         (sorted(direct), sorted(query))
     }
 
-    async fn agree(store: &Store, round: &str) {
+    async fn agree(store: &Store, reads: &StreamReads, round: &str) {
         for s in ["s0", "s1", "s2", "nowhere"] {
-            let (direct, query) = both_reads(store, s).await;
+            let (direct, query) = both_reads(store, reads, s).await;
             assert_eq!(direct, query, "stream {s} after {round}");
             assert_eq!(
                 direct.is_empty(),
@@ -301,7 +351,7 @@ mod tests {
         for k in 0..24 {
             store.upsert(interleaved(4 * k, 4)).await.unwrap();
         }
-        agree(&store, "24 commits").await;
+        agree(&store, &store.stream_reads, "24 commits").await;
         merge_fragments_in_tiers(store.chunks_table(), 4, CHUNK_ORDER)
             .await
             .unwrap();
@@ -315,7 +365,12 @@ mod tests {
         for k in 24..27 {
             store.upsert(interleaved(4 * k, 4)).await.unwrap();
         }
-        agree(&store, "the ordered merge and three commits").await;
+        agree(
+            &store,
+            &store.stream_reads,
+            "the ordered merge and three commits",
+        )
+        .await;
         // The ordered fragments hold each stream as one run.
         let runs = {
             let st = store.stream_reads.state.lock().unwrap();
@@ -336,8 +391,8 @@ mod tests {
             .map(|i| format!("id{i}"))
             .collect();
         assert_eq!(store.delete(&Filter::new().ids(&gone)).await.unwrap(), 5);
-        agree(&store, "a delete").await;
-        let (s1, _) = both_reads(&store, "s1").await;
+        agree(&store, &store.stream_reads, "a delete").await;
+        let (s1, _) = both_reads(&store, &store.stream_reads, "s1").await;
         assert!(s1.iter().all(|(id, _)| !gone.contains(id)), "{s1:?}");
         assert_eq!(
             store.stream_reads.built(),
@@ -348,8 +403,8 @@ mod tests {
         let mut changed = interleaved(10, 1);
         changed[0].content = "memory 10, changed".into();
         store.upsert(changed).await.unwrap();
-        agree(&store, "an update").await;
-        let (s1, _) = both_reads(&store, "s1").await;
+        agree(&store, &store.stream_reads, "an update").await;
+        let (s1, _) = both_reads(&store, &store.stream_reads, "s1").await;
         assert!(
             s1.contains(&("id10".into(), "memory 10, changed".into())),
             "{s1:?}"
@@ -358,6 +413,33 @@ mod tests {
             store.stream_reads.built(),
             built + 1,
             "an update builds the directory of its new fragment alone"
+        );
+    }
+
+    /// Past the fragments it keeps open, a read opens the others for
+    /// itself and finds the same rows.
+    #[tokio::test]
+    async fn past_the_fragments_kept_open_a_read_opens_the_rest_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open_with(
+            &Location::local(tmp.path()),
+            8,
+            100,
+            None,
+            Maintenance::off(),
+        )
+        .await
+        .unwrap();
+        for k in 0..6 {
+            store.upsert(interleaved(4 * k, 4)).await.unwrap();
+        }
+        let reads = StreamReads::keeping(2);
+        agree(&store, &reads, "six commits").await;
+        let st = reads.state.lock().unwrap();
+        assert_eq!(st.fragments.len(), 6);
+        assert_eq!(
+            st.fragments.values().filter(|o| o.reader.is_some()).count(),
+            2
         );
     }
 }
