@@ -328,6 +328,18 @@ mod tests {
             .collect()
     }
 
+    /// A store in `dir` that merges nothing itself, holding `commits`
+    /// commits of [`interleaved`] memories, four each: a fragment each.
+    async fn committed(dir: &std::path::Path, commits: usize) -> Store {
+        let store = Store::open_with(&Location::local(dir), 8, 100, None, Maintenance::off())
+            .await
+            .unwrap();
+        for k in 0..commits {
+            store.upsert(interleaved(4 * k, 4)).await.unwrap();
+        }
+        store
+    }
+
     /// A stream read straight from the fragments finds what lancedb's query
     /// finds, through ordered merges, new fragments, deletes and updates;
     /// a delete or an update opens the fragments it touched again but keeps
@@ -335,18 +347,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_read_from_the_fragments_is_what_the_query_reads() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(
-            &Location::local(tmp.path()),
-            8,
-            100,
-            None,
-            Maintenance::off(),
-        )
-        .await
-        .unwrap();
-        for k in 0..24 {
-            store.upsert(interleaved(4 * k, 4)).await.unwrap();
-        }
+        let store = committed(tmp.path(), 24).await;
         agree(&store, &store.stream_reads, "24 commits").await;
         merge_fragments_in_tiers(store.chunks_table(), 4, CHUNK_ORDER)
             .await
@@ -417,18 +418,7 @@ mod tests {
     #[tokio::test]
     async fn past_the_fragments_kept_open_a_read_opens_the_rest_itself() {
         let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open_with(
-            &Location::local(tmp.path()),
-            8,
-            100,
-            None,
-            Maintenance::off(),
-        )
-        .await
-        .unwrap();
-        for k in 0..6 {
-            store.upsert(interleaved(4 * k, 4)).await.unwrap();
-        }
+        let store = committed(tmp.path(), 6).await;
         let reads = StreamReads::keeping(2);
         agree(&store, &reads, "six commits").await;
         let st = reads.state.lock().unwrap();
