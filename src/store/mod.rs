@@ -46,6 +46,9 @@ pub use writer::ChunkWriter;
 use filter::sql_str;
 
 pub const CHUNKS: &str = "chunks";
+/// A load puts a stream's rows into the hot index this many at a time, or
+/// fewer at its end (Lance's batch size).
+const LOAD_GROUP_ROWS: usize = 8192;
 /// The column the chunk table's ordered merges sort its rows by: a stream's
 /// rows together ([`maintain::merge_fragments_in_tiers`]).
 pub const CHUNK_ORDER: &str = "stream";
@@ -1216,11 +1219,11 @@ impl Store {
         let filter = Filter::new().stream(guard.stream());
         let fits = self.hot.budget() / hot::row_bytes(self.dim);
         // Every column: the index answers the candidate reads of a search
-        // too. No count first: each batch goes into the index while Lance
-        // decodes the next, and a stream past the budget stops its read
-        // there. Lance's own batches (up to 8,192 rows), not lancedb's
-        // 1,024-row slices: the index is sized for each batch before it
-        // takes the batch's rows.
+        // too. No count first: a stream past the budget stops its read
+        // there. Straight from the fragments (`stream_read`), or else
+        // Lance's own batches (up to 8,192 rows), not lancedb's 1,024-row
+        // slices: the index is sized for each group before it takes its
+        // rows.
         let mut batches = match self.stream_reads.read(&self.chunks, guard.stream()).await? {
             Some(rows) => rows,
             None => {
@@ -1238,22 +1241,53 @@ impl Store {
         };
         let mut index = hot::StreamIndex::new(self.dim);
         let mut rows = 0;
-        while let Some(batch) = batches.try_next().await? {
-            rows += batch.num_rows();
-            if rows > fits {
-                guard.too_big();
-                return Ok(None);
+        // A fragment's run of the stream comes as a batch of its own, often
+        // of a few hundred rows; they go into the index in groups of up to
+        // Lance's batch size, so that a large stream's rows are filed on two
+        // threads ([`hot::StreamIndex::put_all`]).
+        let mut group: Vec<RecordBatch> = Vec::new();
+        loop {
+            let next = batches.try_next().await?;
+            let more = next.is_some();
+            if let Some(batch) = next {
+                rows += batch.num_rows();
+                if rows > fits {
+                    guard.too_big();
+                    return Ok(None);
+                }
+                group.push(batch);
+                if group.iter().map(RecordBatch::num_rows).sum::<usize>() < LOAD_GROUP_ROWS {
+                    continue;
+                }
             }
-            index.reserve(batch.num_rows());
-            // The vectors go from Lance's batch straight into the index's
-            // matrix; the rows are read without them.
-            let vectors = crate::core::model::Columns::new(&batch)
-                .col::<arrow_array::FixedSizeListArray>("embedding");
-            let mut rest = batch.clone();
-            if let Ok(i) = batch.schema().index_of("embedding") {
-                rest.remove_column(i);
+            if !group.is_empty() {
+                index.reserve(group.iter().map(RecordBatch::num_rows).sum());
+                let mut rows = Vec::new();
+                for batch in &group {
+                    self.load_rows(batch, &mut rows)?;
+                }
+                index.put_all(rows);
+                group.clear();
             }
-            let rows = batch_to_chunks(&rest)?
+            if !more {
+                break;
+            }
+        }
+        Ok(guard.finish(index))
+    }
+
+    /// A loaded batch's rows, as the hot index takes them: the vectors
+    /// straight from Lance's batch into the index's matrix, the rows read
+    /// without them.
+    fn load_rows<'a>(&self, batch: &'a RecordBatch, out: &mut Vec<hot::LoadRow<'a>>) -> Result<()> {
+        let vectors = crate::core::model::Columns::new(batch)
+            .col::<arrow_array::FixedSizeListArray>("embedding");
+        let mut rest = batch.clone();
+        if let Ok(i) = batch.schema().index_of("embedding") {
+            rest.remove_column(i);
+        }
+        out.extend(
+            batch_to_chunks(&rest)?
                 .into_iter()
                 .enumerate()
                 .map(|(row, chunk)| {
@@ -1264,11 +1298,9 @@ impl Store {
                     let vector = vectors.floats_in_place(row).filter(|_| admitted);
                     let meta = hot::Meta::of(&chunk);
                     (std::sync::Arc::new(chunk), meta, vector)
-                })
-                .collect();
-            index.put_all(rows);
-        }
-        Ok(guard.finish(index))
+                }),
+        );
+        Ok(())
     }
 
     /// The current memories of `stream` whose text hashes to any of `hashes`,

@@ -428,4 +428,42 @@ mod tests {
             2
         );
     }
+
+    /// A stream whose rows lie in several fragments is loaded whole, each
+    /// row with its vector and its text, its groups large enough to be
+    /// filed on two threads.
+    #[tokio::test]
+    async fn a_load_takes_a_stream_from_every_fragment_it_lies_in() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open_with(
+            &Location::local(tmp.path()),
+            8,
+            2000,
+            None,
+            Maintenance::off(),
+        )
+        .await
+        .unwrap();
+        for k in 0..3 {
+            store.upsert(interleaved(600 * k, 600)).await.unwrap();
+        }
+        let indexes = store
+            .hot_streams(&Filter::new().stream("s1"))
+            .await
+            .unwrap()
+            .expect("the stream fits the budget");
+        let ix = indexes[0].read().unwrap();
+        let ids: Vec<usize> = (0..1800).filter(|i| i % 3 == 1).collect();
+        assert_eq!(ix.len(), ids.len());
+        for i in ids {
+            let id = format!("id{i}");
+            let (chunk, _) = ix.get(&id).unwrap_or_else(|| panic!("{id} not loaded"));
+            assert_eq!(chunk.content, format!("memory {i}"));
+            let v = ix
+                .vector(&id)
+                .unwrap_or_else(|| panic!("{id} has no vector"));
+            let want = 1.0 / (8f32).sqrt();
+            assert!(v.iter().all(|x| (x - want).abs() < 1e-5), "{id}: {v:?}");
+        }
+    }
 }
