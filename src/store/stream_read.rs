@@ -18,7 +18,7 @@
 //!   (its deletion vector), so it is opened again when the entry changes
 //!   (a delete, an update) or the table's schema does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -106,8 +106,8 @@ impl StreamReads {
                 st.schema = Some(ds.schema().clone());
                 st.fragments.clear();
             }
-            let live: HashMap<u64, ()> = ds.manifest.fragments.iter().map(|f| (f.id, ())).collect();
-            st.fragments.retain(|id, _| live.contains_key(id));
+            let live: HashSet<u64> = ds.manifest.fragments.iter().map(|f| f.id).collect();
+            st.fragments.retain(|id, _| live.contains(id));
             st.fragments.clone()
         };
         let mut reads = Vec::new();
