@@ -1234,8 +1234,7 @@ impl Store {
                     .query()
                     .only_if(filter.predicate())
                     .execute_with_options(whole)
-                    .await?
-                    .map_err(lancedb::Error::from);
+                    .await?;
                 futures::StreamExt::boxed(rows)
             }
         };
@@ -1246,34 +1245,43 @@ impl Store {
         // Lance's batch size, so that a large stream's rows are filed on two
         // threads ([`hot::StreamIndex::put_all`]).
         let mut group: Vec<RecordBatch> = Vec::new();
-        loop {
-            let next = batches.try_next().await?;
-            let more = next.is_some();
-            if let Some(batch) = next {
-                rows += batch.num_rows();
-                if rows > fits {
-                    guard.too_big();
-                    return Ok(None);
-                }
-                group.push(batch);
-                if group.iter().map(RecordBatch::num_rows).sum::<usize>() < LOAD_GROUP_ROWS {
-                    continue;
-                }
+        let mut group_rows = 0;
+        while let Some(batch) = batches.try_next().await? {
+            rows += batch.num_rows();
+            if rows > fits {
+                guard.too_big();
+                return Ok(None);
             }
-            if !group.is_empty() {
-                index.reserve(group.iter().map(RecordBatch::num_rows).sum());
-                let mut rows = Vec::new();
-                for batch in &group {
-                    self.load_rows(batch, &mut rows)?;
-                }
-                index.put_all(rows);
-                group.clear();
-            }
-            if !more {
-                break;
+            group_rows += batch.num_rows();
+            group.push(batch);
+            if group_rows >= LOAD_GROUP_ROWS {
+                self.file_group(&mut index, &mut group, group_rows)?;
+                group_rows = 0;
             }
         }
+        self.file_group(&mut index, &mut group, group_rows)?;
         Ok(guard.finish(index))
+    }
+
+    /// A load's `group` of batches (`rows` rows in all) into `index`, in one
+    /// [`hot::StreamIndex::put_all`]; the group is left empty.
+    fn file_group(
+        &self,
+        index: &mut hot::StreamIndex,
+        group: &mut Vec<RecordBatch>,
+        rows: usize,
+    ) -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        index.reserve(rows);
+        let mut filed = Vec::with_capacity(rows);
+        for batch in group.iter() {
+            self.load_rows(batch, &mut filed)?;
+        }
+        index.put_all(filed);
+        group.clear();
+        Ok(())
     }
 
     /// A loaded batch's rows, as the hot index takes them: the vectors

@@ -39,7 +39,7 @@ const BATCH_ROWS: u32 = 8192;
 
 /// Where each stream's rows lie in one fragment: physical row ranges, in
 /// order, deleted rows included.
-type Directory = HashMap<Box<str>, Vec<Range<u64>>>;
+type Directory = HashMap<Box<str>, Arc<[Range<u64>]>>;
 
 /// How many fragments are kept open at most: each open reader holds its data
 /// files open. Past it (a table whose small fragments wait for their merge)
@@ -121,7 +121,7 @@ impl StreamReads {
                 Some(reader) => Arc::clone(reader),
                 None => Arc::new(open_reader(&file, ds.schema()).await?),
             };
-            let ranges: Arc<[Range<u64>]> = ranges.clone().into();
+            let ranges = Arc::clone(ranges);
             reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
         }
         let streams = futures::future::try_join_all(reads).await?;
@@ -219,7 +219,7 @@ async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Dire
         .await
         .map_err(lancedb::Error::from)?
         .buffered(2);
-    let mut out: Directory = HashMap::new();
+    let mut out: HashMap<Box<str>, Vec<Range<u64>>> = HashMap::new();
     let mut at = 0u64;
     let mut run: Option<(Box<str>, u64)> = None;
     while let Some(batch) = batches.try_next().await.map_err(lancedb::Error::from)? {
@@ -247,7 +247,7 @@ async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Dire
     if let Some((name, start)) = run {
         out.entry(name).or_default().push(start..at);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|(s, r)| (s, r.into())).collect())
 }
 
 #[cfg(test)]
