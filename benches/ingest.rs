@@ -18,6 +18,8 @@ use loomem::pipeline::{stages, BuildContext, Record};
 use loomem::providers::embed::HashEmbedder;
 use loomem::store::{Filter, Store};
 
+#[path = "shared/log.rs"]
+mod log;
 #[path = "../tests/integration/moto.rs"]
 #[allow(dead_code)]
 mod moto;
@@ -322,14 +324,7 @@ fn written(stats: &[loomem::pipeline::StageStatsSnapshot]) -> u64 {
 
 fn bench_e2e(c: &mut Criterion) {
     loomem::store::maintain::lance_threads();
-    // `RUST_LOG=loomem=debug` shows the store's own timings (commits,
-    // merges, index refreshes) beside the figures.
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log::init();
     let rt = runtime();
     let mut group = c.benchmark_group("ingest_e2e");
     group.sample_size(10);

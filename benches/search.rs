@@ -43,6 +43,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
+#[path = "shared/log.rs"]
+mod log;
 #[path = "shared/longmemeval.rs"]
 mod longmemeval;
 
@@ -506,6 +508,7 @@ fn bench_search(c: &mut Criterion) {
     // As `loomem` does, before any other thread exists.
     loomem::providers::embed::minilm::kernel_threads();
     loomem::store::maintain::lance_threads();
+    log::init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use loomem::app::config::Config;
 
+#[path = "shared/log.rs"]
+mod log;
 #[path = "shared/longmemeval.rs"]
 mod longmemeval;
 #[path = "../tests/integration/nats.rs"]
@@ -108,14 +110,7 @@ fn main() {
         // `cargo bench` asks harness-less benches to list themselves.
         return;
     }
-    // `RUST_LOG=loomem=debug` shows the store's own timings (commits,
-    // merges, index refreshes) beside the figures.
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .init();
-    }
+    log::init();
     // As `loomem` does, before any other thread exists.
     loomem::providers::embed::minilm::kernel_threads();
     loomem::store::maintain::lance_threads();

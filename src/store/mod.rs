@@ -26,6 +26,7 @@ pub use writer::{Modifier, WriteBatch};
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow_array::{Float32Array, RecordBatch, RecordBatchIterator};
 use futures::TryStreamExt;
@@ -1246,6 +1247,9 @@ impl Store {
         // threads ([`hot::StreamIndex::put_all`]).
         let mut group: Vec<RecordBatch> = Vec::new();
         let mut group_rows = 0;
+        let began = Instant::now();
+        // Time out of the reads: the rows read out of the batches, then filed.
+        let (mut read_out, mut filing) = (Duration::ZERO, Duration::ZERO);
         while let Some(batch) = batches.try_next().await? {
             rows += batch.num_rows();
             if rows > fits {
@@ -1255,33 +1259,47 @@ impl Store {
             group_rows += batch.num_rows();
             group.push(batch);
             if group_rows >= LOAD_GROUP_ROWS {
-                self.file_group(&mut index, &mut group, group_rows)?;
+                let (r, f) = self.file_group(&mut index, &mut group, group_rows)?;
+                (read_out, filing) = (read_out + r, filing + f);
                 group_rows = 0;
             }
         }
-        self.file_group(&mut index, &mut group, group_rows)?;
+        let (r, f) = self.file_group(&mut index, &mut group, group_rows)?;
+        (read_out, filing) = (read_out + r, filing + f);
+        tracing::debug!(
+            stream = guard.stream(),
+            rows,
+            lance_us = (began.elapsed() - read_out - filing).as_micros() as u64,
+            rows_us = read_out.as_micros() as u64,
+            file_us = filing.as_micros() as u64,
+            "stream loaded into the hot index"
+        );
         Ok(guard.finish(index))
     }
 
     /// A load's `group` of batches (`rows` rows in all) into `index`, in one
-    /// [`hot::StreamIndex::put_all`]; the group is left empty.
+    /// [`hot::StreamIndex::put_all`]; the group is left empty. Returns the
+    /// time its rows took to be read out of the batches and then to be
+    /// filed (the load logs them apart from its reads).
     fn file_group(
         &self,
         index: &mut hot::StreamIndex,
         group: &mut Vec<RecordBatch>,
         rows: usize,
-    ) -> Result<()> {
+    ) -> Result<(Duration, Duration)> {
         if group.is_empty() {
-            return Ok(());
+            return Ok((Duration::ZERO, Duration::ZERO));
         }
+        let began = Instant::now();
         index.reserve(rows);
         let mut filed = Vec::with_capacity(rows);
         for batch in group.iter() {
             self.load_rows(batch, &mut filed)?;
         }
+        let read_out = began.elapsed();
         index.put_all(filed);
         group.clear();
-        Ok(())
+        Ok((read_out, began.elapsed() - read_out))
     }
 
     /// A loaded batch's rows, as the hot index takes them: the vectors
