@@ -1269,7 +1269,10 @@ impl Store {
         tracing::debug!(
             stream = guard.stream(),
             rows,
-            lance_us = (began.elapsed() - read_out - filing).as_micros() as u64,
+            lance_us = began
+                .elapsed()
+                .saturating_sub(read_out + filing)
+                .as_micros() as u64,
             rows_us = read_out.as_micros() as u64,
             file_us = filing.as_micros() as u64,
             "stream loaded into the hot index"
