@@ -50,6 +50,15 @@ pub const CHUNKS: &str = "chunks";
 /// A load puts a stream's rows into the hot index this many at a time, or
 /// fewer at its end (Lance's batch size).
 const LOAD_GROUP_ROWS: usize = 8192;
+
+/// Where a hot load's time went beside Lance's read (its debug line).
+#[derive(Default)]
+struct LoadTimes {
+    /// The rows read out of Lance's batches.
+    read_out: Duration,
+    /// The rows filed into the index.
+    filed: Duration,
+}
 /// The column the chunk table's ordered merges sort its rows by: a stream's
 /// rows together ([`maintain::merge_fragments_in_tiers`]).
 pub const CHUNK_ORDER: &str = "stream";
@@ -1217,6 +1226,7 @@ impl Store {
         &self,
         guard: hot::LoadGuard,
     ) -> Result<Option<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>> {
+        let began = Instant::now();
         let filter = Filter::new().stream(guard.stream());
         let fits = self.hot.budget() / hot::row_bytes(self.dim);
         // Every column: the index answers the candidate reads of a search
@@ -1247,9 +1257,7 @@ impl Store {
         // threads ([`hot::StreamIndex::put_all`]).
         let mut group: Vec<RecordBatch> = Vec::new();
         let mut group_rows = 0;
-        let began = Instant::now();
-        // Time out of the reads: the rows read out of the batches, then filed.
-        let (mut read_out, mut filing) = (Duration::ZERO, Duration::ZERO);
+        let mut times = LoadTimes::default();
         while let Some(batch) = batches.try_next().await? {
             rows += batch.num_rows();
             if rows > fits {
@@ -1259,39 +1267,37 @@ impl Store {
             group_rows += batch.num_rows();
             group.push(batch);
             if group_rows >= LOAD_GROUP_ROWS {
-                let (r, f) = self.file_group(&mut index, &mut group, group_rows)?;
-                (read_out, filing) = (read_out + r, filing + f);
+                self.file_group(&mut index, &mut group, group_rows, &mut times)?;
                 group_rows = 0;
             }
         }
-        let (r, f) = self.file_group(&mut index, &mut group, group_rows)?;
-        (read_out, filing) = (read_out + r, filing + f);
+        self.file_group(&mut index, &mut group, group_rows, &mut times)?;
         tracing::debug!(
             stream = guard.stream(),
             rows,
             lance_us = began
                 .elapsed()
-                .saturating_sub(read_out + filing)
+                .saturating_sub(times.read_out + times.filed)
                 .as_micros() as u64,
-            rows_us = read_out.as_micros() as u64,
-            file_us = filing.as_micros() as u64,
+            rows_us = times.read_out.as_micros() as u64,
+            file_us = times.filed.as_micros() as u64,
             "stream loaded into the hot index"
         );
         Ok(guard.finish(index))
     }
 
     /// A load's `group` of batches (`rows` rows in all) into `index`, in one
-    /// [`hot::StreamIndex::put_all`]; the group is left empty. Returns the
-    /// time its rows took to be read out of the batches and then to be
-    /// filed (the load logs them apart from its reads).
+    /// [`hot::StreamIndex::put_all`]; the group is left empty, its times
+    /// added to `times`.
     fn file_group(
         &self,
         index: &mut hot::StreamIndex,
         group: &mut Vec<RecordBatch>,
         rows: usize,
-    ) -> Result<(Duration, Duration)> {
+        times: &mut LoadTimes,
+    ) -> Result<()> {
         if group.is_empty() {
-            return Ok((Duration::ZERO, Duration::ZERO));
+            return Ok(());
         }
         let began = Instant::now();
         index.reserve(rows);
@@ -1302,7 +1308,9 @@ impl Store {
         let read_out = began.elapsed();
         index.put_all(filed);
         group.clear();
-        Ok((read_out, began.elapsed() - read_out))
+        times.read_out += read_out;
+        times.filed += began.elapsed() - read_out;
+        Ok(())
     }
 
     /// A loaded batch's rows, as the hot index takes them: the vectors
