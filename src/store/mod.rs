@@ -59,6 +59,7 @@ struct LoadTimes {
     /// The rows filed into the index.
     filed: Duration,
 }
+
 /// The column the chunk table's ordered merges sort its rows by: a stream's
 /// rows together ([`maintain::merge_fragments_in_tiers`]).
 pub const CHUNK_ORDER: &str = "stream";
