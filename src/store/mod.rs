@@ -813,7 +813,7 @@ impl Store {
         let held = self
             .with_hot_vectors(at, filter, |held| {
                 ids.iter()
-                    .filter_map(|id| Some((id.clone(), held.vector(id)?.to_vec())))
+                    .filter_map(|id| Some((id.clone(), held.vector(id)?)))
                     .collect()
             })
             .await?;
@@ -889,7 +889,7 @@ impl Store {
         let held = self
             .with_hot_vectors(at, filter, |held| {
                 ids.iter()
-                    .map(|id| distance(held.vector(id)?))
+                    .map(|id| distance(&held.vector(id)?))
                     .collect::<Vec<_>>()
             })
             .await?;
@@ -1725,8 +1725,9 @@ pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()
 struct HotVectors<'a>(Vec<std::sync::RwLockReadGuard<'a, hot::StreamIndex>>);
 
 impl HotVectors<'_> {
-    /// A memory's vector, of unit length, if one of the streams holds it.
-    fn vector(&self, id: &str) -> Option<&[f32]> {
+    /// A memory's vector, of unit length (to f16's precision), if one of
+    /// the streams holds it.
+    fn vector(&self, id: &str) -> Option<Vec<f32>> {
         self.0.iter().find_map(|ix| ix.vector(id))
     }
 }
