@@ -785,7 +785,7 @@ impl Drop for LoadGuard {
     }
 }
 
-/// Default memory budget: 1 GiB, about 300k chat-turn-sized memories of 384
+/// Default memory budget: 1 GiB, about 400k chat-turn-sized memories of 384
 /// dimensions (vector, row, postings).
 pub const DEFAULT_BUDGET: usize = 1 << 30;
 
