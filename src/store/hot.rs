@@ -1186,10 +1186,9 @@ pub(super) fn nearest_again_in(
                 .map(|c| (c.distance, c.id, ix, c.row)),
         );
     }
-    let order = |a: &(f32, &str, Vec<f32>), b: &(f32, &str, Vec<f32>)| {
-        a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1))
-    };
-    pool.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1)));
+    // Nearest first; ties go to the smaller id.
+    let order = |a: (f32, &str), b: (f32, &str)| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(b.1));
+    pool.sort_by(|a, b| order((a.0, a.1), (b.0, b.1)));
     pool.truncate(k);
     let mut pool: Vec<(f32, &str, Vec<f32>)> = pool
         .into_iter()
@@ -1202,7 +1201,7 @@ pub(super) fn nearest_again_in(
             *distance = 1.0 - dot(v, &moved) / norm;
             norm > 0.0
         });
-        pool.sort_by(order);
+        pool.sort_by(|a, b| order((a.0, a.1), (b.0, b.1)));
     }
     pool.truncate(keep);
     pool.into_iter()
