@@ -20,6 +20,7 @@ use std::time::Duration;
 use lancedb::table::{CompactionOptions, OptimizeAction, OptimizeOptions};
 use lancedb::Table;
 
+use super::claims::Claims;
 use super::Result;
 
 /// How the store keeps its tables in shape.
@@ -92,15 +93,24 @@ where
 pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<()> {
     let stats = retrying("compact", || {
         table.optimize(OptimizeAction::Compact {
-            options: CompactionOptions {
-                target_rows_per_fragment: target_rows,
-                ..Default::default()
-            },
+            options: compaction(target_rows),
             remap_options: None,
         })
     })
     .await?;
-    if let Some(m) = stats.compaction {
+    merged(table, stats.compaction);
+    Ok(())
+}
+
+fn compaction(target_rows: usize) -> CompactionOptions {
+    CompactionOptions {
+        target_rows_per_fragment: target_rows,
+        ..Default::default()
+    }
+}
+
+fn merged(table: &Table, metrics: Option<lance::dataset::optimize::CompactionMetrics>) {
+    if let Some(m) = metrics {
         tracing::debug!(
             table = %table.name(),
             fragments_removed = m.fragments_removed,
@@ -108,6 +118,65 @@ pub async fn merge_small_fragments(table: &Table, target_rows: usize) -> Result<
             "fragments merged"
         );
     }
+}
+
+/// [`merge_small_fragments`] beside the chunk writer's updates (see
+/// [`Claims`]): Lance's plan, less the newest fragments (up to
+/// `target_rows` rows of them) and the groups that hold a fragment an
+/// update is writing; the rest are taken before they are rewritten.
+async fn merge_small_fragments_claimed(
+    table: &Table,
+    target_rows: usize,
+    claims: &Claims,
+) -> Result<()> {
+    let Some(handle) = table.dataset() else {
+        return merge_small_fragments(table, target_rows).await;
+    };
+    let metrics = retrying("compact", || async {
+        handle.ensure_mutable()?;
+        let mut ds = (*handle.get().await?).clone();
+        let options = compaction(target_rows);
+        let mut plan = lance::dataset::optimize::plan_compaction(&ds, &options).await?;
+        let spared = super::claims::newest(
+            ds.manifest
+                .fragments
+                .iter()
+                .map(|f| (f.id, super::ordered_merge::rows_of(f))),
+            target_rows,
+        );
+        // A group is a run of neighbouring fragments, so the newest are at
+        // the end of the last: they are cut off it (a run left with one
+        // fragment of several would merge nothing).
+        let tasks = plan.tasks.into_iter().filter_map(|mut t| {
+            let before = t.fragments.len();
+            t.fragments.retain(|f| !spared.contains(&f.id));
+            let kept = t.fragments.len();
+            (kept == before || kept >= 2).then_some(t)
+        });
+        plan.tasks = claims.for_merge(
+            tasks.collect(),
+            |t| t.fragments.iter().map(|f| f.id).collect(),
+            &spared,
+        );
+        if plan.tasks.is_empty() {
+            return Ok(None);
+        }
+        // One group at a time: the merge runs beside the writer, and a
+        // burst over every core would only hold up its commits.
+        let mut rewritten = Vec::with_capacity(plan.tasks.len());
+        for task in plan.compaction_tasks() {
+            rewritten.push(task.execute(&ds).await?);
+        }
+        let remap =
+            std::sync::Arc::new(lance::dataset::index::DatasetIndexRemapperOptions::default());
+        let metrics =
+            lance::dataset::optimize::commit_compaction(&mut ds, rewritten, remap, &options)
+                .await?;
+        handle.update(ds);
+        Ok(Some(metrics))
+    })
+    .await?;
+    merged(table, metrics);
     Ok(())
 }
 
@@ -136,7 +205,7 @@ pub const ORDERED_TIERS: usize = 3;
 /// third tier makes one fragment of eight of those. Each row is rewritten
 /// once more per tier it climbs (at most four times in all).
 pub async fn merge_fragments_in_tiers(table: &Table, target_rows: usize, key: &str) -> Result<()> {
-    merge_in_tiers(table, target_rows, key, Reach::Every(None)).await?;
+    merge_in_tiers(table, target_rows, key, Reach::Every(None), None).await?;
     Ok(())
 }
 
@@ -154,16 +223,21 @@ pub(super) enum Reach<'a> {
     Every(Option<&'a tokio::sync::Notify>),
 }
 
-/// [`merge_fragments_in_tiers`], as far up as `reach` says; whether it
-/// left a tier above the second with enough full fragments to merge (out of
-/// reach, or given way).
+/// [`merge_fragments_in_tiers`], as far up as `reach` says, beside the
+/// updates `claims` shares fragments with, if any; whether it left a tier
+/// above the second with enough full fragments to merge (out of reach, or
+/// given way).
 pub(super) async fn merge_in_tiers(
     table: &Table,
     target_rows: usize,
     key: &str,
     reach: Reach<'_>,
+    claims: Option<&Claims>,
 ) -> Result<bool> {
-    merge_small_fragments(table, target_rows).await?;
+    match claims {
+        Some(claims) => merge_small_fragments_claimed(table, target_rows, claims).await?,
+        None => merge_small_fragments(table, target_rows).await?,
+    }
     let tiers = super::ordered_merge::tiers(target_rows, TIER_FAN, ORDERED_TIERS);
     let climb = match reach {
         Reach::Second => 1,
@@ -187,7 +261,7 @@ pub(super) async fn merge_in_tiers(
             _ => None,
         };
         let merged = retrying("ordered merge", || {
-            super::ordered_merge::merge_ordered(table, key, *tier, give_way)
+            super::ordered_merge::merge_ordered(table, key, *tier, give_way, claims)
         })
         .await?;
         let Some(merged) = merged else {
@@ -1115,10 +1189,12 @@ mod tests {
         };
         let store = open(tmp.path(), m).await;
         commit_one_by_one(&store, 40).await;
-        // The merged fragment plus at most one interval of fresh ones (the last
-        // merge may still be running when the last write returns).
+        // The merged fragment, the newest ones a merge spares (a write is
+        // likeliest to replace their rows next, see `claims::newest`) and at
+        // most one interval of fresh ones (the last merge may still be
+        // running when the last write returns).
         let n = fragments(store.chunks_table()).await;
-        assert!(n <= 8 + 1, "40 commits left {n} fragments");
+        assert!(n <= 1 + 4 + 8, "40 commits left {n} fragments");
         assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 40);
 
         let tmp = tempfile::tempdir().unwrap();
@@ -1259,9 +1335,10 @@ mod tests {
         assert_eq!(stream_changes(&store).await, (rows, 2));
     }
 
-    /// Fragment merges run beside the pipeline's appends; a batch that
-    /// replaces stored rows, a delete and an edit wait for the merge. Every
-    /// write lands once, none fails on a commit conflict.
+    /// Fragment merges run beside the pipeline's appends and its side
+    /// effects on fragments the merge has not taken; a batch that replaces
+    /// stored rows, a delete and an edit wait for the merge. Every write
+    /// lands once, none fails on a commit conflict.
     #[tokio::test]
     async fn appends_run_beside_merges_and_replacements_wait_for_them() {
         use crate::store::{Filter, WriteBatch};
@@ -1273,6 +1350,9 @@ mod tests {
         let store = open(tmp.path(), m).await;
         let memory =
             |i: usize, text: &str| Chunk::new(format!("id{i}"), "s".into(), text.into(), 0);
+        // The memory batch `i` supersedes (when `i % 3 == 2`): alternately
+        // the one just before and one from far back.
+        let superseded = |i: usize| if i % 2 == 0 { i - 1 } else { i / 4 };
         for i in 0..60 {
             let batch = if i % 5 == 4 {
                 // The pipeline's write of a redelivered record: it replaces.
@@ -1284,10 +1364,21 @@ mod tests {
                     history: vec![],
                 }
             } else {
+                // Every third batch supersedes a memory stored earlier: the
+                // newest fragments' or one a merge may have taken.
+                let side = match i % 3 {
+                    2 => {
+                        let mut old = memory(superseded(i), "v1");
+                        old.superseded_by = Some(format!("id{i}"));
+                        old.valid_until = Some(i as i64);
+                        vec![old]
+                    }
+                    _ => vec![],
+                };
                 WriteBatch {
                     fresh: vec![memory(i, "v1")],
                     rows: vec![],
-                    side: vec![],
+                    side,
                     refuse: true,
                     history: vec![],
                 }
@@ -1332,6 +1423,21 @@ mod tests {
                 "v1"
             };
             assert_eq!(c.content, want, "{}", c.id);
+        }
+        // Every supersession landed (the last one of a memory wins), beside
+        // the merges or after them.
+        let mut last: HashMap<usize, usize> = HashMap::new();
+        for i in (0..60).filter(|i| i % 5 != 4 && i % 3 == 2) {
+            last.insert(superseded(i), i);
+        }
+        for c in &rows {
+            let i: usize = c.id[2..].parse().unwrap();
+            let want = last.get(&i).map(|by| format!("id{by}"));
+            // A whole-row replacement (`v2`) since writes the lifecycle anew.
+            let replaced = i % 5 == 1 && i + 3 < 60;
+            if !replaced {
+                assert_eq!(c.superseded_by, want, "{}", c.id);
+            }
         }
         assert!(
             fragments(store.chunks_table()).await < 40,
@@ -1554,10 +1660,10 @@ mod tests {
         let eight = [&[second - 1][..], &[second; TIER_FAN - 1]].concat();
         let give_way = tokio::sync::Notify::new();
         give_way.notify_one();
-        let due = merge_in_tiers(table, 8, "stream", Reach::Every(Some(&give_way)));
+        let due = merge_in_tiers(table, 8, "stream", Reach::Every(Some(&give_way)), None);
         assert!(due.await.unwrap(), "the third tier is left due");
         assert_eq!(fragment_rows(table).await, eight);
-        let due = merge_in_tiers(table, 8, "stream", Reach::Second);
+        let due = merge_in_tiers(table, 8, "stream", Reach::Second, None);
         assert!(due.await.unwrap());
         assert_eq!(fragment_rows(table).await, eight);
         merge_fragments_in_tiers(table, 8, "stream").await.unwrap();

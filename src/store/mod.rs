@@ -3,6 +3,7 @@
 
 pub mod api_keys;
 mod bm25;
+mod claims;
 pub mod config;
 pub mod dead_letters;
 pub mod feedback;
@@ -1580,19 +1581,44 @@ pub(crate) async fn for_each_by_id<S: AsRef<str>>(
     columns: &[&str],
     mut each: impl FnMut(&crate::core::model::Columns, usize),
 ) -> Result<()> {
+    rows_by_id(table, ids, columns, false, |c, r, _| each(c, r)).await
+}
+
+/// [`for_each_by_id`], with the fragment each row lies in.
+pub(crate) async fn for_each_by_id_located<S: AsRef<str>>(
+    table: &Table,
+    ids: &[S],
+    columns: &[&str],
+    each: impl FnMut(&crate::core::model::Columns, usize, u64),
+) -> Result<()> {
+    rows_by_id(table, ids, columns, true, each).await
+}
+
+/// The rows with these ids, `columns` of each, and (`located`) the fragment
+/// each lies in (0 otherwise).
+async fn rows_by_id<S: AsRef<str>>(
+    table: &Table,
+    ids: &[S],
+    columns: &[&str],
+    located: bool,
+    mut each: impl FnMut(&crate::core::model::Columns, usize, u64),
+) -> Result<()> {
+    use arrow_array::cast::AsArray;
     for part in ids.chunks(1000) {
-        let batches: Vec<RecordBatch> = table
+        let query = table
             .query()
             .only_if(Filter::new().ids(part).predicate())
-            .select(Select::columns(columns))
-            .execute()
-            .await?
-            .try_collect()
-            .await?;
+            .select(Select::columns(columns));
+        let query = if located { query.with_row_id() } else { query };
+        let batches: Vec<RecordBatch> = query.execute().await?.try_collect().await?;
         for b in &batches {
             let c = crate::core::model::Columns::new(b);
+            let row_ids = b
+                .column_by_name("_rowid")
+                .and_then(|a| a.as_primitive_opt::<arrow_array::types::UInt64Type>());
             for r in 0..b.num_rows() {
-                each(&c, r);
+                let fragment = row_ids.map_or(0, |a| claims::fragment_of(a.value(r)));
+                each(&c, r, fragment);
             }
         }
     }

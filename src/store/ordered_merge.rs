@@ -181,6 +181,7 @@ pub(super) async fn merge_ordered(
     key: &str,
     tier: Tier,
     give_way: Option<&tokio::sync::Notify>,
+    claims: Option<&super::claims::Claims>,
 ) -> lancedb::Result<Option<usize>> {
     let Some(handle) = table.dataset() else {
         return Ok(Some(0));
@@ -188,11 +189,11 @@ pub(super) async fn merge_ordered(
     handle.ensure_mutable()?;
     let ds = handle.get().await?;
     let prepared = match give_way {
-        None => prepare(ds, key, tier).await?,
+        None => prepare(ds, key, tier, claims).await?,
         Some(notify) => tokio::select! {
             biased;
             _ = notify.notified() => return Ok(None),
-            prepared = prepare(ds, key, tier) => prepared?,
+            prepared = prepare(ds, key, tier, claims) => prepared?,
         },
     };
     let Some((reserved, swap, merged)) = prepared else {
@@ -210,10 +211,20 @@ async fn prepare(
     ds: Arc<Dataset>,
     key: &str,
     tier: Tier,
+    claims: Option<&super::claims::Claims>,
 ) -> lancedb::Result<Option<(Dataset, Transaction, usize)>> {
     let fragments = ds.manifest.fragments.as_ref().clone();
     let indices = ds.load_indices().await?;
-    let groups = plan_by_coverage(&fragments, &indices, tier);
+    let mut groups = plan_by_coverage(&fragments, &indices, tier);
+    if let Some(claims) = claims {
+        // Full fragments only: the newest (small) ones are never in a tier.
+        let none = std::collections::HashSet::new();
+        groups = claims.for_merge(
+            groups,
+            |g| g.iter().map(|&i| fragments[i].id).collect(),
+            &none,
+        );
+    }
     if groups.is_empty() {
         return Ok(None);
     }

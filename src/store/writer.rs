@@ -621,6 +621,9 @@ struct Merger {
     /// Set when the last merge left a tier above the second due (out of its
     /// reach, or given way): the writer climbs it once it rests.
     climb: Arc<std::sync::atomic::AtomicBool>,
+    /// The fragments the running merge takes and those the writer's
+    /// updates write: an update waits for the merge only where they meet.
+    claims: super::claims::Claims,
 }
 
 /// See [`Merger::rewrite`].
@@ -653,15 +656,23 @@ impl Merger {
         // A fresh signal each merge: one left from the last is not for this.
         self.give_way = Arc::default();
         let (give_way, climb) = (self.give_way.clone(), self.climb.clone());
+        let claims = self.claims.clone();
         self.running = Beside(Some(tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let (_rewrite, _gate) = (rewrite, gate);
+            let (_rewrite, _gate, _taken) = (rewrite, gate, claims.merge());
             let reach = if rested {
                 Reach::Every(Some(&give_way))
             } else {
                 Reach::Second
             };
-            let due = match merge_in_tiers(&table, target_rows, super::CHUNK_ORDER, reach).await {
+            let merged = merge_in_tiers(
+                &table,
+                target_rows,
+                super::CHUNK_ORDER,
+                reach,
+                Some(&claims),
+            );
+            let due = match merged.await {
                 Ok(due) => {
                     tracing::debug!(took = ?started.elapsed(), due, "chunk fragments merged");
                     due
@@ -689,6 +700,15 @@ impl Merger {
     /// Wait for the running merge, if any.
     async fn settle(&mut self) {
         self.running.settle("chunk fragment merge").await;
+    }
+
+    /// Take `fragments` for an update beside the running merge, if it has
+    /// taken none of them (see [`super::claims`]).
+    fn beside(
+        &self,
+        fragments: std::collections::HashSet<u64>,
+    ) -> Option<super::claims::WriteClaim> {
+        self.claims.for_write(fragments)
     }
 
     /// Have the running merge's higher tiers give way, then wait for it.
@@ -961,9 +981,11 @@ async fn write_chunks(
     let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
     let read_side = async {
         let mut now: HashMap<String, Lifecycle> = HashMap::new();
+        let mut fragments = std::collections::HashSet::new();
         if !ids.is_empty() {
             let columns = ["id", "stream", "updated_at", "extraction_meta"];
-            super::for_each_by_id(table, &ids, &columns, |c, r| {
+            super::for_each_by_id_located(table, &ids, &columns, |c, r, fragment| {
+                fragments.insert(fragment);
                 let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
                     return;
                 };
@@ -979,7 +1001,7 @@ async fn write_chunks(
             })
             .await?;
         }
-        Ok::<_, StoreError>(now)
+        Ok::<_, StoreError>((now, fragments))
     };
     let append = async {
         if !fresh.is_empty() {
@@ -988,7 +1010,7 @@ async fn write_chunks(
         Ok::<_, StoreError>(started.elapsed())
     };
     let (appended, current) = futures::join!(append, read_side);
-    let (appended, mut current) = (appended?, current?);
+    let (appended, (mut current, fragments)) = (appended?, current?);
     if rows.is_empty() && side.is_empty() {
         return Ok(fresh.len());
     }
@@ -1011,8 +1033,16 @@ async fn write_chunks(
     let changed: Vec<Lifecycle> = current.into_values().collect();
     let read = started.elapsed().saturating_sub(appended);
     // A merge rewrites rows, so it waits for the fragment merge (or has a
-    // merge above the second tier give way) and the access flush.
-    merger.give_way().await;
+    // merge above the second tier give way) and the access flush. Side
+    // effects alone, which write only the fragments their memories lie in,
+    // go on beside a merge that has not taken one of those.
+    let _beside = match rows.is_empty() {
+        true => merger.beside(fragments),
+        false => None,
+    };
+    if _beside.is_none() {
+        merger.give_way().await;
+    }
     toucher.settle().await;
     let settled = started.elapsed() - appended - read;
     if !changed.is_empty() {
