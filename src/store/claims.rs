@@ -40,22 +40,14 @@ impl Claims {
 
     /// For a merge: of `groups` (each rewritten as one, its old fragments'
     /// ids given by `ids`), those that touch no fragment an update is
-    /// writing and none of `spared`; their fragments are taken until the
-    /// merge's [`MergeClaim`] drops.
-    pub fn for_merge<G>(
-        &self,
-        groups: Vec<G>,
-        ids: impl Fn(&G) -> Vec<u64>,
-        spared: &HashSet<u64>,
-    ) -> Vec<G> {
+    /// writing; their fragments are taken until the merge's [`MergeClaim`]
+    /// drops.
+    pub fn for_merge<G>(&self, groups: Vec<G>, ids: impl Fn(&G) -> Vec<u64>) -> Vec<G> {
         let mut sets = self.sets();
         let mut kept = Vec::with_capacity(groups.len());
         for group in groups {
             let members = ids(&group);
-            if members
-                .iter()
-                .any(|f| spared.contains(f) || sets.writing.contains(f))
-            {
+            if members.iter().any(|f| sets.writing.contains(f)) {
                 continue;
             }
             sets.merging.extend(members);
@@ -149,20 +141,18 @@ mod tests {
     fn a_write_waits_only_for_fragments_the_merge_took() {
         let claims = Claims::default();
         let merge = claims.merge();
+        let written = claims.for_write(HashSet::from([5])).expect("no merge yet");
         let groups = vec![vec![1u64, 2], vec![3, 4], vec![5]];
-        let kept = claims.for_merge(groups, |g| g.clone(), &HashSet::from([5]));
+        let kept = claims.for_merge(groups, |g| g.clone());
         assert_eq!(kept, vec![vec![1, 2], vec![3, 4]]);
         assert!(claims.for_write(HashSet::from([2, 9])).is_none());
+        drop(written);
         let claim = claims.for_write(HashSet::from([5, 9])).expect("untaken");
         // A later phase of the merge leaves the written fragments out.
-        let kept = claims.for_merge(
-            vec![vec![9u64, 10], vec![11]],
-            |g| g.clone(),
-            &HashSet::new(),
-        );
+        let kept = claims.for_merge(vec![vec![9u64, 10], vec![11]], |g| g.clone());
         assert_eq!(kept, vec![vec![11]]);
         drop(claim);
-        let kept = claims.for_merge(vec![vec![9u64, 10]], |g| g.clone(), &HashSet::new());
+        let kept = claims.for_merge(vec![vec![9u64, 10]], |g| g.clone());
         assert_eq!(kept, vec![vec![9, 10]]);
         drop(merge);
         assert!(claims.for_write(HashSet::from([1, 2, 3, 9, 11])).is_some());

@@ -3,8 +3,10 @@
 //! and every read pays for each one. So:
 //!
 //! - the chunk writer merges small fragments every `compact_every_commits`
-//!   commits, beside its appends; its writes that replace or delete rows
-//!   wait for the merge (no write of its own meets it in a conflict);
+//!   commits, beside its appends and the side effects on fragments the
+//!   merge has not taken (`claims`); its other writes that replace or
+//!   delete rows wait for the merge (no write of its own meets it in a
+//!   conflict);
 //! - a maintainer task looks at every other table on an interval and merges
 //!   the small fragments of any that has gathered too many;
 //! - the `compact` job runs the full pass (merge into large fragments, fold new
@@ -153,11 +155,9 @@ async fn merge_small_fragments_claimed(
             let kept = t.fragments.len();
             (kept == before || kept >= 2).then_some(t)
         });
-        plan.tasks = claims.for_merge(
-            tasks.collect(),
-            |t| t.fragments.iter().map(|f| f.id).collect(),
-            &spared,
-        );
+        plan.tasks = claims.for_merge(tasks.collect(), |t| {
+            t.fragments.iter().map(|f| f.id).collect()
+        });
         if plan.tasks.is_empty() {
             return Ok(None);
         }

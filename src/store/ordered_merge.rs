@@ -217,13 +217,7 @@ async fn prepare(
     let indices = ds.load_indices().await?;
     let mut groups = plan_by_coverage(&fragments, &indices, tier);
     if let Some(claims) = claims {
-        // Full fragments only: the newest (small) ones are never in a tier.
-        let none = std::collections::HashSet::new();
-        groups = claims.for_merge(
-            groups,
-            |g| g.iter().map(|&i| fragments[i].id).collect(),
-            &none,
-        );
+        groups = claims.for_merge(groups, |g| g.iter().map(|&i| fragments[i].id).collect());
     }
     if groups.is_empty() {
         return Ok(None);

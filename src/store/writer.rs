@@ -603,7 +603,8 @@ async fn run(
 /// appends go on while it runs; anything that replaces or deletes rows
 /// (`merge_insert`, delete) could touch the fragments being rewritten, so
 /// it waits for the merge to finish ([`Merger::settle`]) and never meets a
-/// commit conflict from it.
+/// commit conflict from it, unless it is a batch's side effects alone on
+/// fragments the merge has not taken ([`Merger::beside`]).
 ///
 /// A merge the writer starts while it writes stops at the second tier. One
 /// started once it rests climbs every tier, and its merges above the second
@@ -1036,9 +1037,10 @@ async fn write_chunks(
     // merge above the second tier give way) and the access flush. Side
     // effects alone, which write only the fragments their memories lie in,
     // go on beside a merge that has not taken one of those.
-    let _beside = match rows.is_empty() {
-        true => merger.beside(fragments),
-        false => None,
+    let _beside = if rows.is_empty() {
+        merger.beside(fragments)
+    } else {
+        None
     };
     if _beside.is_none() {
         merger.give_way().await;
