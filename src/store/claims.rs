@@ -9,8 +9,9 @@
 //! whole merge: at a million rows a merge took 4–12 s (the rewrite, and the
 //! remap of every index covering the fragments) and the writer stood still
 //! behind it. The rows a batch supersedes are mostly recent ones, so a
-//! merge also spares the newest fragments ([`newest`]): they are left to
-//! the next merge rather than taken from under the next batch.
+//! merge made while the writer writes also spares the newest fragments
+//! ([`newest`]): they are left to the next merge rather than taken from
+//! under the next batch, and merged once the writer rests.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

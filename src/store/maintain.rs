@@ -123,41 +123,58 @@ fn merged(table: &Table, metrics: Option<lance::dataset::optimize::CompactionMet
 }
 
 /// [`merge_small_fragments`] beside the chunk writer's updates (see
-/// [`Claims`]): Lance's plan, less the newest fragments (up to
-/// `target_rows` rows of them) and the groups that hold a fragment an
-/// update is writing; the rest are taken before they are rewritten.
+/// [`Claims`]): Lance's plan, less the groups that hold a fragment an
+/// update is writing and, with `spare`, the newest fragments (up to
+/// `target_rows` rows of them); the rest are taken before they are
+/// rewritten. Whether it left out any fragment the plan would have merged
+/// (a merge once the writer rests should take them).
 async fn merge_small_fragments_claimed(
     table: &Table,
     target_rows: usize,
     claims: &Claims,
-) -> Result<()> {
+    spare: bool,
+) -> Result<bool> {
     let Some(handle) = table.dataset() else {
-        return merge_small_fragments(table, target_rows).await;
+        merge_small_fragments(table, target_rows).await?;
+        return Ok(false);
     };
+    let left = std::sync::atomic::AtomicBool::new(false);
     let metrics = retrying("compact", || async {
         handle.ensure_mutable()?;
         let mut ds = (*handle.get().await?).clone();
         let options = compaction(target_rows);
         let mut plan = lance::dataset::optimize::plan_compaction(&ds, &options).await?;
-        let spared = super::claims::newest(
-            ds.manifest
-                .fragments
-                .iter()
-                .map(|f| (f.id, super::ordered_merge::rows_of(f))),
-            target_rows,
-        );
+        let spared = match spare {
+            true => super::claims::newest(
+                ds.manifest
+                    .fragments
+                    .iter()
+                    .map(|f| (f.id, super::ordered_merge::rows_of(f))),
+                target_rows,
+            ),
+            false => Default::default(),
+        };
         // A group is a run of neighbouring fragments, so the newest are at
         // the end of the last: they are cut off it (a run left with one
         // fragment of several would merge nothing).
-        let tasks = plan.tasks.into_iter().filter_map(|mut t| {
-            let before = t.fragments.len();
-            t.fragments.retain(|f| !spared.contains(&f.id));
-            let kept = t.fragments.len();
-            (kept == before || kept >= 2).then_some(t)
-        });
-        plan.tasks = claims.for_merge(tasks.collect(), |t| {
-            t.fragments.iter().map(|f| f.id).collect()
-        });
+        let planned = plan.tasks.len();
+        let mut trimmed = false;
+        let tasks: Vec<_> = plan
+            .tasks
+            .into_iter()
+            .filter_map(|mut t| {
+                let before = t.fragments.len();
+                t.fragments.retain(|f| !spared.contains(&f.id));
+                let kept = t.fragments.len();
+                trimmed |= kept < before;
+                (kept == before || kept >= 2).then_some(t)
+            })
+            .collect();
+        plan.tasks = claims.for_merge(tasks, |t| t.fragments.iter().map(|f| f.id).collect());
+        left.store(
+            trimmed || plan.tasks.len() < planned,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         if plan.tasks.is_empty() {
             return Ok(None);
         }
@@ -177,7 +194,7 @@ async fn merge_small_fragments_claimed(
     })
     .await?;
     merged(table, metrics);
-    Ok(())
+    Ok(left.into_inner())
 }
 
 /// Full fragments of one tier that make one of the next.
@@ -224,9 +241,10 @@ pub(super) enum Reach<'a> {
 }
 
 /// [`merge_fragments_in_tiers`], as far up as `reach` says, beside the
-/// updates `claims` shares fragments with, if any; whether it left a tier
-/// above the second with enough full fragments to merge (out of reach, or
-/// given way).
+/// updates `claims` shares fragments with, if any; whether it left work for
+/// a merge once the writer rests: a tier above the second with enough full
+/// fragments to merge (out of reach, or given way), or small fragments it
+/// spared or an update held.
 pub(super) async fn merge_in_tiers(
     table: &Table,
     target_rows: usize,
@@ -234,10 +252,19 @@ pub(super) async fn merge_in_tiers(
     reach: Reach<'_>,
     claims: Option<&Claims>,
 ) -> Result<bool> {
-    match claims {
-        Some(claims) => merge_small_fragments_claimed(table, target_rows, claims).await?,
-        None => merge_small_fragments(table, target_rows).await?,
-    }
+    // While the writer writes, the newest fragments are spared (see
+    // `claims::newest`); what is left then is owed to a merge once it rests,
+    // which spares nothing: an idle store keeps no fragment unmerged.
+    let left = match claims {
+        Some(claims) => {
+            let spare = matches!(reach, Reach::Second);
+            merge_small_fragments_claimed(table, target_rows, claims, spare).await?
+        }
+        None => {
+            merge_small_fragments(table, target_rows).await?;
+            false
+        }
+    };
     let tiers = super::ordered_merge::tiers(target_rows, TIER_FAN, ORDERED_TIERS);
     let climb = match reach {
         Reach::Second => 1,
@@ -248,7 +275,7 @@ pub(super) async fn merge_in_tiers(
         // `None`: a table the merge cannot rewrite (one with stable row
         // ids, which loomem never creates).
         let Some(full) = super::ordered_merge::fragments_in_tier(table, *tier).await else {
-            return Ok(false);
+            return Ok(left);
         };
         if full < TIER_FAN {
             continue;
@@ -270,7 +297,7 @@ pub(super) async fn merge_in_tiers(
         };
         tracing::debug!(table = %table.name(), merged, tier = k + 2, "full fragments merged by {key}");
     }
-    Ok(false)
+    Ok(left)
 }
 
 /// Fold rows written since the last refresh into the table's indexes (the
@@ -1204,6 +1231,38 @@ mod tests {
             fragments(store.chunks_table()).await >= 12,
             "maintenance off merges nothing"
         );
+    }
+
+    /// The newest fragments a merge spares while the writer writes are
+    /// merged once it rests: an idle store is left in one fragment.
+    #[tokio::test]
+    async fn a_resting_writer_merges_the_fragments_it_spared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = Maintenance {
+            compact_every_commits: 8,
+            ..Maintenance::off()
+        };
+        let store = open(tmp.path(), m).await;
+        // Merges fall due every eight commits, the last with the 40th.
+        commit_one_by_one(&store, 40).await;
+        let handle = store.chunks_table().dataset().unwrap();
+        // A refresh of the indexes, then a merge, each after the writer's
+        // quiet interval.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            // The writer's merges commit through a handle of their own.
+            handle.reload().await.unwrap();
+            let counts = fragment_rows(store.chunks_table()).await;
+            if counts == [40] {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still unmerged at rest: {counts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(store.count(&crate::store::Filter::new()).await.unwrap(), 40);
     }
 
     /// A store whose writer merges after every two commits, into fragments

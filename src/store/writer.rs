@@ -619,8 +619,9 @@ struct Merger {
     rewrite: Rewrite,
     /// Notified to have the running merge's higher tiers give way.
     give_way: Arc<tokio::sync::Notify>,
-    /// Set when the last merge left a tier above the second due (out of its
-    /// reach, or given way): the writer climbs it once it rests.
+    /// Set when the last merge left work for a merge at rest: a tier above
+    /// the second due (out of its reach, or given way), or small fragments
+    /// it spared or an update held. The writer does it once it rests.
     climb: Arc<std::sync::atomic::AtomicBool>,
     /// The fragments the running merge takes and those the writer's
     /// updates write: an update waits for the merge only where they meet.
@@ -693,7 +694,7 @@ impl Merger {
         self.running.busy()
     }
 
-    /// Whether the last merge left a tier above the second to climb.
+    /// Whether the last merge left work for a merge at rest.
     fn climb_owed(&self) -> bool {
         self.climb.load(std::sync::atomic::Ordering::Relaxed)
     }
