@@ -1207,15 +1207,22 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_writer_merges_small_fragments_as_it_commits() {
-        let tmp = tempfile::tempdir().unwrap();
+    /// A store whose writer merges every eight commits, after 40 commits of
+    /// one memory each (merges fall due with the 8th, …, the 40th).
+    async fn forty_commits_merged_every_eight(dir: &std::path::Path) -> Store {
         let m = Maintenance {
             compact_every_commits: 8,
             ..Maintenance::off()
         };
-        let store = open(tmp.path(), m).await;
+        let store = open(dir, m).await;
         commit_one_by_one(&store, 40).await;
+        store
+    }
+
+    #[tokio::test]
+    async fn the_writer_merges_small_fragments_as_it_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = forty_commits_merged_every_eight(tmp.path()).await;
         // The merged fragment, the newest ones a merge spares (a write is
         // likeliest to replace their rows next, see `claims::newest`) and at
         // most one interval of fresh ones (the last merge may still be
@@ -1238,13 +1245,7 @@ mod tests {
     #[tokio::test]
     async fn a_resting_writer_merges_the_fragments_it_spared() {
         let tmp = tempfile::tempdir().unwrap();
-        let m = Maintenance {
-            compact_every_commits: 8,
-            ..Maintenance::off()
-        };
-        let store = open(tmp.path(), m).await;
-        // Merges fall due every eight commits, the last with the 40th.
-        commit_one_by_one(&store, 40).await;
+        let store = forty_commits_merged_every_eight(tmp.path()).await;
         let handle = store.chunks_table().dataset().unwrap();
         // A refresh of the indexes, then a merge, each after the writer's
         // quiet interval.
