@@ -138,21 +138,21 @@ async fn merge_small_fragments_claimed(
         merge_small_fragments(table, target_rows).await?;
         return Ok(false);
     };
-    let left = std::sync::atomic::AtomicBool::new(false);
-    let metrics = retrying("compact", || async {
+    let (metrics, left) = retrying("compact", || async {
         handle.ensure_mutable()?;
         let mut ds = (*handle.get().await?).clone();
         let options = compaction(target_rows);
         let mut plan = lance::dataset::optimize::plan_compaction(&ds, &options).await?;
-        let spared = match spare {
-            true => super::claims::newest(
+        let spared = if spare {
+            super::claims::newest(
                 ds.manifest
                     .fragments
                     .iter()
                     .map(|f| (f.id, super::ordered_merge::rows_of(f))),
                 target_rows,
-            ),
-            false => Default::default(),
+            )
+        } else {
+            Default::default()
         };
         // A group is a run of neighbouring fragments, so the newest are at
         // the end of the last: they are cut off it (a run left with one
@@ -171,12 +171,9 @@ async fn merge_small_fragments_claimed(
             })
             .collect();
         plan.tasks = claims.for_merge(tasks, |t| t.fragments.iter().map(|f| f.id).collect());
-        left.store(
-            trimmed || plan.tasks.len() < planned,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let left = trimmed || plan.tasks.len() < planned;
         if plan.tasks.is_empty() {
-            return Ok(None);
+            return Ok((None, left));
         }
         // One group at a time: the merge runs beside the writer, and a
         // burst over every core would only hold up its commits.
@@ -190,11 +187,11 @@ async fn merge_small_fragments_claimed(
             lance::dataset::optimize::commit_compaction(&mut ds, rewritten, remap, &options)
                 .await?;
         handle.update(ds);
-        Ok(Some(metrics))
+        Ok((Some(metrics), left))
     })
     .await?;
     merged(table, metrics);
-    Ok(left.into_inner())
+    Ok(left)
 }
 
 /// Full fragments of one tier that make one of the next.
