@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use super::bm25::{free_each, Id, Map, TextIndex};
 use super::filter::Cond;
-use super::writer::Lifecycle;
 use crate::core::model::{Chunk, Micros};
 use crate::core::vector::{dot, dot_f16, dot_i8_rows, l2_normalize, quantize_i8, widen};
 use half::f16;
@@ -273,22 +272,6 @@ impl StreamIndex {
             }
             None => false,
         }
-    }
-
-    /// A side effect's lifecycle fields on a memory held here (its vector
-    /// kept); a memory the index does not hold is left alone.
-    pub fn relife(&mut self, change: &Lifecycle) {
-        let Some(doc) = self.docs.get(change.id.as_str()) else {
-            return;
-        };
-        let mut chunk = Chunk::clone(doc);
-        change.apply_to(&mut chunk);
-        let vector = self.vector(&change.id);
-        self.apply(Row {
-            meta: Meta::of(&chunk),
-            chunk: Arc::new(chunk),
-            vector,
-        });
     }
 
     /// Insert or replace a memory.
@@ -964,16 +947,6 @@ impl HotIndex {
         if !loading.is_empty() {
             self.invalidate(Some(&loading));
         }
-    }
-
-    /// Side effects' lifecycle fields written to the table: a held stream
-    /// takes them in place; a stream being loaded may have read the rows
-    /// before, so its load is dropped (read again next time).
-    pub(super) fn relife(&self, changes: &[Lifecycle]) {
-        self.in_place(
-            changes.iter().map(|c| (c.stream.as_str(), c)),
-            |index, c| index.relife(c),
-        );
     }
 
     /// Rows of `streams` (None: of any stream) went that are not known one

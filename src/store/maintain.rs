@@ -64,7 +64,7 @@ impl Maintenance {
 const ATTEMPTS: u32 = 5;
 
 /// True for the errors Lance asks to retry: a concurrent commit won.
-fn is_conflict(e: &lancedb::Error) -> bool {
+pub(super) fn is_conflict(e: &lancedb::Error) -> bool {
     let text = e.to_string().to_lowercase();
     text.contains("conflict") || text.contains("retryable")
 }

@@ -331,38 +331,18 @@ impl Sink {
         Ok(rows.len())
     }
 
-    /// Write side effects' lifecycle columns onto stored memories: a
-    /// `merge_insert` whose rows hold only those columns updates them in
-    /// place, where whole rows rewrote each superseded memory's text and
-    /// vector. The hot index changes the same fields of the rows it holds.
-    /// `meta_changed`: some row's `extraction_meta` differs from the stored
-    /// one. Otherwise that column is not written: Lance patches a column
-    /// for every row of each fragment a patched row sits in, and this column
-    /// (a JSON text a memory) is most of the bytes (a supersession changes
-    /// only the three lifecycle fields).
-    async fn relife(&self, rows: &[Lifecycle], meta_changed: bool) -> Result<()> {
-        use arrow_array::{ArrayRef, StringArray, TimestampMicrosecondArray};
-        let mut names = vec!["id", "superseded_by", "valid_until", "updated_at"];
-        let mut columns: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.id))),
-            Arc::new(StringArray::from_iter(
-                rows.iter().map(|r| r.superseded_by.as_deref()),
-            )),
-            Arc::new(TimestampMicrosecondArray::from_iter(
-                rows.iter().map(|r| r.valid_until),
-            )),
-            Arc::new(TimestampMicrosecondArray::from_iter_values(
-                rows.iter().map(|r| r.updated_at),
-            )),
-        ];
-        if meta_changed {
-            names.push("extraction_meta");
-            columns.push(Arc::new(StringArray::from_iter(
-                rows.iter().map(|r| r.extraction_meta.as_deref()),
-            )));
+    /// Append rows, among them the new versions of the stored rows at
+    /// `replaced` (row addresses), which the same commit deletes (see
+    /// [`super::append_replacing`]).
+    async fn append_replacing(&self, rows: &[Chunk], replaced: &[u64]) -> Result<()> {
+        if replaced.is_empty() {
+            return self.append(rows).await;
         }
-        self.merge_columns(&names, columns).await?;
-        self.hot.relife(rows);
+        super::check_vectors(rows)?;
+        self.known.add(rows.iter().map(|c| c.id.as_str()));
+        let batch = crate::core::model::chunks_to_batch(rows, self.dim)?;
+        super::append_replacing(&self.table, batch, replaced).await?;
+        self.hot.apply(rows);
         Ok(())
     }
 
@@ -958,7 +938,6 @@ async fn write_chunks(
     merger: &mut Merger,
     toucher: &mut Toucher,
 ) -> Result<usize> {
-    let table = &sink.table;
     // Rows whose id nothing stores are appended with `fresh`: of an id the
     // batch repeats, the last (a merge on `id` kept the same one), and a side
     // effect on one of them gives way to its own row, the record's final
@@ -966,7 +945,6 @@ async fn write_chunks(
     let (new, rows): (Vec<Chunk>, Vec<Chunk>) =
         rows.into_iter().partition(|c| !owners.contains_key(&c.id));
     let new = last_of_each(new);
-    let started = std::time::Instant::now();
     let side: Vec<Chunk> = {
         let own: std::collections::HashSet<&str> =
             rows.iter().chain(&new).map(|c| c.id.as_str()).collect();
@@ -975,98 +953,146 @@ async fn write_chunks(
             .collect()
     };
     fresh.extend(new);
-    // The memories the side effects change are read while the new rows are
-    // appended: none of them is among those rows (a side effect on one of
-    // them went above), so the read finds the same rows before or after the
-    // append. Only the fields a side effect is rebased on are read (see
-    // `rebase`).
-    let ids: Vec<String> = side.iter().map(|c| c.id.clone()).collect();
-    let read_side = async {
-        let mut now: HashMap<String, Lifecycle> = HashMap::new();
-        let mut fragments = std::collections::HashSet::new();
-        if !ids.is_empty() {
-            let columns = ["id", "stream", "updated_at", "extraction_meta"];
-            super::for_each_by_id_located(table, &ids, &columns, |c, r, fragment| {
-                fragments.insert(fragment);
-                let (Some(id), Some(stream)) = (c.str("id", r), c.str("stream", r)) else {
-                    return;
-                };
-                let stored = Lifecycle {
-                    id: id.clone(),
-                    stream,
-                    superseded_by: None,
-                    valid_until: None,
-                    updated_at: c.time("updated_at", r).unwrap_or(0),
-                    extraction_meta: c.str("extraction_meta", r),
-                };
-                now.insert(id, stored);
-            })
-            .await?;
+    let appended = fresh.len();
+    let mut attempt = 0;
+    let (moved, timings) = loop {
+        attempt += 1;
+        match write_fresh_and_moved(sink, &fresh, &side, rows.is_empty(), merger, toucher).await {
+            Err(StoreError::Lance(e))
+                if attempt < MOVE_ATTEMPTS && super::maintain::is_conflict(&e) =>
+            {
+                tracing::debug!(attempt, error = %e, "a batch's moves conflicted; reading again");
+            }
+            done => break done?,
         }
-        Ok::<_, StoreError>((now, fragments))
     };
-    let append = async {
-        if !fresh.is_empty() {
-            sink.append(&fresh).await?;
-        }
-        Ok::<_, StoreError>(started.elapsed())
-    };
-    let (appended, current) = futures::join!(append, read_side);
-    let (appended, (mut current, fragments)) = (appended?, current?);
-    if rows.is_empty() && side.is_empty() {
-        return Ok(fresh.len());
+    if !rows.is_empty() {
+        // A merge rewrites rows, so it waits for the fragment merge (or has a
+        // merge above the second tier give way) and the access flush.
+        merger.give_way().await;
+        toucher.settle().await;
+        sink.commit(rows.iter()).await?;
     }
-    // A side effect on a stored memory writes its lifecycle columns alone,
-    // several on one memory (two updates of a batch superseding it) one
-    // after the other; one on a memory no longer stored is dropped.
-    // Every memory read is one a side effect names.
+    tracing::debug!(
+        read = ?timings.read,
+        settled = ?timings.settled,
+        written = ?timings.written,
+        merged = ?timings.started.elapsed().saturating_sub(timings.written),
+        appended_rows = appended,
+        moved_rows = moved.written,
+        merged_rows = rows.len(),
+        side_effects_on_deleted = moved.gone,
+        attempts = attempt,
+        "batch commit phases"
+    );
+    Ok(appended + rows.len() + moved.written)
+}
+
+/// Attempts at a batch's write of its new rows and its side effects' moved
+/// memories, when a concurrent commit rewrote one of their fragments.
+const MOVE_ATTEMPTS: u32 = 4;
+
+/// What [`write_fresh_and_moved`] wrote of the side effects: the memories
+/// it moved, and the side effects dropped (their memory no longer stored).
+struct Moved {
+    written: usize,
+    gone: usize,
+}
+
+/// When [`write_fresh_and_moved`]'s phases ended.
+struct Timings {
+    started: std::time::Instant,
+    read: std::time::Duration,
+    settled: std::time::Duration,
+    written: std::time::Duration,
+}
+
+/// Append a batch's new rows and, in the same commit, the stored memories
+/// its side effects change, moved whole from their fragments
+/// ([`super::append_replacing`]). `alone`: the batch merges no rows
+/// after this write, so it may go on beside a merge (see
+/// [`Merger::beside`]).
+async fn write_fresh_and_moved(
+    sink: &Sink,
+    fresh: &[Chunk],
+    side: &[Chunk],
+    alone: bool,
+    merger: &mut Merger,
+    toucher: &mut Toucher,
+) -> Result<(Moved, Timings)> {
+    let started = std::time::Instant::now();
+    // The memories the side effects change, whole, with where they lie.
+    // None of them is among the new rows (a side effect on one of them gave
+    // way to its own row, the record's final form, see `write::plan`).
+    let ids: Vec<&str> = side.iter().map(|c| c.id.as_str()).collect();
+    let mut stored: HashMap<String, (Chunk, u64)> = if ids.is_empty() {
+        HashMap::new()
+    } else {
+        super::chunks_by_id_located(&sink.table, &ids)
+            .await?
+            .into_iter()
+            .map(|(c, at)| (c.id.clone(), (c, at)))
+            .collect()
+    };
+    let read = started.elapsed();
+    // Side effects on one stored memory fold onto it one after the other
+    // (two updates of a batch superseding it); one on a memory no longer
+    // stored is dropped.
     let mut gone = 0;
-    let mut meta_changed = false;
+    let mut changed: Vec<String> = Vec::new();
     for s in side {
-        match current.remove(&s.id) {
-            Some(now) => {
-                let (after, changed) = rebase(now, s);
-                meta_changed |= changed;
-                current.insert(after.id.clone(), after);
+        match stored.get_mut(&s.id) {
+            Some((now, _)) => {
+                rebase(now, s);
+                if !changed.contains(&s.id) {
+                    changed.push(s.id.clone());
+                }
             }
             None => gone += 1,
         }
     }
-    let changed: Vec<Lifecycle> = current.into_values().collect();
-    let read = started.elapsed().saturating_sub(appended);
-    // A merge rewrites rows, so it waits for the fragment merge (or has a
-    // merge above the second tier give way) and the access flush. Side
-    // effects alone, which write only the fragments their memories lie in,
-    // go on beside a merge that has not taken one of those.
-    let _beside = if rows.is_empty() {
-        merger.beside(fragments)
-    } else {
+    let (moved, replaced): (Vec<Chunk>, Vec<u64>) =
+        changed.iter().filter_map(|id| stored.remove(id)).unzip();
+    // Moving stored rows writes their fragments' deletions, so it waits for
+    // a merge that has taken one of those fragments (or has a merge above
+    // the second tier give way), and for the access flush; beside a merge
+    // that has not taken any, it goes on.
+    let _beside = if moved.is_empty() {
         None
+    } else {
+        let fragments = replaced
+            .iter()
+            .map(|&a| super::claims::fragment_of(a))
+            .collect();
+        let beside = if alone {
+            merger.beside(fragments)
+        } else {
+            None
+        };
+        if beside.is_none() {
+            merger.give_way().await;
+        }
+        toucher.settle().await;
+        beside
     };
-    if _beside.is_none() {
-        merger.give_way().await;
+    let settled = started.elapsed();
+    if !fresh.is_empty() || !moved.is_empty() {
+        let rows: Vec<Chunk> = fresh.iter().chain(&moved).cloned().collect();
+        sink.append_replacing(&rows, &replaced).await?;
     }
-    toucher.settle().await;
-    let settled = started.elapsed() - appended - read;
-    if !changed.is_empty() {
-        sink.relife(&changed, meta_changed).await?;
-    }
-    if !rows.is_empty() {
-        sink.commit(rows.iter()).await?;
-    }
-    tracing::debug!(
-        ?appended,
-        ?read,
-        ?settled,
-        merged = ?started.elapsed() - appended - read - settled,
-        appended_rows = fresh.len(),
-        merged_rows = rows.len(),
-        changed_rows = changed.len(),
-        meta_changed,
-        side_effects_on_deleted = gone,
-        "batch commit phases"
-    );
-    Ok(fresh.len() + rows.len() + changed.len())
+    let timings = Timings {
+        started,
+        read,
+        settled,
+        written: started.elapsed(),
+    };
+    Ok((
+        Moved {
+            written: moved.len(),
+            gone,
+        },
+        timings,
+    ))
 }
 
 /// The last row of each id, in the order the ids first appear.
@@ -1085,34 +1111,12 @@ fn last_of_each(rows: Vec<Chunk>) -> Vec<Chunk> {
     out
 }
 
-/// What a side effect changes on a stored memory: its lifecycle fields and
-/// its `extraction_meta`, written alone ([`Sink::relife`]) so the rest of the
-/// row (text, vector, entities) is neither read nor written again.
-#[derive(Debug, Clone)]
-pub(super) struct Lifecycle {
-    pub id: String,
-    pub stream: String,
-    pub superseded_by: Option<String>,
-    pub valid_until: Option<crate::core::model::Micros>,
-    pub updated_at: crate::core::model::Micros,
-    pub extraction_meta: Option<String>,
-}
-
-impl Lifecycle {
-    /// These fields on a memory's row.
-    pub fn apply_to(&self, c: &mut Chunk) {
-        c.superseded_by = self.superseded_by.clone();
-        c.valid_until = self.valid_until;
-        c.updated_at = self.updated_at;
-        c.extraction_meta = self.extraction_meta.clone();
-    }
-}
-
-/// `side`'s lifecycle fields and `extraction_meta` keys on top of the
-/// stored memory's (`now`: its `updated_at` and `extraction_meta`), and
-/// whether its `extraction_meta` changed.
-fn rebase(mut now: Lifecycle, side: Chunk) -> (Lifecycle, bool) {
-    now.superseded_by = side.superseded_by;
+/// A side effect's lifecycle fields and `extraction_meta` keys on top of
+/// the stored memory `now`: the rest of the row (text, vector, entities)
+/// stays as stored (the side effect's copy may be one without its vector,
+/// from the hot index).
+fn rebase(now: &mut Chunk, side: &Chunk) {
+    now.superseded_by = side.superseded_by.clone();
     now.valid_until = side.valid_until;
     now.updated_at = now.updated_at.max(side.updated_at);
     let parse = |m: &Option<String>| {
@@ -1120,29 +1124,16 @@ fn rebase(mut now: Lifecycle, side: Chunk) -> (Lifecycle, bool) {
             .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .filter(serde_json::Value::is_object)
     };
-    let mut changed = false;
     match (parse(&now.extraction_meta), parse(&side.extraction_meta)) {
         (Some(mut merged), Some(serde_json::Value::Object(theirs))) => {
-            // Rewritten only when a key changes: a supersession copies the
-            // stored keys back, and an unchanged text keeps `relife` from
-            // writing the column.
             for (k, v) in theirs {
-                if merged.get(&k) != Some(&v) {
-                    merged[k] = v;
-                    changed = true;
-                }
+                merged[k] = v;
             }
-            if changed {
-                now.extraction_meta = Some(merged.to_string());
-            }
+            now.extraction_meta = Some(merged.to_string());
         }
-        (None, Some(_)) => {
-            changed = now.extraction_meta != side.extraction_meta;
-            now.extraction_meta = side.extraction_meta;
-        }
+        (None, Some(_)) => now.extraction_meta = side.extraction_meta.clone(),
         _ => {}
     }
-    (now, changed)
 }
 
 #[cfg(test)]
@@ -1668,6 +1659,98 @@ mod tests {
         );
         assert_eq!(stored.embedding.as_deref(), Some(&[0.5f32; 8][..]));
         assert_eq!(store.count(&Filter::new()).await.unwrap(), 3);
+    }
+
+    /// A batch's new rows and the stored memories its side effects change
+    /// go out in one commit: the changed memories move, whole, to the
+    /// batch's fragment and their old rows are deleted; the fragments they
+    /// lay in keep their data files (no column patch covering their rows).
+    #[tokio::test]
+    async fn side_effects_move_their_memories_in_the_batchs_commit() {
+        use crate::store::maintain::Maintenance;
+        let tmp = tempfile::tempdir().unwrap();
+        let location = crate::store::Location::local(tmp.path());
+        let store = Store::open_with(&location, 8, 100, None, Maintenance::off())
+            .await
+            .unwrap();
+        let stored: Vec<Chunk> = (0..500)
+            .map(|i| {
+                let mut c = Chunk::new(format!("m{i}"), "s".into(), format!("memory {i}"), 1);
+                c.embedding = Some(vec![i as f32; 8]);
+                c
+            })
+            .collect();
+        store
+            .commit_with_side_effects(stored.clone(), vec![])
+            .await
+            .unwrap();
+        let table = store.chunks_table();
+        let files = |manifest: &lance::table::format::Manifest| {
+            let f = &manifest.fragments[0];
+            (f.files.len(), f.deletion_file.is_some())
+        };
+        let before = table.as_native().unwrap().manifest().await.unwrap();
+        assert_eq!((before.fragments.len(), files(&before)), (1, (1, false)));
+        let superseded = ["m7", "m300"].map(|id| {
+            let c = stored.iter().find(|c| c.id == id).unwrap();
+            Chunk {
+                embedding: None,
+                superseded_by: Some("new".into()),
+                valid_until: Some(5),
+                ..c.clone()
+            }
+        });
+        let new =
+            ["new", "other"].map(|id| Chunk::new(id.into(), "s".into(), format!("{id} fact"), 5));
+        store
+            .commit_with_side_effects(new.to_vec(), superseded.to_vec())
+            .await
+            .unwrap();
+        let after = table.as_native().unwrap().manifest().await.unwrap();
+        // The table's commits since, index builds aside: one update.
+        let ds = table.dataset().unwrap().get().await.unwrap();
+        let mut writes = Vec::new();
+        for v in before.version + 1..=after.version {
+            let t = ds.read_transaction_by_version(v).await.unwrap().unwrap();
+            if !matches!(
+                t.operation,
+                lance::dataset::transaction::Operation::CreateIndex { .. }
+            ) {
+                writes.push(t.operation.to_string());
+            }
+        }
+        assert_eq!(writes, vec!["Update".to_string()], "one commit");
+        assert_eq!(
+            files(&after),
+            (1, true),
+            "the old fragment: its file and a deletion"
+        );
+        let rows: Vec<usize> = after
+            .fragments
+            .iter()
+            .map(|f| f.num_rows().unwrap())
+            .collect();
+        assert_eq!(rows, vec![498, 4], "two moved, two new");
+        assert_eq!(
+            store.count(&crate::store::Filter::new()).await.unwrap(),
+            502
+        );
+        for id in ["m7", "m300"] {
+            let got = store
+                .find(&crate::store::Filter::new().id(id), None)
+                .await
+                .unwrap();
+            assert_eq!(got.len(), 1, "{id} is stored once");
+            assert_eq!(got[0].superseded_by.as_deref(), Some("new"));
+            assert_eq!(got[0].valid_until, Some(5));
+            let n: usize = id[1..].parse().unwrap();
+            assert_eq!(
+                got[0].embedding.as_deref(),
+                Some(&[n as f32; 8][..]),
+                "{id} keeps its vector"
+            );
+            assert_eq!(got[0].content, format!("memory {n}"));
+        }
     }
 
     #[tokio::test]
