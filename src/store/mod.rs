@@ -16,6 +16,7 @@ pub mod job_runs;
 pub mod llm_calls;
 pub mod location;
 pub mod maintain;
+mod moving;
 pub mod oauth;
 mod ordered_merge;
 pub mod relations;
@@ -1600,41 +1601,6 @@ pub(crate) async fn for_each_by_id<S: AsRef<str>>(
     Ok(())
 }
 
-/// The whole rows (embedding included) with these ids, each with its
-/// address (its `_rowid`: loomem's tables have no stable row ids, so a row
-/// id is the row's address, see [`claims::fragment_of`]).
-pub(crate) async fn chunks_by_id_located<S: AsRef<str>>(
-    table: &Table,
-    ids: &[S],
-) -> Result<Vec<(Chunk, u64)>> {
-    use arrow_array::cast::AsArray;
-    let mut out = Vec::with_capacity(ids.len());
-    for part in ids.chunks(1000) {
-        let query = table
-            .query()
-            .only_if(Filter::new().ids(part).predicate())
-            .with_row_id();
-        let batches: Vec<RecordBatch> = query.execute().await?.try_collect().await?;
-        for b in &batches {
-            let Some(addresses) = b
-                .column_by_name("_rowid")
-                .and_then(|a| a.as_primitive_opt::<arrow_array::types::UInt64Type>())
-            else {
-                return Err(lancedb::Error::Runtime {
-                    message: "a read by id returned no row ids".into(),
-                }
-                .into());
-            };
-            out.extend(
-                batch_to_chunks(b)?
-                    .into_iter()
-                    .zip(addresses.values().iter().copied()),
-            );
-        }
-    }
-    Ok(out)
-}
-
 /// How many rows of `table` match a filter.
 pub async fn count_where(table: &Table, filter: &Filter) -> Result<usize> {
     Ok(table.count_rows(filter.sql()).await?)
@@ -1758,7 +1724,7 @@ pub(crate) async fn append_batch(table: &Table, batch: RecordBatch) -> Result<()
 
 /// Whether a batch of this schema is in `dataset`'s own (names, types,
 /// nullability), so Lance writes it as it is, with no cast.
-fn in_schema_of(dataset: &lance::Dataset, schema: &arrow_schema::Schema) -> bool {
+pub(super) fn in_schema_of(dataset: &lance::Dataset, schema: &arrow_schema::Schema) -> bool {
     let stored = arrow_schema::Schema::from(dataset.schema());
     stored.fields().len() == schema.fields().len()
         && stored.fields().iter().zip(schema.fields()).all(|(a, b)| {
@@ -1766,111 +1732,6 @@ fn in_schema_of(dataset: &lance::Dataset, schema: &arrow_schema::Schema) -> bool
                 && a.data_type() == b.data_type()
                 && a.is_nullable() == b.is_nullable()
         })
-}
-
-/// Append `batch` and delete the rows at `replaced` (row addresses) in one
-/// commit, where `batch` holds the replaced rows' new versions among new
-/// rows: the `Update` a full-row `merge_insert` commits (the replaced rows
-/// move to the new fragment, their old places are deleted), without its
-/// join and its index probe, since the caller read the addresses.
-///
-/// A side effect changes a few stored memories a batch (supersessions),
-/// which lie in fragments of many rows. Lance's column patch (a
-/// partial-schema `merge_insert`) rewrote the patched columns for every
-/// row of each such fragment, and committed apart from the batch's
-/// append: 37% of the writer's time in a 1M-record import, for 0.6% of
-/// its rows (README, **Where the 1M import's writer time goes, by phase**).
-/// Here a supersession costs its own row and a deletion file.
-///
-/// A concurrent commit that rewrote or deleted from one of the replaced
-/// rows' fragments fails this one as a retryable conflict: the caller reads
-/// the addresses again.
-pub(crate) async fn append_replacing(
-    table: &Table,
-    batch: RecordBatch,
-    replaced: &[u64],
-) -> Result<()> {
-    use lance::dataset::transaction::{Operation, Transaction, UpdateMode};
-    use lance::dataset::{CommitBuilder, InsertBuilder, WriteMode, WriteParams};
-    if replaced.is_empty() {
-        return append_batch(table, batch).await;
-    }
-    let runtime = |message: String| StoreError::Lance(lancedb::Error::Runtime { message });
-    let handle = table
-        .dataset()
-        .ok_or_else(|| runtime("the chunk table is not a local Lance dataset".into()))?;
-    handle.ensure_mutable()?;
-    let ds = handle.get().await?;
-    if !in_schema_of(&ds, &batch.schema()) {
-        return Err(runtime(
-            "a replacing append is not in the table's schema".into(),
-        ));
-    }
-    let params = WriteParams {
-        mode: WriteMode::Append,
-        ..Default::default()
-    };
-    let written = InsertBuilder::new(ds.clone())
-        .with_params(&params)
-        .execute_uncommitted(vec![batch])
-        .await
-        .map_err(lancedb::Error::from)?;
-    let Operation::Append {
-        fragments: new_fragments,
-    } = written.operation
-    else {
-        return Err(runtime(
-            "an uncommitted append did not return fragments".into(),
-        ));
-    };
-    let mut by_fragment: std::collections::BTreeMap<u64, Vec<u32>> = Default::default();
-    for &address in replaced {
-        by_fragment
-            .entry(claims::fragment_of(address))
-            .or_default()
-            .push(address as u32);
-    }
-    let (mut updated_fragments, mut removed_fragment_ids) = (Vec::new(), Vec::new());
-    for (id, offsets) in by_fragment {
-        let Some(fragment) = ds.get_fragment(id as usize) else {
-            // Rewritten since the read: the caller reads again.
-            return Err(StoreError::Lance(lancedb::Error::Runtime {
-                message: format!("retryable conflict: fragment {id} is gone"),
-            }));
-        };
-        match fragment
-            .extend_deletions(offsets)
-            .await
-            .map_err(lancedb::Error::from)?
-        {
-            Some(f) => updated_fragments.push(f.metadata().clone()),
-            None => removed_fragment_ids.push(id),
-        }
-    }
-    let update = Operation::Update {
-        removed_fragment_ids,
-        updated_fragments,
-        new_fragments,
-        fields_modified: vec![],
-        compacted_sstables: vec![],
-        // Every field: no index may take the moved rows' new fragment as
-        // covered (see Lance's full-row merge_insert, which does the same).
-        fields_for_preserving_frag_bitmap: ds
-            .schema()
-            .fields_pre_order()
-            .map(|f| f.id as u32)
-            .collect(),
-        update_mode: Some(UpdateMode::RewriteRows),
-        inserted_rows_filter: None,
-        updated_fragment_offsets: None,
-    };
-    let transaction = Transaction::new(ds.manifest.version, update, None);
-    let committed = CommitBuilder::new(ds.clone())
-        .execute(transaction)
-        .await
-        .map_err(lancedb::Error::from)?;
-    handle.update(committed);
-    Ok(())
 }
 
 /// The vectors of the streams the hot index holds, read-locked (see

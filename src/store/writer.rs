@@ -331,21 +331,6 @@ impl Sink {
         Ok(rows.len())
     }
 
-    /// Append rows, among them the new versions of the stored rows at
-    /// `replaced` (row addresses), which the same commit deletes (see
-    /// [`super::append_replacing`]).
-    async fn append_replacing(&self, rows: &[Chunk], replaced: &[u64]) -> Result<()> {
-        if replaced.is_empty() {
-            return self.append(rows).await;
-        }
-        super::check_vectors(rows)?;
-        self.known.add(rows.iter().map(|c| c.id.as_str()));
-        let batch = crate::core::model::chunks_to_batch(rows, self.dim)?;
-        super::append_replacing(&self.table, batch, replaced).await?;
-        self.hot.apply(rows);
-        Ok(())
-    }
-
     /// Update these columns (`id` first) of the stored rows with these ids;
     /// ids no row has are left out.
     async fn merge_columns(
@@ -1009,9 +994,9 @@ struct Timings {
 
 /// Append a batch's new rows and, in the same commit, the stored memories
 /// its side effects change, moved whole from their fragments
-/// ([`super::append_replacing`]). `alone`: the batch merges no rows
-/// after this write, so it may go on beside a merge (see
-/// [`Merger::beside`]).
+/// ([`super::moving`]); the new rows are written while those memories are
+/// read. `alone`: the batch merges no rows after this write, so it may go
+/// on beside a merge (see [`Merger::beside`]).
 async fn write_fresh_and_moved(
     sink: &Sink,
     fresh: &[Chunk],
@@ -1021,43 +1006,77 @@ async fn write_fresh_and_moved(
     toucher: &mut Toucher,
 ) -> Result<(Moved, Timings)> {
     let started = std::time::Instant::now();
+    let zero = std::time::Duration::ZERO;
+    if side.is_empty() {
+        if !fresh.is_empty() {
+            sink.append(fresh).await?;
+        }
+        let timings = Timings {
+            started,
+            read: zero,
+            settled: zero,
+            written: started.elapsed(),
+        };
+        return Ok((
+            Moved {
+                written: 0,
+                gone: 0,
+            },
+            timings,
+        ));
+    }
+    super::check_vectors(fresh)?;
+    let first = if fresh.is_empty() {
+        None
+    } else {
+        Some(crate::core::model::chunks_to_batch(fresh, sink.dim)?)
+    };
+    let snapshot = super::moving::Snapshot::of(&sink.table).await?;
+    let (send, then) = tokio::sync::oneshot::channel();
     // The memories the side effects change, whole, with where they lie.
     // None of them is among the new rows (a side effect on one of them gave
     // way to its own row, the record's final form, see `write::plan`).
-    let ids: Vec<&str> = side.iter().map(|c| c.id.as_str()).collect();
-    let mut stored: HashMap<String, (Chunk, u64)> = if ids.is_empty() {
-        HashMap::new()
-    } else {
-        super::chunks_by_id_located(&sink.table, &ids)
+    let prepare = async {
+        let ids: Vec<&str> = side.iter().map(|c| c.id.as_str()).collect();
+        let mut stored: HashMap<String, (Chunk, u64)> = snapshot
+            .located(&ids)
             .await?
             .into_iter()
             .map(|(c, at)| (c.id.clone(), (c, at)))
-            .collect()
-    };
-    let read = started.elapsed();
-    // Side effects on one stored memory fold onto it one after the other
-    // (two updates of a batch superseding it); one on a memory no longer
-    // stored is dropped.
-    let mut gone = 0;
-    let mut changed: Vec<String> = Vec::new();
-    for s in side {
-        match stored.get_mut(&s.id) {
-            Some((now, _)) => {
-                rebase(now, s);
-                if !changed.contains(&s.id) {
-                    changed.push(s.id.clone());
+            .collect();
+        let read = started.elapsed();
+        // Side effects on one stored memory fold onto it one after the
+        // other (two updates of a batch superseding it); one on a memory no
+        // longer stored is dropped.
+        let mut gone = 0;
+        let mut changed: Vec<&str> = Vec::new();
+        for s in side {
+            match stored.get_mut(&s.id) {
+                Some((now, _)) => {
+                    rebase(now, s);
+                    if !changed.contains(&s.id.as_str()) {
+                        changed.push(&s.id);
+                    }
                 }
+                None => gone += 1,
             }
-            None => gone += 1,
         }
-    }
-    let (moved, replaced): (Vec<Chunk>, Vec<u64>) =
-        changed.iter().filter_map(|id| stored.remove(id)).unzip();
-    // Moving stored rows writes their fragments' deletions, so it waits for
-    // a merge that has taken one of those fragments (or has a merge above
-    // the second tier give way), and for the access flush; beside a merge
-    // that has not taken any, it goes on.
-    let _beside = if moved.is_empty() {
+        let (moved, replaced): (Vec<Chunk>, Vec<u64>) =
+            changed.iter().filter_map(|&id| stored.remove(id)).unzip();
+        if !moved.is_empty() {
+            // Dropped unsent (an error): the write ends with the new rows.
+            let _ = send.send(crate::core::model::chunks_to_batch(&moved, sink.dim)?);
+        }
+        Ok::<_, StoreError>((moved, replaced, gone, read))
+    };
+    let (written, prepared) = futures::join!(snapshot.write(first, then), prepare);
+    let (moved, replaced, gone, read) = prepared?;
+    let new_fragments = written?;
+    // Moving stored rows writes their fragments' deletions, so the commit
+    // waits for a merge that has taken one of those fragments (or has a
+    // merge above the second tier give way), and for the access flush;
+    // beside a merge that has taken none, it goes on.
+    let _beside = if replaced.is_empty() {
         None
     } else {
         let fragments = replaced
@@ -1076,9 +1095,12 @@ async fn write_fresh_and_moved(
         beside
     };
     let settled = started.elapsed();
-    if !fresh.is_empty() || !moved.is_empty() {
-        let rows: Vec<Chunk> = fresh.iter().chain(&moved).cloned().collect();
-        sink.append_replacing(&rows, &replaced).await?;
+    if !new_fragments.is_empty() || !replaced.is_empty() {
+        sink.known.add(fresh.iter().map(|c| c.id.as_str()));
+        snapshot
+            .commit(&sink.table, new_fragments, &replaced)
+            .await?;
+        sink.hot.apply(fresh.iter().chain(&moved));
     }
     let timings = Timings {
         started,
