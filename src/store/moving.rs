@@ -67,6 +67,7 @@ impl Snapshot {
     /// taken from them.
     pub async fn located<S: AsRef<str>>(&self, ids: &[S]) -> Result<Vec<(Chunk, u64)>> {
         let ds = &self.0;
+        let started = std::time::Instant::now();
         let mut at: HashMap<String, u64> = HashMap::new();
         for part in ids.chunks(1000) {
             let mut scan = ds.scan();
@@ -98,11 +99,21 @@ impl Snapshot {
         if at.is_empty() {
             return Ok(Vec::new());
         }
+        let looked_up = started.elapsed();
         let addresses: Vec<u64> = at.values().copied().collect();
         let rows = ds
             .take_rows(&addresses, ds.schema().clone())
             .await
             .map_err(lance)?;
+        let fragments: std::collections::HashSet<u64> =
+            addresses.iter().map(|&a| claims::fragment_of(a)).collect();
+        tracing::debug!(
+            ?looked_up,
+            taken = ?started.elapsed() - looked_up,
+            rows = addresses.len(),
+            fragments = fragments.len(),
+            "moved memories read"
+        );
         Ok(batch_to_chunks(&rows)?
             .into_iter()
             .filter_map(|c| {
