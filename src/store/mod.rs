@@ -1668,14 +1668,6 @@ pub(crate) fn batch_reader(
     Ok(Box::new(RecordBatchIterator::new(vec![Ok(batch)], schema)))
 }
 
-/// Append chunks straight through Lance (see [`append_batch`]), for rows
-/// `chunks_to_batch` builds in the table's schema. lancedb's `add` refused a
-/// vector holding NaN; so does this, before anything is written.
-pub(crate) async fn append_rows(table: &Table, rows: &[Chunk], dim: usize) -> Result<()> {
-    check_vectors(rows)?;
-    append_batch(table, chunks_to_batch(rows, dim)?).await
-}
-
 /// Fails on a vector holding NaN, which lancedb's `add` refuses and a
 /// straight append (see [`append_batch`]) would store.
 pub(crate) fn check_vectors(rows: &[Chunk]) -> Result<()> {

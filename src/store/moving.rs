@@ -18,7 +18,7 @@
 //! deleted from one of those fragments since fails it as a retryable
 //! conflict (Lance's conflict resolver), and the writer reads again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -62,15 +62,59 @@ impl Snapshot {
 
     /// The whole rows (embedding included) with these ids, each with its
     /// address (its `_rowid`: loomem's tables have no stable row ids, so a
-    /// row id is the row's address, see [`claims::fragment_of`]): the
-    /// addresses from the `id` index (one narrow column read), then the rows
-    /// taken from them.
-    pub async fn located<S: AsRef<str>>(&self, ids: &[S]) -> Result<Vec<(Chunk, u64)>> {
-        let ds = &self.0;
+    /// row id is the row's address, see [`claims::fragment_of`]). The
+    /// addresses come from where the writer put its rows lately
+    /// ([`Placed`]), else from the `id` index (one narrow column read over
+    /// the index and the rows it does not cover yet); then the rows are
+    /// taken from them. A remembered address whose fragment has left this
+    /// version, or whose row is deleted in it, takes nothing, and its id
+    /// is looked up.
+    pub async fn located<S: AsRef<str>>(
+        &self,
+        ids: &[S],
+        placed: &Placed,
+    ) -> Result<Vec<(Chunk, u64)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
         let started = std::time::Instant::now();
+        let (remembered, unknown) = placed.recall(ids.iter().map(|id| id.as_ref()));
+        let recalled = remembered.len();
+        let mut found = self.taken(remembered).await?;
+        let from_memory = found.len();
+        let mut missing: Vec<&str> = unknown;
+        if from_memory < recalled {
+            // Remembered, but moved or deleted since: looked up.
+            let mut seen: HashSet<&str> = found.iter().map(|(c, _)| c.id.as_str()).collect();
+            seen.extend(missing.iter().copied());
+            for id in ids.iter().map(|id| id.as_ref()) {
+                if seen.insert(id) {
+                    missing.push(id);
+                }
+            }
+        }
+        let remembered_took = started.elapsed();
+        let looked_up = self.looked_up(&missing).await?;
+        let lookup_took = started.elapsed() - remembered_took;
+        let looked_up_rows = looked_up.len();
+        found.extend(self.taken(looked_up).await?);
+        tracing::debug!(
+            remembered = from_memory,
+            stale = recalled - from_memory,
+            looked_up = looked_up_rows,
+            ?remembered_took,
+            ?lookup_took,
+            taken = ?started.elapsed() - remembered_took - lookup_took,
+            "moved memories read"
+        );
+        Ok(found)
+    }
+
+    /// The addresses of the rows with these ids, from the `id` index.
+    async fn looked_up(&self, ids: &[&str]) -> Result<HashMap<String, u64>> {
         let mut at: HashMap<String, u64> = HashMap::new();
         for part in ids.chunks(1000) {
-            let mut scan = ds.scan();
+            let mut scan = self.0.scan();
             scan.filter(&Filter::new().ids(part).predicate())
                 .and_then(|s| s.project(&["id"]))
                 .map_err(lance)?
@@ -96,30 +140,46 @@ impl Snapshot {
                 }
             }
         }
-        if at.is_empty() {
+        Ok(at)
+    }
+
+    /// The live rows at these addresses, whole, each kept only if it holds
+    /// the id its address was given for. Addresses in fragments this
+    /// version no longer has are left out (a take fails on them), and a take
+    /// skips the rows this version deleted.
+    async fn taken(&self, at: HashMap<String, u64>) -> Result<Vec<(Chunk, u64)>> {
+        let ds = &self.0;
+        let present: HashSet<u64> = ds.manifest.fragments.iter().map(|f| f.id).collect();
+        let mut addresses: Vec<u64> = at
+            .values()
+            .copied()
+            .filter(|&a| present.contains(&claims::fragment_of(a)))
+            .collect();
+        if addresses.is_empty() {
             return Ok(Vec::new());
         }
-        let looked_up = started.elapsed();
-        let addresses: Vec<u64> = at.values().copied().collect();
-        let rows = ds
-            .take_rows(&addresses, ds.schema().clone())
-            .await
-            .map_err(lance)?;
-        let fragments: std::collections::HashSet<u64> =
-            addresses.iter().map(|&a| claims::fragment_of(a)).collect();
-        tracing::debug!(
-            ?looked_up,
-            taken = ?started.elapsed() - looked_up,
-            rows = addresses.len(),
-            fragments = fragments.len(),
-            "moved memories read"
-        );
+        addresses.sort_unstable();
+        addresses.dedup();
+        // Every column and where each row read lies (`_rowaddr` read with
+        // the rows: the take's own address column refuses deleted rows).
+        let schema = ds.schema();
+        let columns = schema
+            .fields
+            .iter()
+            .map(|f| f.name.as_str())
+            .chain([lance_core::ROW_ADDR]);
+        let projection = lance::dataset::ProjectionRequest::from_columns(columns, schema);
+        let rows = ds.take_rows(&addresses, projection).await.map_err(lance)?;
+        let lie = rows
+            .column_by_name(lance_core::ROW_ADDR)
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .ok_or_else(|| runtime("a take returned no row addresses"))?
+            .values()
+            .clone();
         Ok(batch_to_chunks(&rows)?
             .into_iter()
-            .filter_map(|c| {
-                let address = *at.get(&c.id)?;
-                Some((c, address))
-            })
+            .zip(lie.iter().copied())
+            .filter(|(c, address)| at.get(&c.id) == Some(address))
             .collect())
     }
 
@@ -168,13 +228,23 @@ impl Snapshot {
 
     /// Commit the new fragments and the deletion of the rows at `replaced`
     /// (row addresses), whose new versions they hold, on this version.
+    /// Returns the id and the row count Lance gave each new fragment, in
+    /// the order given (to [`Placed::remember`] where their rows went).
     pub async fn commit(
         self,
         table: &Table,
         new_fragments: Vec<Fragment>,
         replaced: &[u64],
-    ) -> Result<()> {
+    ) -> Result<Vec<(u64, usize)>> {
         let ds = self.0;
+        // A new fragment is known again, once committed, by its data file.
+        let written: Vec<(Option<String>, usize)> = new_fragments
+            .iter()
+            .map(|f| {
+                let rows = f.physical_rows.unwrap_or(0);
+                (f.files.first().map(|d| d.path.clone()), rows)
+            })
+            .collect();
         let operation = if replaced.is_empty() {
             Operation::Append {
                 fragments: new_fragments,
@@ -204,10 +274,126 @@ impl Snapshot {
             .execute(transaction)
             .await
             .map_err(lance)?;
+        // The new fragments are the table's last: look for them from the end.
+        let mut ids: HashMap<&str, u64> = HashMap::new();
+        for f in committed.manifest.fragments.iter().rev() {
+            if ids.len() == written.len() {
+                break;
+            }
+            if let Some(d) = f.files.first() {
+                if written
+                    .iter()
+                    .any(|(p, _)| p.as_deref() == Some(d.path.as_str()))
+                {
+                    ids.insert(d.path.as_str(), f.id);
+                }
+            }
+        }
+        let placed = written
+            .iter()
+            .map_while(|(path, rows)| Some((*ids.get(path.as_deref()?)?, *rows)))
+            .collect();
         if let Some(handle) = table.dataset() {
             handle.update(committed);
         }
-        Ok(())
+        Ok(placed)
+    }
+}
+
+/// Where the writer put the rows it wrote lately, by id: the address of
+/// each row of its last [`PLACED_ROWS`] rows written, so that a batch
+/// superseding recent memories (the usual case: the memory a new one
+/// updates was most often written a moment ago) takes them without the
+/// `id` lookup, a scan that grows with the rows the `id` index does not
+/// cover yet (16 to 105 ms a batch over a 1M-record import). An address
+/// is only a guess, checked by the take: a merge rewrites its fragment,
+/// a delete or a replacement deletes its row, and the id is then looked
+/// up. A rollback may bring back fragment ids the table had given out
+/// since, so it forgets every address ([`Placed::forget`]). Ids are kept
+/// as 64-bit hashes (about 40 bytes a row in all); two ids of one hash
+/// share an entry, and the take's id check turns the loser into a lookup.
+#[derive(Default)]
+pub(super) struct Placed {
+    hasher: std::hash::RandomState,
+    rows: std::sync::Mutex<PlacedRows>,
+}
+
+#[derive(Default)]
+struct PlacedRows {
+    at: HashMap<u64, u64>,
+    /// Hashes and addresses in the order placed, to forget the oldest.
+    order: VecDeque<(u64, u64)>,
+}
+
+/// How many of the last rows written [`Placed`] keeps the address of.
+const PLACED_ROWS: usize = 1 << 18;
+
+impl Placed {
+    fn hash(&self, id: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(id)
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, PlacedRows> {
+        self.rows
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forget every address (the table was rolled back).
+    pub fn forget(&self) {
+        *self.rows() = PlacedRows::default();
+    }
+
+    /// Remember the addresses of rows just committed: `ids` in the order
+    /// written, filling `fragments` (id and row count, as
+    /// [`Snapshot::commit`] returns them) in turn. Nothing is remembered
+    /// when the two do not add up.
+    pub fn remember<'a>(&self, ids: impl Iterator<Item = &'a str>, fragments: &[(u64, usize)]) {
+        let hashes: Vec<u64> = ids.map(|id| self.hash(id)).collect();
+        if hashes.len() != fragments.iter().map(|(_, rows)| rows).sum::<usize>() {
+            return;
+        }
+        let addresses = fragments
+            .iter()
+            .flat_map(|&(fragment, rows)| (0..rows as u64).map(move |r| (fragment << 32) | r));
+        let hashed: Vec<(u64, u64)> = hashes.into_iter().zip(addresses).collect();
+        let mut placed = self.rows();
+        for &(hash, address) in &hashed {
+            placed.at.insert(hash, address);
+        }
+        placed.order.extend(hashed);
+        while placed.order.len() > PLACED_ROWS {
+            let Some((hash, address)) = placed.order.pop_front() else {
+                break;
+            };
+            // Unless the id was placed again since.
+            if placed.at.get(&hash) == Some(&address) {
+                placed.at.remove(&hash);
+            }
+        }
+    }
+
+    /// The remembered addresses of these ids, and the ids (each once) with
+    /// none.
+    fn recall<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a str>,
+    ) -> (HashMap<String, u64>, Vec<&'a str>) {
+        let placed = self.rows();
+        let (mut known, mut unknown, mut seen) = (HashMap::new(), Vec::new(), HashSet::new());
+        for id in ids {
+            if !seen.insert(id) {
+                continue;
+            }
+            match placed.at.get(&self.hash(id)) {
+                Some(&address) => {
+                    known.insert(id.to_string(), address);
+                }
+                None => unknown.push(id),
+            }
+        }
+        (known, unknown)
     }
 }
 
@@ -234,4 +420,124 @@ async fn deleting(ds: &Dataset, addresses: &[u64]) -> Result<(Vec<Fragment>, Vec
         }
     }
     Ok((updated, removed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::maintain::{merge_small_fragments, Maintenance};
+    use crate::store::Store;
+
+    fn memory(id: &str) -> Chunk {
+        let mut c = Chunk::new(id.into(), "s".into(), format!("memory {id}"), 1);
+        c.embedding = Some(vec![1.0; 4]);
+        c
+    }
+
+    /// Write these memories as one new fragment, committed as the writer
+    /// commits a batch, and remember where they went.
+    async fn placed_write(table: &Table, placed: &Placed, ids: &[&str]) -> Vec<(u64, usize)> {
+        let rows: Vec<Chunk> = ids.iter().map(|id| memory(id)).collect();
+        let batch = crate::core::model::chunks_to_batch(&rows, 4).unwrap();
+        let snapshot = Snapshot::of(table).await.unwrap();
+        let (_, then) = tokio::sync::oneshot::channel();
+        let fragments = snapshot.write(Some(batch), then).await.unwrap();
+        let at = snapshot.commit(table, fragments, &[]).await.unwrap();
+        placed.remember(ids.iter().copied(), &at);
+        at
+    }
+
+    /// What the `id` index says, the addresses `located` must give.
+    async fn lookup(table: &Table, ids: &[&str]) -> HashMap<String, u64> {
+        Snapshot::of(table)
+            .await
+            .unwrap()
+            .looked_up(ids)
+            .await
+            .unwrap()
+    }
+
+    async fn located(table: &Table, placed: &Placed, ids: &[&str]) -> HashMap<String, u64> {
+        let snapshot = Snapshot::of(table).await.unwrap();
+        let found = snapshot.located(ids, placed).await.unwrap();
+        let at: HashMap<String, u64> = found.iter().map(|(c, a)| (c.id.clone(), *a)).collect();
+        assert_eq!(at.len(), found.len(), "one row an id: {found:?}");
+        at
+    }
+
+    /// The rows a batch commits are remembered where Lance put them; a
+    /// remembered address is taken only while it still holds its id: after
+    /// a delete, a merge that rewrote the fragment, or a wrong guess, the id
+    /// is looked up, and `located` always gives the rows the `id` index
+    /// gives, at the same addresses.
+    #[tokio::test]
+    async fn remembered_addresses_are_checked_and_stale_ones_looked_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let location = crate::store::Location::local(tmp.path());
+        let store = Store::open_with(&location, 4, 100, None, Maintenance::off())
+            .await
+            .unwrap();
+        let table = store.chunks_table();
+        let placed = Placed::default();
+        let first = placed_write(table, &placed, &["m0", "m1", "m2", "m3"]).await;
+        let second = placed_write(table, &placed, &["m4", "m5"]).await;
+        let (f1, f2) = (first[0].0, second[0].0);
+        assert_eq!((first[0].1, second[0].1), (4, 2));
+        let (known, unknown) = placed.recall(["m1", "m5", "nope"].into_iter());
+        assert_eq!(unknown, vec!["nope"]);
+        assert_eq!(known["m1"], (f1 << 32) | 1);
+        assert_eq!(known["m5"], (f2 << 32) | 1);
+
+        let ids = ["m1", "m5", "nope"];
+        let at = located(table, &placed, &ids).await;
+        assert_eq!(at, lookup(table, &ids).await);
+        assert_eq!(at.len(), 2);
+
+        // A deleted row is not taken from its remembered address.
+        table.delete("id = 'm1'").await.unwrap();
+        let at = located(table, &placed, &["m1", "m2"]).await;
+        assert_eq!(at.keys().collect::<Vec<_>>(), vec!["m2"]);
+
+        // A merge rewrites both fragments: every remembered address is gone.
+        merge_small_fragments(table, 1000).await.unwrap();
+        let manifest = table.as_native().unwrap().manifest().await.unwrap();
+        assert!(manifest.fragments.iter().all(|f| f.id != f1 && f.id != f2));
+        let ids = ["m0", "m2", "m4", "m5"];
+        let at = located(table, &placed, &ids).await;
+        assert_eq!(at, lookup(table, &ids).await);
+        assert_eq!(at.len(), 4);
+
+        // A wrong guess (an address holding another id) is not believed.
+        {
+            let mut rows = placed.rows();
+            let m4 = placed.hash("m4");
+            rows.at.insert(m4, at["m5"]);
+        }
+        let at = located(table, &placed, &["m4"]).await;
+        assert_eq!(at, lookup(table, &["m4"]).await);
+        assert_eq!(at.len(), 1);
+    }
+
+    /// Ids that do not add up to the fragments' rows are not remembered;
+    /// the oldest addresses are forgotten past the bound, unless their id
+    /// was placed again since; `forget` forgets them all.
+    #[test]
+    fn placed_rows_are_bounded_and_forgotten() {
+        let placed = Placed::default();
+        placed.remember(["a", "b", "c"].into_iter(), &[(3, 2)]);
+        assert_eq!(placed.recall(["a", "b", "c"].into_iter()).1.len(), 3);
+
+        let ids: Vec<String> = (0..PLACED_ROWS + 1).map(|i| format!("id{i}")).collect();
+        placed.remember(ids.iter().map(|s| s.as_str()), &[(1, PLACED_ROWS + 1)]);
+        let (known, unknown) = placed.recall(["id0", "id1", "id262144"].into_iter());
+        assert_eq!(unknown, vec!["id0"]);
+        assert_eq!(known["id262144"], (1 << 32) | PLACED_ROWS as u64);
+        // id1 placed again: the entry of its first place does not evict it.
+        placed.remember(["id1"].into_iter(), &[(2, 1)]);
+        placed.remember(ids[2..4].iter().map(|s| s.as_str()), &[(3, 2)]);
+        assert_eq!(placed.recall(["id1"].into_iter()).0["id1"], 2 << 32);
+
+        placed.forget();
+        assert_eq!(placed.recall(["id1", "id262144"].into_iter()).1.len(), 2);
+    }
 }

@@ -59,6 +59,7 @@ pub struct WriteBatch {
 pub struct ChunkWriter {
     tx: mpsc::Sender<WriteOp>,
     known: Arc<KnownIds>,
+    placed: Arc<super::moving::Placed>,
 }
 
 /// The ids the table may hold, as 64-bit hashes, so that a row whose id
@@ -130,20 +131,24 @@ impl ChunkWriter {
     ) -> ChunkWriter {
         let (tx, rx) = mpsc::channel(1024);
         let known = Arc::new(KnownIds::default());
+        let placed = Arc::new(super::moving::Placed::default());
         let sink = Sink {
             table,
             history,
             dim,
             hot,
             known: known.clone(),
+            placed: placed.clone(),
         };
         tokio::spawn(run(sink, max_rows, maintenance, gate, building, rx));
-        ChunkWriter { tx, known }
+        ChunkWriter { tx, known, placed }
     }
 
-    /// The table was rolled back: the ids it holds are not known any more.
+    /// The table was rolled back: the ids it holds, and where its rows lie,
+    /// are not known any more.
     pub fn forget_ids(&self) {
         self.known.forget();
+        self.placed.forget();
     }
 
     pub async fn upsert(&self, chunks: Vec<Chunk>) -> Result<()> {
@@ -256,6 +261,8 @@ struct Sink {
     dim: usize,
     hot: Arc<HotIndex>,
     known: Arc<KnownIds>,
+    /// Where the writer put its last rows (see [`super::moving::Placed`]).
+    placed: Arc<super::moving::Placed>,
 }
 
 impl Sink {
@@ -278,15 +285,6 @@ impl Sink {
             .when_not_matched_insert_all();
         merge.execute(reader).await?;
         self.hot.apply(&rows);
-        Ok(())
-    }
-
-    /// One append of rows whose ids no stored row has (a vector holding NaN
-    /// fails it, see [`super::append_rows`]).
-    async fn append(&self, rows: &[Chunk]) -> Result<()> {
-        self.known.add(rows.iter().map(|c| c.id.as_str()));
-        super::append_rows(&self.table, rows, self.dim).await?;
-        self.hot.apply(rows);
         Ok(())
     }
 
@@ -1006,25 +1004,6 @@ async fn write_fresh_and_moved(
     toucher: &mut Toucher,
 ) -> Result<(Moved, Timings)> {
     let started = std::time::Instant::now();
-    let zero = std::time::Duration::ZERO;
-    if side.is_empty() {
-        if !fresh.is_empty() {
-            sink.append(fresh).await?;
-        }
-        let timings = Timings {
-            started,
-            read: zero,
-            settled: zero,
-            written: started.elapsed(),
-        };
-        return Ok((
-            Moved {
-                written: 0,
-                gone: 0,
-            },
-            timings,
-        ));
-    }
     super::check_vectors(fresh)?;
     let first = if fresh.is_empty() {
         None
@@ -1039,7 +1018,7 @@ async fn write_fresh_and_moved(
     let prepare = async {
         let ids: Vec<&str> = side.iter().map(|c| c.id.as_str()).collect();
         let mut stored: HashMap<String, (Chunk, u64)> = snapshot
-            .located(&ids)
+            .located(&ids, &sink.placed)
             .await?
             .into_iter()
             .map(|(c, at)| (c.id.clone(), (c, at)))
@@ -1097,10 +1076,14 @@ async fn write_fresh_and_moved(
     let settled = started.elapsed();
     if !new_fragments.is_empty() || !replaced.is_empty() {
         sink.known.add(fresh.iter().map(|c| c.id.as_str()));
-        snapshot
+        let placed = snapshot
             .commit(&sink.table, new_fragments, &replaced)
             .await?;
-        sink.hot.apply(fresh.iter().chain(&moved));
+        // The fragments hold the new rows, then the moved memories.
+        let written = fresh.iter().chain(&moved);
+        sink.placed
+            .remember(written.clone().map(|c| c.id.as_str()), &placed);
+        sink.hot.apply(written);
     }
     let timings = Timings {
         started,
