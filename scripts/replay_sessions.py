@@ -84,8 +84,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("dump")
     p.add_argument("--bm25", default="0.4", help="BM25 weights to try, comma-separated")
-    p.add_argument("--rest", default="0.1", help="rest weights to try")
-    p.add_argument("--pool", default="50", help="how many results are grouped")
+    p.add_argument("--rest", default="0.1", help="rest weights to try, comma-separated")
+    p.add_argument("--pool", default="50", help="how many results are grouped, comma-separated")
     args = p.parse_args()
     with open(args.dump) as f:
         questions = [json.loads(line) for line in f if line.strip()]
@@ -98,21 +98,21 @@ def main():
         sys.exit(f"{off} candidates' scores do not recompute: a dump of other weights or code")
     answerable = [q for q in questions if not q["abstention"]]
     print("bm25  rest  pool  all@5  all@10  any@1  (of %d)" % len(answerable))
-    grid = itertools.product(
-        (float(x) for x in args.bm25.split(",")),
-        [float(x) for x in args.rest.split(",")],
-        [int(x) for x in args.pool.split(",")],
-    )
-    for bm25, rest, pool in grid:
+    rests = [float(x) for x in args.rest.split(",")]
+    pools = [int(x) for x in args.pool.split(",")]
+    for bm25 in (float(x) for x in args.bm25.split(",")):
+        # The scores depend on the weights alone: once per question.
         weights = dict(WEIGHTS, bm25=bm25)
-        all5 = all10 = any1 = 0
-        for q in answerable:
-            ranked = sessions(q, lent(q, weights), rest, pool)
-            evidence = set(q["answer_sessions"])
-            all5 += evidence <= set(ranked[:5])
-            all10 += evidence <= set(ranked[:10])
-            any1 += bool(evidence & set(ranked[:1]))
-        print(f"{bm25:<5} {rest:<5} {pool:<5} {all5:<6} {all10:<7} {any1}")
+        lents = [lent(q, weights) for q in answerable]
+        for rest, pool in itertools.product(rests, pools):
+            all5 = all10 = any1 = 0
+            for q, scores in zip(answerable, lents):
+                ranked = sessions(q, scores, rest, pool)
+                evidence = set(q["answer_sessions"])
+                all5 += evidence <= set(ranked[:5])
+                all10 += evidence <= set(ranked[:10])
+                any1 += bool(evidence & set(ranked[:1]))
+            print(f"{bm25:<5} {rest:<5} {pool:<5} {all5:<6} {all10:<7} {any1}")
 
 
 if __name__ == "__main__":
