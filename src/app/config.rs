@@ -318,6 +318,12 @@ impl Config {
         if self.search.candidates == 0 {
             return Err(invalid("search.candidates", "must be > 0"));
         }
+        if self.search.session_pool > crate::service::search::MAX_TOP_K {
+            return Err(invalid(
+                "search.session_pool",
+                format!("must be at most {}", crate::service::search::MAX_TOP_K),
+            ));
+        }
         if !(self.search.near_duplicate > 0.0 && self.search.near_duplicate <= 1.0) {
             return Err(invalid(
                 "search.near_duplicate",
@@ -562,6 +568,11 @@ mod tests {
                 "LOOMEM_SEARCH__SESSION_REST_WEIGHT",
                 "2",
                 "search.session_rest_weight",
+            ),
+            (
+                "LOOMEM_SEARCH__SESSION_POOL",
+                "1001",
+                "search.session_pool",
             ),
         ];
         for (var, value, key) in cases {

@@ -50,7 +50,8 @@ pub enum Keys {
 #[serde(rename_all = "lowercase")]
 pub enum SessionRank {
     /// As the search's `group_sessions` ranks them: each session its best
-    /// result plus `search.session_rest_weight` times the others'.
+    /// result plus `search.session_rest_weight` times the others', over the
+    /// first `search.session_pool` results.
     Grouped,
     /// Each session where the first turn found of it ranks.
     Turns,
@@ -440,7 +441,15 @@ pub async fn run(
     let mut ks = opts.ks.clone();
     ks.sort_unstable();
     ks.dedup();
-    let top_k = ks.last().copied().unwrap_or(10).max(1);
+    // Sessions are grouped over `search.session_pool` results, as
+    // `group_sessions` groups them: a search that deep has the legs and the
+    // first results of a `group_sessions` search of the deepest cut-off.
+    let top_k = match opts.session_rank {
+        SessionRank::Grouped => engine.cfg.search.session_pool,
+        SessionRank::Turns => 0,
+    }
+    .max(ks.last().copied().unwrap_or(10))
+    .clamp(1, crate::service::search::MAX_TOP_K);
     let mut report = RunReport {
         ks: ks.clone(),
         levels: opts.granularity.levels().to_vec(),

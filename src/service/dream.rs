@@ -183,7 +183,7 @@ fn extractive(members: &[&Chunk]) -> String {
     let mut kept = Vec::new();
     for (i, (_, s)) in sentences.iter().enumerate() {
         let superseded = (i + 1..sentences.len())
-            .any(|j| crate::service::search::rank::jaccard(&words[i], &words[j]) >= 0.7);
+            .any(|j| crate::service::search::rank::near_duplicate(&words[i], &words[j], 0.7));
         if !superseded {
             let mut s = s.clone();
             if !s.ends_with(['.', '!', '?']) {

@@ -600,7 +600,8 @@ async fn the_bm25_leg_searches_what_the_question_is_about() {
 /// first; memories outside any session are in `results` only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_group_into_sessions_on_request() {
-    let d = Daemon::start(Options::embedded()).await;
+    // Without the access boost, the same search scores alike each time.
+    let d = Daemon::start(Options::embedded().env("LOOMEM_SEARCH__ACCESS_BOOST", "0")).await;
     for (session, text) in [
         (
             Some("trip"),
@@ -668,6 +669,33 @@ async fn results_group_into_sessions_on_request() {
         sessions[0]["score"].as_f64() >= sessions[1]["score"].as_f64(),
         "{resp}"
     );
+    // The sessions are ranked over `search.session_pool` (100) results
+    // whatever `top_k`: asked for one result, the same sessions, scored
+    // from the same memories, the ones below the top named too.
+    let one = search(
+        &d,
+        with(&base, json!({"group_sessions": true, "top_k": 1})),
+    )
+    .await;
+    assert_eq!(one["results"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["results"][0], results[0], "{one}");
+    let of = |r: &Value| -> Vec<(String, f64, Value)> {
+        r["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let id = s["session_id"].as_str().unwrap().to_string();
+                (id, s["score"].as_f64().unwrap(), s["chunk_ids"].clone())
+            })
+            .collect()
+    };
+    let (same, want) = (of(&one), of(&resp));
+    assert_eq!(same.len(), want.len(), "{one}");
+    for ((id, score, ids), (wid, wscore, wids)) in same.iter().zip(&want) {
+        assert_eq!((id, ids), (wid, wids), "{one}");
+        assert!((score - wscore).abs() < 1e-6, "{one}");
+    }
     // The request's field is checked like any other.
     let (status, bad) = d
         .call(

@@ -73,6 +73,12 @@ pub struct SearchConfig {
     /// times the sum of its other results' scores (see [`super::sessions`]).
     #[serde(default = "default_session_rest_weight")]
     pub session_rest_weight: f32,
+    /// With `group_sessions`, the sessions are ranked over the first this
+    /// many results (or `top_k`, if more), each leg searching at least as
+    /// deep, so which conversations a query is about does not hang on how
+    /// many results the caller reads (see [`super::sessions`]).
+    #[serde(default = "default_session_pool")]
+    pub session_pool: usize,
     /// Results whose word sets overlap at least this much (Jaccard) collapse into the best one.
     #[serde(default = "default_near_duplicate")]
     pub near_duplicate: f32,
@@ -170,6 +176,10 @@ fn default_vector_feedback_docs() -> usize {
 
 fn default_session_rest_weight() -> f32 {
     0.1
+}
+
+fn default_session_pool() -> usize {
+    100
 }
 
 fn default_near_duplicate() -> f32 {

@@ -100,8 +100,9 @@ pub struct SearchRequest {
     /// Each result lists its links to other memories (`POST /v1/relations`).
     #[serde(default)]
     pub include_relations: bool,
-    /// The response adds `sessions`: the results' conversations, best first
-    /// (see [`sessions`]).
+    /// The response adds `sessions`: the conversations of the first
+    /// `search.session_pool` results (or `top_k`, if more), best first (see
+    /// [`sessions`]).
     #[serde(default)]
     pub group_sessions: bool,
 }
@@ -415,9 +416,19 @@ pub struct Ranked {
     pub legs: HashMap<&'static str, LegTrace>,
 }
 
+/// A result beyond the top k that a session's score counts
+/// (`group_sessions`, `search.session_pool`).
+pub struct Pooled {
+    pub session_id: Option<String>,
+    pub chunk_id: String,
+    pub score: f32,
+}
+
 /// What a search found and how.
 pub struct Recall {
     pub results: Vec<Ranked>,
+    /// With `group_sessions`: the pool's results after `results`, best first.
+    pub pooled: Vec<Pooled>,
     pub total_before_top_k: usize,
     pub dedup_removed: usize,
     pub top_k: usize,
@@ -540,13 +551,15 @@ pub async fn search(
         false => std::collections::HashMap::new(),
     };
     let sessions = req.group_sessions.then(|| {
-        sessions::rank(
-            recall
-                .results
-                .iter()
-                .map(|r| (r.chunk.session_id.as_deref(), r.chunk.id.as_str(), r.score)),
-            engine.cfg.search.session_rest_weight,
-        )
+        let returned = recall
+            .results
+            .iter()
+            .map(|r| (r.chunk.session_id.as_deref(), r.chunk.id.as_str(), r.score));
+        let beyond = recall
+            .pooled
+            .iter()
+            .map(|p| (p.session_id.as_deref(), p.chunk_id.as_str(), p.score));
+        sessions::rank(returned.chain(beyond), engine.cfg.search.session_rest_weight)
     });
     let mut results: Vec<SearchResult> = recall
         .results
@@ -676,7 +689,13 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
         timings.as_of = micros_since(phase);
     }
     let at = snapshot.as_ref().map(|(t, _)| t);
-    let candidates = s.candidates.max(top_k);
+    // With `group_sessions`, the sessions are ranked over a pool at least
+    // `search.session_pool` results deep (see `sessions`).
+    let pool = match req.group_sessions {
+        true => top_k.max(s.session_pool),
+        false => top_k,
+    };
+    let candidates = s.candidates.max(pool);
     let min_similarity = match req.min_similarity {
         Some(m) if m.is_finite() && (0.0..=1.0).contains(&m) => m,
         Some(_) => return Err(Error::invalid("min_similarity", "must be between 0 and 1")),
@@ -845,32 +864,44 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     });
 
     // Collapse near-identical results: the best of each group stays. Only
-    // until the top k are found: what ranks below is never returned.
-    let mut kept: Vec<(Ranked, rank::WordSet)> = Vec::new();
+    // until the pool is full: what ranks below is never returned or grouped.
+    // Beyond the top k only what a session's score needs is kept.
+    let mut seen: Vec<(Arc<Chunk>, rank::WordSet)> = Vec::new();
+    let mut results: Vec<Ranked> = Vec::new();
+    let mut pooled: Vec<Pooled> = Vec::new();
     let mut dedup_removed = 0;
     for (score, factors, f) in ranked {
-        if kept.len() == top_k {
+        if seen.len() == pool {
             break;
         }
         let words = rank::word_set(&f.chunk.content);
-        let duplicate = kept.iter().any(|(k, w)| {
-            k.chunk.content_hash == f.chunk.content_hash
-                || rank::jaccard(w, &words) >= s.near_duplicate
+        let duplicate = seen.iter().any(|(c, w)| {
+            c.content_hash == f.chunk.content_hash
+                || rank::near_duplicate(w, &words, s.near_duplicate)
         });
         if duplicate {
-            dedup_removed += 1;
-        } else {
-            let r = Ranked {
+            // Counted until the top k are found, as the trace says.
+            dedup_removed += usize::from(results.len() < top_k);
+            continue;
+        }
+        seen.push((Arc::clone(&f.chunk), words));
+        if results.len() < top_k {
+            results.push(Ranked {
                 score,
                 rrf: f.score,
                 factors,
                 legs: f.legs.into_iter().flatten().collect(),
                 chunk: Arc::unwrap_or_clone(f.chunk),
-            };
-            kept.push((r, words));
+            });
+        } else {
+            pooled.push(Pooled {
+                session_id: f.chunk.session_id.clone(),
+                chunk_id: f.chunk.id.clone(),
+                score,
+            });
         }
     }
-    let results: Vec<Ranked> = kept.into_iter().map(|(r, _)| r).collect();
+    drop(seen);
     timings.rank = micros_since(phase);
     timings.record(micros_since(begun));
     if !req.dry_run && snapshot.is_none() {
@@ -880,6 +911,7 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
     }
     Ok(Recall {
         results,
+        pooled,
         total_before_top_k,
         dedup_removed,
         top_k,

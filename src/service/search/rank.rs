@@ -166,6 +166,22 @@ pub fn word_set(text: &str) -> WordSet {
     WordSet(words)
 }
 
+/// Whether `a` and `b` overlap at least `threshold` ([`jaccard`]). The
+/// overlap is at most the smaller set's size over the larger's, so sets of
+/// very different sizes are told apart without comparing their words (a
+/// pool of a hundred long turns holds few pairs of like length).
+pub fn near_duplicate(a: &WordSet, b: &WordSet, threshold: f32) -> bool {
+    let (small, large) = match a.0.len() <= b.0.len() {
+        true => (a.0.len(), b.0.len()),
+        false => (b.0.len(), a.0.len()),
+    };
+    // Divided as `jaccard` divides: rounding keeps the bound above it.
+    if large > 0 && (small as f32 / large as f32) < threshold {
+        return false;
+    }
+    jaccard(a, b) >= threshold
+}
+
 /// |a ∩ b| / |a ∪ b| (1 for two empty sets).
 pub fn jaccard(a: &WordSet, b: &WordSet) -> f32 {
     let (a, b) = (&a.0, &b.0);
@@ -312,6 +328,19 @@ mod tests {
             let (ta, tb) = (word_set(&a.join(&sep)), word_set(&b.join(&sep)));
             proptest::prop_assert_eq!(jaccard(&ta, &tb), expected);
             proptest::prop_assert_eq!(jaccard(&tb, &ta), expected);
+        }
+
+        /// The size bound never changes the answer, only skips the count.
+        #[test]
+        fn near_duplicate_is_jaccard_at_the_threshold(
+            a in proptest::collection::vec("[a-f]{1,2}", 0..30),
+            b in proptest::collection::vec("[a-f]{1,2}", 0..30),
+            threshold in 0.01f32..=1.0,
+        ) {
+            let (ta, tb) = (word_set(&a.join(" ")), word_set(&b.join(" ")));
+            let want = jaccard(&ta, &tb) >= threshold;
+            proptest::prop_assert_eq!(near_duplicate(&ta, &tb, threshold), want);
+            proptest::prop_assert_eq!(near_duplicate(&tb, &ta, threshold), want);
         }
     }
 

@@ -3,8 +3,11 @@
 //! `search.session_rest_weight` times the sum of its other results' scores,
 //! so a session several of whose turns match outranks one that matches in a
 //! single lucky turn, while one strong turn still carries its session. The
-//! memories' own order is not touched: the turn an agent quotes first stays
-//! where the fusion put it.
+//! results counted are the first `search.session_pool` (100) whatever the
+//! request's `top_k`: a session's rank does not hang on how many results
+//! the caller reads, and a session whose turns rank 11th to 40th still adds
+//! them up. The memories' own order is not touched: the turn an agent
+//! quotes first stays where the fusion put it.
 
 use std::collections::HashMap;
 
@@ -17,7 +20,8 @@ pub struct SessionHit {
     /// The best result's `score_final` plus `session_rest_weight` times the
     /// sum of the others'.
     pub score: f32,
-    /// Its results, in the order of `results`.
+    /// Its memories among the results counted, best first: those of
+    /// `results` in their order, then any beyond the top k.
     pub chunk_ids: Vec<String>,
 }
 
