@@ -505,11 +505,13 @@ impl Known {
 /// since the last refresh are looked up by a scan).
 const GRAPH_INDEX_REFRESH_ROWS: usize = 10_000;
 
-/// Whether a tidy pass runs, and whether one was asked for since it began.
+/// Whether a tidy pass runs, and whether one was asked for since it began;
+/// `idle` wakes whoever waits for the passes to end ([`Graph::tidied`]).
 #[derive(Default)]
 struct Tidy {
     running: std::sync::atomic::AtomicBool,
     again: std::sync::atomic::AtomicBool,
+    idle: tokio::sync::Notify,
 }
 
 /// Graph commits between two tidy passes (see [`Graph::written`]). Each
@@ -862,6 +864,22 @@ impl GraphTables {
         let _ = rx.await;
     }
 
+    /// Once no tidy pass runs: the store waits for it on closing, so that
+    /// no pass is cut off, or left writing into a directory being removed.
+    pub async fn tidied(&self) {
+        use std::sync::atomic::Ordering;
+        loop {
+            let idle = self.tidy.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the check: an end between the two still wakes it.
+            idle.as_mut().enable();
+            if !self.tidy.running.load(Ordering::Acquire) {
+                return;
+            }
+            idle.await;
+        }
+    }
+
     /// Count a commit of `rows` rows. Every [`GRAPH_TIDY_COMMITS`] commits,
     /// or past [`GRAPH_INDEX_REFRESH_ROWS`] rows, a tidy pass in the
     /// background merges both tables' small fragments and folds the new rows
@@ -896,6 +914,7 @@ impl GraphTables {
                 }
                 tracing::debug!(took = ?started.elapsed(), "graph tables tidied");
                 tidy.running.store(false, Ordering::Release);
+                tidy.idle.notify_waiters();
                 // Asked again meanwhile, and no other pass took it up.
                 if !tidy.again.load(Ordering::Acquire) || tidy.running.swap(true, Ordering::AcqRel)
                 {
@@ -1441,6 +1460,26 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows.len(), commits, "every entity kept through the merges");
+    }
+
+    /// Closing the store waits for the tidy pass its commits started.
+    #[tokio::test]
+    async fn closing_waits_for_the_tidy_pass() {
+        use std::sync::atomic::Ordering;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open(tmp.path(), 4, 100).await.unwrap();
+        for i in 0..GRAPH_TIDY_COMMITS {
+            let name = format!("person{i}");
+            store
+                .graph
+                .record(&[mention("a", &name, &format!("c{i}"))], &[])
+                .await
+                .unwrap();
+        }
+        store.close().await;
+        assert!(!store.graph.tidy.running.load(Ordering::Acquire));
+        // Nothing runs: it answers at once.
+        store.graph.tidied().await;
     }
 
     /// The pipeline's graph rows queued by several batches land in one

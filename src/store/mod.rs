@@ -561,9 +561,11 @@ impl Store {
         Ok(table)
     }
 
-    /// Wait for pending writes and stop the writer.
+    /// Wait for pending writes, stop the writer, and let the graph's tidy
+    /// pass end.
     pub async fn close(&self) {
         self.writer.close().await;
+        self.graph.tidied().await;
     }
 
     /// The newest `created_at` per stream among the chunks matching a filter.
