@@ -569,11 +569,7 @@ mod tests {
                 "2",
                 "search.session_rest_weight",
             ),
-            (
-                "LOOMEM_SEARCH__SESSION_POOL",
-                "1001",
-                "search.session_pool",
-            ),
+            ("LOOMEM_SEARCH__SESSION_POOL", "1001", "search.session_pool"),
         ];
         for (var, value, key) in cases {
             let err = Config::parse(&shipped(), &env(&[(var, value)]), PathBuf::from("."))

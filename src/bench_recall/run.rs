@@ -449,7 +449,7 @@ pub async fn run(
         SessionRank::Turns => 0,
     }
     .max(ks.last().copied().unwrap_or(10))
-    .clamp(1, crate::service::search::MAX_TOP_K);
+    .max(1);
     let mut report = RunReport {
         ks: ks.clone(),
         levels: opts.granularity.levels().to_vec(),

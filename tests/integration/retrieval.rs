@@ -672,11 +672,7 @@ async fn results_group_into_sessions_on_request() {
     // The sessions are ranked over `search.session_pool` (100) results
     // whatever `top_k`: asked for one result, the same sessions, scored
     // from the same memories, the ones below the top named too.
-    let one = search(
-        &d,
-        with(&base, json!({"group_sessions": true, "top_k": 1})),
-    )
-    .await;
+    let one = search(&d, with(&base, json!({"group_sessions": true, "top_k": 1}))).await;
     assert_eq!(one["results"].as_array().unwrap().len(), 1, "{one}");
     assert_eq!(one["results"][0], results[0], "{one}");
     let of = |r: &Value| -> Vec<(String, f64, Value)> {

@@ -559,7 +559,10 @@ pub async fn search(
             .pooled
             .iter()
             .map(|p| (p.session_id.as_deref(), p.chunk_id.as_str(), p.score));
-        sessions::rank(returned.chain(beyond), engine.cfg.search.session_rest_weight)
+        sessions::rank(
+            returned.chain(beyond),
+            engine.cfg.search.session_rest_weight,
+        )
     });
     let mut results: Vec<SearchResult> = recall
         .results
@@ -901,7 +904,6 @@ pub async fn recall(engine: &Services, caller: &Caller, req: &SearchRequest) -> 
             });
         }
     }
-    drop(seen);
     timings.rank = micros_since(phase);
     timings.record(micros_since(begun));
     if !req.dry_run && snapshot.is_none() {
