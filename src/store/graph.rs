@@ -20,6 +20,14 @@ const MAX_CHUNK_REFS: usize = 2000;
 /// The lookup key of an entity name: lower case, letters and digits only, so
 /// "VS Code", "VSCode" and "vscode" are one entity.
 pub fn entity_key(name: &str) -> String {
+    if name.is_ascii() {
+        // The same for ASCII, a byte at a time.
+        return name
+            .bytes()
+            .filter(u8::is_ascii_alphanumeric)
+            .map(|b| char::from(b.to_ascii_lowercase()))
+            .collect();
+    }
     name.chars()
         .filter(|c| c.is_alphanumeric())
         .flat_map(char::to_lowercase)
@@ -1359,6 +1367,21 @@ mod tests {
         assert_eq!(entity_key("vscode"), "vscode");
         assert_eq!(entity_key("Node.js"), "nodejs");
         assert_ne!(entity_key("Alice"), entity_key("Alicia"));
+        assert_eq!(entity_key("Zoë's Café"), "zoëscafé");
+        assert_eq!(entity_key("İstanbul"), "i\u{307}stanbul");
+    }
+
+    proptest::proptest! {
+        /// The ASCII path keys a text as the char-by-char fold does.
+        #[test]
+        fn ascii_keys_are_the_unicode_fold(name in "[ -~]{0,40}") {
+            let folded: String = name
+                .chars()
+                .filter(|c| c.is_alphanumeric())
+                .flat_map(char::to_lowercase)
+                .collect();
+            proptest::prop_assert_eq!(entity_key(&name), folded);
+        }
     }
 
     #[test]

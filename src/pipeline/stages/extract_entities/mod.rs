@@ -139,6 +139,14 @@ fn ngram_key(key: &mut String, token_keys: &[String], gap_keys: &[String], i: us
     }
 }
 
+/// Whether a lowercased word is one of [`NOT_NAMES`].
+fn not_name(word: &str) -> bool {
+    static SET: std::sync::OnceLock<std::collections::HashSet<&'static str>> =
+        std::sync::OnceLock::new();
+    SET.get_or_init(|| NOT_NAMES.iter().copied().collect())
+        .contains(word)
+}
+
 fn is_capitalised(s: &str) -> bool {
     s.chars().next().is_some_and(char::is_uppercase)
 }
@@ -167,9 +175,20 @@ impl ExtractEntities {
         let tokens = self.tokens(text);
         let mut used = vec![false; tokens.len()];
         let mut found = Vec::new();
-        let lower = |i: usize| tokens[i].text.to_lowercase();
+        // Each token lowercased once, when first asked for.
+        let lowered: Vec<std::cell::OnceCell<String>> = (0..tokens.len())
+            .map(|_| std::cell::OnceCell::new())
+            .collect();
+        let lower = |i: usize| -> &str { lowered[i].get_or_init(|| tokens[i].text.to_lowercase()) };
 
-        for m in self.date.find_iter(text) {
+        // Every date the pattern knows holds a digit (`\d`, any Unicode
+        // digit, all of which are numeric): a text without one is not searched.
+        let dates = text.chars().any(char::is_numeric);
+        for m in dates
+            .then(|| self.date.find_iter(text))
+            .into_iter()
+            .flatten()
+        {
             for (i, t) in tokens.iter().enumerate() {
                 if t.start >= m.start() && t.end <= m.end() {
                     used[i] = true;
@@ -216,14 +235,18 @@ impl ExtractEntities {
             }
         }
         // Projects named by pattern.
-        for caps in self.project.captures_iter(text) {
+        // Both of the pattern's forms hold "roject".
+        let projects = text.contains("roject");
+        for caps in projects
+            .then(|| self.project.captures_iter(text))
+            .into_iter()
+            .flatten()
+        {
             let Some(m) = caps.get(1).or_else(|| caps.get(2)) else {
                 continue;
             };
             let key = entity_key(m.as_str());
-            if NOT_NAMES.contains(&key.as_str())
-                || ["side", "new", "big", "whole", "same"].contains(&key.as_str())
-            {
+            if not_name(&key) || ["side", "new", "big", "whole", "same"].contains(&key.as_str()) {
                 continue;
             }
             let whole = caps.get(0).expect("match");
@@ -246,7 +269,7 @@ impl ExtractEntities {
         while i < tokens.len() {
             let starts_name = !used[i]
                 && is_capitalised(tokens[i].text)
-                && !NOT_NAMES.contains(&lower(i).as_str())
+                && !not_name(lower(i))
                 && tokens[i].text.chars().any(char::is_alphabetic);
             if !starts_name {
                 i += 1;
@@ -257,28 +280,19 @@ impl ExtractEntities {
                 && !used[j]
                 && !tokens[j].sentence_start
                 && is_capitalised(tokens[j].text)
-                && !NOT_NAMES.contains(&lower(j).as_str())
+                && !not_name(lower(j))
                 && j - i < 4
             {
                 j += 1;
             }
-            let words: Vec<String> = (i..j).map(lower).collect();
-            let prev = i.checked_sub(1).map(lower).unwrap_or_default();
-            let next = if j < tokens.len() {
-                lower(j)
-            } else {
-                String::new()
-            };
-            let entity_type = if words
-                .last()
-                .is_some_and(|w| ORG_SUFFIXES.contains(&w.as_str()))
-            {
+            let last = lower(j - 1);
+            let prev = i.checked_sub(1).map_or("", lower);
+            let next = if j < tokens.len() { lower(j) } else { "" };
+            let entity_type = if ORG_SUFFIXES.contains(&last) {
                 Some("ORGANIZATION")
-            } else if PLACE_BEFORE.contains(&prev.as_str()) {
+            } else if PLACE_BEFORE.contains(&prev) {
                 Some("PLACE")
-            } else if PERSON_BEFORE.contains(&prev.as_str())
-                || PERSON_AFTER.contains(&next.as_str())
-            {
+            } else if PERSON_BEFORE.contains(&prev) || PERSON_AFTER.contains(&next) {
                 Some("PERSON")
             } else if tokens[i].sentence_start && j - i == 1 {
                 // A lone capitalised word opening a sentence is most often just a word.
@@ -336,7 +350,11 @@ impl ExtractEntities {
         for pos in (0..bytes.len()).filter(|&i| in_word(i) && (i == 0 || !in_word(i - 1))) {
             for (surface, relation) in RELATION_VERBS {
                 let end = pos + surface.len();
-                if !bytes[pos..].starts_with(surface.as_bytes()) || in_word(end) {
+                // The first byte alone turns most verbs away.
+                if surface.as_bytes()[0] != bytes[pos]
+                    || !bytes[pos..].starts_with(surface.as_bytes())
+                    || in_word(end)
+                {
                     continue;
                 }
                 // Subject: the nearest entity before the verb in the same clause, else the user.
@@ -374,15 +392,17 @@ impl ExtractEntities {
     }
 
     fn is_preference(&self, text: &str) -> bool {
+        if !self.is_first_person(text) {
+            return false;
+        }
         let lower = text.to_lowercase();
-        self.is_first_person(text)
-            && PREFERENCE_CUES.iter().any(|cue| {
-                lower.match_indices(cue).any(|(pos, _)| {
-                    let end = pos + cue.len();
-                    (pos == 0 || !lower.as_bytes()[pos - 1].is_ascii_alphabetic())
-                        && (end >= lower.len() || !lower.as_bytes()[end].is_ascii_alphabetic())
-                })
+        PREFERENCE_CUES.iter().any(|cue| {
+            lower.match_indices(cue).any(|(pos, _)| {
+                let end = pos + cue.len();
+                (pos == 0 || !lower.as_bytes()[pos - 1].is_ascii_alphabetic())
+                    && (end >= lower.len() || !lower.as_bytes()[end].is_ascii_alphabetic())
             })
+        })
     }
 }
 
