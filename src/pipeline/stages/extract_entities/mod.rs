@@ -621,6 +621,27 @@ mod tests {
         );
     }
 
+    /// The date and project patterns are skipped only in texts they cannot
+    /// match: a date in other digits than ASCII ones is still found.
+    #[tokio::test]
+    async fn dates_in_any_digits_and_projects_are_still_searched() {
+        let (s, _t) = stage().await;
+        let dates = |t: &str| {
+            s.find(t)
+                .into_iter()
+                .filter(|f| f.entity_type == "DATE")
+                .map(|f| f.surface)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(dates("We met on ٢٠٢٣-٠١-٠٢ there"), vec!["٢٠٢٣-٠١-٠٢"]);
+        assert_eq!(dates("due March ３ then"), vec!["March ３"]);
+        assert!(dates("due March then").is_empty());
+        assert_eq!(
+            keys(&s.find("we shipped our Atlas project and Project Orion")),
+            vec![("atlas", "PROJECT"), ("orion", "PROJECT")]
+        );
+    }
+
     #[tokio::test]
     async fn relations_link_subject_verb_object() {
         let (s, _t) = stage().await;
