@@ -463,7 +463,12 @@ impl Known {
 
     /// Fold mentions into the rows held for their streams, in place.
     fn fold<'a>(&mut self, mentions: impl IntoIterator<Item = &'a Mention>) {
-        for (_, ms) in grouped(mentions, |m| m.entity_id()) {
+        // Only mentions of the streams held are grouped (a bulk import's
+        // streams are mostly not).
+        let held = mentions
+            .into_iter()
+            .filter(|m| self.streams.contains_key(&m.stream));
+        for (_, ms) in grouped(held, |m| m.entity_id()) {
             let Some(rows) = self.streams.get_mut(&ms[0].stream) else {
                 continue;
             };
@@ -918,6 +923,7 @@ impl GraphTables {
                 tidy.again.store(false, Ordering::Release);
                 let started = std::time::Instant::now();
                 for table in &tables {
+                    let target = super::maintain::fragment_rows(table, target).await;
                     if let Err(e) = super::maintain::merge_small_fragments(table, target).await {
                         tracing::warn!(error = %e, "graph fragment merge failed; will retry");
                     }

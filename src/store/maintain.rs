@@ -12,8 +12,9 @@
 //! - the `compact` job runs the full pass (merge into large fragments, fold new
 //!   rows into the indexes, prune old versions).
 //!
-//! Fragments are merged up to `target_rows_per_fragment` rows, so a routine
-//! merge rewrites only the recent small fragments, never the whole table.
+//! Fragments are merged up to `target_rows_per_fragment` rows (fewer where
+//! rows are wide: [`fragment_rows`]), so a routine merge rewrites only the
+//! recent small fragments, never the whole table.
 //! A commit conflict (another process, a concurrent update) is retried.
 
 use std::collections::HashMap;
@@ -88,6 +89,39 @@ where
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// A routine merge's fragment holds at most about this many bytes...
+const FRAGMENT_MAX_BYTES: usize = 32 << 20;
+/// ...but never fewer rows than this (or `target_rows`, if fewer).
+const FRAGMENT_MIN_ROWS: usize = 256;
+
+/// The rows a routine merge of `table` builds its fragments up to:
+/// `target_rows`, or fewer where the rows are wide (see [`rows_within`]).
+pub async fn fragment_rows(table: &Table, target_rows: usize) -> usize {
+    match table.stats().await {
+        Ok(s) => rows_within(
+            target_rows,
+            s.total_bytes,
+            s.num_rows + s.num_deleted_rows.unwrap_or(0),
+        ),
+        Err(_) => target_rows,
+    }
+}
+
+/// `target_rows`, or as many rows of `bytes / rows` bytes each as fill
+/// [`FRAGMENT_MAX_BYTES`], if fewer. Lance merges every fragment of fewer
+/// rows than the target, so a table whose rows are wide never fills one
+/// (the graph's: an entity's or edge's row holds up to 2,000 memory ids,
+/// tens of kilobytes, and a million memories make a few thousand of them)
+/// and each merge rewrote all of it: the graph's tidy passes grew from
+/// 0.1 s to 12 s over a bulk import to a million memories. A fragment that
+/// holds its share of bytes is left alone, like any full one.
+pub(super) fn rows_within(target_rows: usize, bytes: usize, rows: usize) -> usize {
+    let per_row = (bytes / rows.max(1)).max(1);
+    target_rows
+        .min(FRAGMENT_MAX_BYTES / per_row)
+        .max(FRAGMENT_MIN_ROWS.min(target_rows))
 }
 
 /// Merge the small fragments of `table` into fragments of up to
@@ -774,7 +808,8 @@ pub async fn erase_deleted(table: &Table, fts_column: Option<&str>) -> Result<Er
 }
 
 /// Check `tables` every `m.check_every` and merge the small fragments of any
-/// with more than `m.max_fragments`; runs until aborted.
+/// with more than `m.max_fragments` (up to [`fragment_rows`]); runs until
+/// aborted.
 pub async fn watch(tables: Vec<(&'static str, Table)>, m: Maintenance) {
     if m.check_every.is_zero() {
         return;
@@ -795,7 +830,8 @@ pub async fn watch(tables: Vec<(&'static str, Table)>, m: Maintenance) {
                 continue;
             }
             let started = std::time::Instant::now();
-            match merge_small_fragments(table, m.target_rows_per_fragment).await {
+            let target = fragment_rows(table, m.target_rows_per_fragment).await;
+            match merge_small_fragments(table, target).await {
                 Ok(()) => {
                     tracing::debug!(table = name, fragments, took = ?started.elapsed(), "small fragments merged")
                 }
@@ -821,6 +857,21 @@ mod tests {
     use super::*;
     use crate::core::model::Chunk;
     use crate::store::Store;
+
+    /// Rows of a memory's width keep the target; the graph's wide rows
+    /// (an entity with 2,000 memory ids) fill a fragment by bytes, so a
+    /// merge leaves full ones alone; no table goes below the floor, and an
+    /// empty one keeps the target.
+    #[test]
+    fn wide_rows_fill_a_fragment_by_bytes() {
+        assert_eq!(rows_within(8192, 2_500 * 100_000, 100_000), 8192);
+        let wide = rows_within(8192, 40_000 * 5_000, 5_000);
+        assert_eq!(wide, FRAGMENT_MAX_BYTES / 40_000);
+        assert!((256..1_000).contains(&wide), "{wide}");
+        assert_eq!(rows_within(8192, 10 << 20, 2), FRAGMENT_MIN_ROWS);
+        assert_eq!(rows_within(100, 10 << 20, 2), 100);
+        assert_eq!(rows_within(8192, 0, 0), 8192);
+    }
 
     /// A bulk load from 100k to 3M rows, refreshed every 10k rows: the
     /// vector index never holds more than eight pieces, never leaves more
