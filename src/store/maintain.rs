@@ -92,7 +92,7 @@ where
 }
 
 /// A routine merge's fragment holds at most about this many bytes...
-const FRAGMENT_MAX_BYTES: usize = 32 << 20;
+const FRAGMENT_MAX_BYTES: usize = 8 << 20;
 /// ...but never fewer rows than this (or `target_rows`, if fewer).
 const FRAGMENT_MIN_ROWS: usize = 256;
 
@@ -865,8 +865,8 @@ mod tests {
     #[test]
     fn wide_rows_fill_a_fragment_by_bytes() {
         assert_eq!(rows_within(8192, 2_500 * 100_000, 100_000), 8192);
-        let wide = rows_within(8192, 40_000 * 5_000, 5_000);
-        assert_eq!(wide, FRAGMENT_MAX_BYTES / 40_000);
+        let wide = rows_within(8192, 10_000 * 5_000, 5_000);
+        assert_eq!(wide, FRAGMENT_MAX_BYTES / 10_000);
         assert!((256..1_000).contains(&wide), "{wide}");
         assert_eq!(rows_within(8192, 10 << 20, 2), FRAGMENT_MIN_ROWS);
         assert_eq!(rows_within(100, 10 << 20, 2), 100);
