@@ -401,6 +401,11 @@ impl Store {
         &self.chunks
     }
 
+    /// Memories committed since the store opened (new and replaced rows).
+    pub fn rows_written(&self) -> u64 {
+        self.writer.rows_written()
+    }
+
     /// Wait until no vector index build runs on `chunks` (a merge of its
     /// fragments meanwhile would fail the build's commit; see
     /// [`maintain::VectorBuild`]).

@@ -60,6 +60,8 @@ pub struct ChunkWriter {
     tx: mpsc::Sender<WriteOp>,
     known: Arc<KnownIds>,
     placed: Arc<super::moving::Placed>,
+    /// New and replaced rows committed since the writer started.
+    written: std::sync::atomic::AtomicU64,
 }
 
 /// The ids the table may hold, as 64-bit hashes, so that a row whose id
@@ -141,7 +143,23 @@ impl ChunkWriter {
             placed: placed.clone(),
         };
         tokio::spawn(run(sink, max_rows, maintenance, gate, building, rx));
-        ChunkWriter { tx, known, placed }
+        ChunkWriter {
+            tx,
+            known,
+            placed,
+            written: Default::default(),
+        }
+    }
+
+    /// New and replaced rows committed since the writer started (pipeline
+    /// batches and upserts): how fast rows arrive.
+    pub fn rows_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn count(&self, rows: usize) {
+        self.written
+            .fetch_add(rows as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The table was rolled back: the ids it holds, and where its rows lie,
@@ -155,7 +173,10 @@ impl ChunkWriter {
         if chunks.is_empty() {
             return Ok(());
         }
-        self.ask(|done| WriteOp::Upsert(chunks, done)).await
+        let rows = chunks.len();
+        self.ask(|done| WriteOp::Upsert(chunks, done)).await?;
+        self.count(rows);
+        Ok(())
     }
 
     /// Append `fresh` — rows no stored row can share an id with (ids the
@@ -178,7 +199,10 @@ impl ChunkWriter {
         if batch.fresh.is_empty() && batch.rows.is_empty() && batch.side.is_empty() {
             return Ok(());
         }
-        self.ask(|done| WriteOp::Commit(batch, done)).await
+        let rows = batch.fresh.len() + batch.rows.len();
+        self.ask(|done| WriteOp::Commit(batch, done)).await?;
+        self.count(rows);
+        Ok(())
     }
 
     pub async fn delete(&self, predicate: String, streams: Option<Vec<String>>) -> Result<u64> {
