@@ -858,13 +858,13 @@ mod tests {
     use crate::core::model::Chunk;
     use crate::store::Store;
 
-    /// Rows of a memory's width keep the target; the graph's wide rows
-    /// (an entity with 2,000 memory ids) fill a fragment by bytes, so a
-    /// merge leaves full ones alone; no table goes below the floor, and an
-    /// empty one keeps the target.
+    /// Narrow rows (a history entry's) keep the target; wide ones (an
+    /// entity's row with hundreds of memory ids) fill a fragment by bytes,
+    /// so a merge leaves full ones alone; no table goes below the floor,
+    /// and an empty one keeps the target.
     #[test]
     fn wide_rows_fill_a_fragment_by_bytes() {
-        assert_eq!(rows_within(8192, 2_500 * 100_000, 100_000), 8192);
+        assert_eq!(rows_within(8192, 1_000 * 100_000, 100_000), 8192);
         let wide = rows_within(8192, 10_000 * 5_000, 5_000);
         assert_eq!(wide, FRAGMENT_MAX_BYTES / 10_000);
         assert!((256..1_000).contains(&wide), "{wide}");
