@@ -324,10 +324,9 @@ const GRAPH_LINGER: std::time::Duration = std::time::Duration::from_millis(1000)
 /// in: a bulk import (~27,000 mentions and relations a second) at 4,096
 /// committed six times a second, 190 commits and 9.6 s of the graph's
 /// thread over 300,000 records; at 32,768 it commits about once a second
-/// ([`GRAPH_LINGER`]): 34 commits, 3.3 s. Imports grew faster (~58,000 a
-/// second at a million records), and at 32,768 committed twice a second;
-/// each commit's two upserts and reads cost ~65 ms whatever their rows.
-const GRAPH_QUEUE_MAX: usize = 131_072;
+/// ([`GRAPH_LINGER`]): 34 commits, 3.3 s. At 131,072 (session 79), a
+/// million-record import was no faster.
+const GRAPH_QUEUE_MAX: usize = 32_768;
 
 /// What waits for the next commit, and whether a flush task runs.
 #[derive(Default)]
