@@ -246,6 +246,12 @@ impl Mention {
     pub fn entity_id(&self) -> String {
         format!("{}/{}", self.stream, self.key)
     }
+
+    /// The parts of [`Mention::entity_id`], to group mentions by row
+    /// without putting the id together for each.
+    fn row_key(&self) -> (&str, &str) {
+        (&self.stream, &self.key)
+    }
 }
 
 impl Relation {
@@ -255,6 +261,11 @@ impl Relation {
             "{}/{}/{}/{}",
             self.stream, self.source, self.relation, self.target
         )
+    }
+
+    /// The parts of [`Relation::edge_id`] (see [`Mention::row_key`]).
+    fn row_key(&self) -> (&str, &str, &str, &str) {
+        (&self.stream, &self.source, &self.relation, &self.target)
     }
 }
 
@@ -543,7 +554,7 @@ impl Known {
         let held = mentions
             .into_iter()
             .filter(|m| self.streams.contains_key(&m.stream));
-        for (_, ms) in grouped(held, |m| m.entity_id()) {
+        for (_, ms) in grouped(held, |m| m.row_key()) {
             let Some(rows) = self.streams.get_mut(&ms[0].stream) else {
                 continue;
             };
@@ -692,12 +703,12 @@ fn add_refs<'a>(list: &mut Vec<String>, ids: impl IntoIterator<Item = &'a str>) 
 }
 
 /// Items grouped by `key`, the groups in the order of their first item.
-fn grouped<T>(
+fn grouped<T, K: std::hash::Hash + Eq + Clone>(
     items: impl IntoIterator<Item = T>,
-    key: impl Fn(&T) -> String,
-) -> Vec<(String, Vec<T>)> {
-    let mut at: HashMap<String, usize> = HashMap::new();
-    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    key: impl Fn(&T) -> K,
+) -> Vec<(K, Vec<T>)> {
+    let mut at: HashMap<K, usize> = HashMap::new();
+    let mut groups: Vec<(K, Vec<T>)> = Vec::new();
     for item in items {
         let k = key(&item);
         match at.get(&k) {
@@ -1033,11 +1044,14 @@ impl GraphTables {
         let _merging = self.merging.lock().await;
         let _gate = self.gate.read().await;
         if !mentions.is_empty() || !strips.entities.is_empty() {
+            // Grouped by their row's parts: an id is put together once a row.
+            let groups = grouped(mentions, |m| m.row_key());
             let fold = |rows: &mut HashMap<String, EntityRow>| {
                 let mut touched = Vec::new();
-                for (id, ms) in grouped(mentions, |m| m.entity_id()) {
+                for (_, ms) in &groups {
+                    let id = ms[0].entity_id();
                     let row = rows.entry(id.clone()).or_insert_with(|| new_entity(ms[0]));
-                    fold_mentions(row, &ms);
+                    fold_mentions(row, ms);
                     touched.push(id);
                 }
                 touched
@@ -1045,7 +1059,7 @@ impl GraphTables {
             let (kept, emptied) = restate(
                 &self.entities,
                 entity_rows,
-                mentions.iter().map(Mention::entity_id),
+                groups.iter().map(|(_, ms)| ms[0].entity_id()),
                 &strips.entities,
                 fold,
             )
@@ -1063,10 +1077,12 @@ impl GraphTables {
             self.written(kept.len()).await;
         }
         if !relations.is_empty() || !strips.edges.is_empty() {
+            let groups = grouped(relations, |r| r.row_key());
             let fold = |rows: &mut HashMap<String, EdgeRow>| {
                 let mut touched = Vec::new();
-                for (id, rs) in grouped(relations, |r| r.edge_id()) {
+                for (_, rs) in &groups {
                     let r = rs[0];
+                    let id = r.edge_id();
                     let row = rows.entry(id.clone()).or_insert_with(|| EdgeRow {
                         id: id.clone(),
                         stream: r.stream.clone(),
@@ -1087,7 +1103,7 @@ impl GraphTables {
             let (kept, emptied) = restate(
                 &self.edges,
                 edge_rows,
-                relations.iter().map(Relation::edge_id),
+                groups.iter().map(|(_, rs)| rs[0].edge_id()),
                 &strips.edges,
                 fold,
             )
