@@ -1177,6 +1177,22 @@ mod tests {
         assert!(secondary_due(800_000, 100_000));
     }
 
+    /// The writer counts the rows it commits, new and replaced (what the
+    /// vector indexer reads as how fast rows arrive); a write of nothing
+    /// counts nothing.
+    #[tokio::test]
+    async fn the_writer_counts_the_rows_it_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = open(tmp.path(), Maintenance::off()).await;
+        assert_eq!(store.rows_written(), 0);
+        store.upsert(memories_with_vectors(0, 300)).await.unwrap();
+        assert_eq!(store.rows_written(), 300);
+        store.upsert(memories_with_vectors(200, 150)).await.unwrap();
+        assert_eq!(store.rows_written(), 450);
+        store.upsert(Vec::new()).await.unwrap();
+        assert_eq!(store.rows_written(), 450);
+    }
+
     /// Work run `apart` leaves nothing behind that later reads on the
     /// caller's runtime wait on: after an index build and a refresh there,
     /// merges on `id` and a vector search through Lance answer.
