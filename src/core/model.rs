@@ -255,18 +255,21 @@ pub enum ModelError {
     Arrow(#[from] arrow_schema::ArrowError),
 }
 
-fn strings<'a>(chunks: &'a [Chunk], f: impl Fn(&'a Chunk) -> Option<&'a str>) -> ArrayRef {
+/// A column of strings, one per row (null where `f` gives none): of chunks,
+/// and of the rows of the other tables (the graph's).
+pub(crate) fn strings<'a, T>(rows: &'a [T], f: impl Fn(&'a T) -> Option<&'a str>) -> ArrayRef {
     let mut b = StringBuilder::new();
-    for c in chunks {
-        b.append_option(f(c));
+    for r in rows {
+        b.append_option(f(r));
     }
     Arc::new(b.finish())
 }
 
-fn lists(chunks: &[Chunk], f: impl Fn(&Chunk) -> &Vec<String>) -> ArrayRef {
+/// A column of string lists, one list per row, none null.
+pub(crate) fn lists<T>(rows: &[T], f: impl Fn(&T) -> &Vec<String>) -> ArrayRef {
     let mut b = ListBuilder::new(StringBuilder::new());
-    for c in chunks {
-        for v in f(c) {
+    for r in rows {
+        for v in f(r) {
             b.values().append_value(v);
         }
         b.append(true);
@@ -274,10 +277,20 @@ fn lists(chunks: &[Chunk], f: impl Fn(&Chunk) -> &Vec<String>) -> ArrayRef {
     Arc::new(b.finish())
 }
 
-fn times(chunks: &[Chunk], f: impl Fn(&Chunk) -> Option<Micros>) -> ArrayRef {
+/// A column of times (microseconds, no zone), null where `f` gives none.
+pub(crate) fn times<T>(rows: &[T], f: impl Fn(&T) -> Option<Micros>) -> ArrayRef {
     let mut b = TimestampMicrosecondBuilder::new();
-    for c in chunks {
-        b.append_option(f(c));
+    for r in rows {
+        b.append_option(f(r));
+    }
+    Arc::new(b.finish())
+}
+
+/// A column of 64-bit integers, one per row.
+pub(crate) fn int64s<T>(rows: &[T], f: impl Fn(&T) -> i64) -> ArrayRef {
+    let mut b = Int64Builder::new();
+    for r in rows {
+        b.append_value(f(r));
     }
     Arc::new(b.finish())
 }
@@ -328,10 +341,6 @@ pub fn chunks_to_batch(chunks: &[Chunk], dim: usize) -> Result<RecordBatch, Mode
             }
         }
     }
-    let mut access = Int64Builder::new();
-    for c in chunks {
-        access.append_value(c.access_count);
-    }
     let columns: Vec<ArrayRef> = vec![
         strings(chunks, |c| Some(&c.id)),
         strings(chunks, |c| Some(&c.stream)),
@@ -365,7 +374,7 @@ pub fn chunks_to_batch(chunks: &[Chunk], dim: usize) -> Result<RecordBatch, Mode
         ints(chunks, |c| c.version),
         Arc::new(emb.finish()),
         strings(chunks, |c| c.embed_model.as_deref()),
-        Arc::new(access.finish()),
+        int64s(chunks, |c| c.access_count),
         times(chunks, |c| c.last_accessed_at),
     ];
     Ok(RecordBatch::try_new(chunk_schema(dim), columns)?)

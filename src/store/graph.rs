@@ -117,51 +117,24 @@ pub fn rows_to_batch<T: Serialize>(schema: SchemaRef, rows: &[T]) -> Result<Reco
         .ok_or_else(|| StoreError::Model(crate::core::model::ModelError::Column("no rows".into())))
 }
 
-/// A column of strings, one per row.
-fn strings<'a>(values: impl Iterator<Item = &'a str>) -> arrow_array::ArrayRef {
-    Arc::new(arrow_array::StringArray::from_iter_values(values))
-}
-
-/// A column of string lists ([`str_list`]), one list per row, none null.
-fn string_lists<'a>(lists: impl Iterator<Item = &'a [String]>) -> arrow_array::ArrayRef {
-    let mut b = arrow_array::builder::ListBuilder::new(arrow_array::builder::StringBuilder::new());
-    for list in lists {
-        for s in list {
-            b.values().append_value(s);
-        }
-        b.append(true);
-    }
-    Arc::new(b.finish())
-}
-
-fn int64s(values: impl Iterator<Item = i64>) -> arrow_array::ArrayRef {
-    Arc::new(arrow_array::Int64Array::from_iter_values(values))
-}
-
-/// A column of [`ts`] times.
-fn times(values: impl Iterator<Item = Micros>) -> arrow_array::ArrayRef {
-    Arc::new(arrow_array::TimestampMicrosecondArray::from_iter_values(
-        values,
-    ))
-}
-
 /// Entity rows as a batch of [`entity_schema`], built column by column: a
 /// group commit rewrites up to [`MAX_CHUNK_REFS`] references a row, each
 /// serialised to JSON and parsed back by [`rows_to_batch`] (about a
 /// twentieth of the upsert at a million-record import; the rest is Lance's
 /// `merge_insert`).
 fn entity_batch(rows: &[EntityRow]) -> Result<RecordBatch> {
+    use crate::core::model::{int64s, lists, strings, times};
     let columns = vec![
-        strings(rows.iter().map(|r| r.id.as_str())),
-        strings(rows.iter().map(|r| r.stream.as_str())),
-        strings(rows.iter().map(|r| r.key.as_str())),
-        strings(rows.iter().map(|r| r.name.as_str())),
-        strings(rows.iter().map(|r| r.entity_type.as_str())),
-        string_lists(rows.iter().map(|r| r.aliases.as_slice())),
-        string_lists(rows.iter().map(|r| r.chunk_ids.as_slice())),
-        int64s(rows.iter().map(|r| r.chunk_count)),
-        times(rows.iter().map(|r| r.first_seen)),
-        times(rows.iter().map(|r| r.last_seen)),
+        strings(rows, |r| Some(&r.id)),
+        strings(rows, |r| Some(&r.stream)),
+        strings(rows, |r| Some(&r.key)),
+        strings(rows, |r| Some(&r.name)),
+        strings(rows, |r| Some(&r.entity_type)),
+        lists(rows, |r| &r.aliases),
+        lists(rows, |r| &r.chunk_ids),
+        int64s(rows, |r| r.chunk_count),
+        times(rows, |r| Some(r.first_seen)),
+        times(rows, |r| Some(r.last_seen)),
     ];
     Ok(RecordBatch::try_new(entity_schema(), columns)
         .map_err(crate::core::model::ModelError::from)?)
@@ -169,15 +142,16 @@ fn entity_batch(rows: &[EntityRow]) -> Result<RecordBatch> {
 
 /// Edge rows as a batch of [`edge_schema`] (see [`entity_batch`]).
 fn edge_batch(rows: &[EdgeRow]) -> Result<RecordBatch> {
+    use crate::core::model::{int64s, lists, strings, times};
     let columns = vec![
-        strings(rows.iter().map(|r| r.id.as_str())),
-        strings(rows.iter().map(|r| r.stream.as_str())),
-        strings(rows.iter().map(|r| r.source.as_str())),
-        strings(rows.iter().map(|r| r.target.as_str())),
-        strings(rows.iter().map(|r| r.relation.as_str())),
-        int64s(rows.iter().map(|r| r.weight)),
-        string_lists(rows.iter().map(|r| r.chunk_ids.as_slice())),
-        times(rows.iter().map(|r| r.updated_at)),
+        strings(rows, |r| Some(&r.id)),
+        strings(rows, |r| Some(&r.stream)),
+        strings(rows, |r| Some(&r.source)),
+        strings(rows, |r| Some(&r.target)),
+        strings(rows, |r| Some(&r.relation)),
+        int64s(rows, |r| r.weight),
+        lists(rows, |r| &r.chunk_ids),
+        times(rows, |r| Some(r.updated_at)),
     ];
     Ok(RecordBatch::try_new(edge_schema(), columns)
         .map_err(crate::core::model::ModelError::from)?)

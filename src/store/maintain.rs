@@ -100,13 +100,15 @@ const FRAGMENT_MIN_ROWS: usize = 256;
 /// `target_rows`, or fewer where the rows are wide (see [`rows_within`]).
 pub async fn fragment_rows(table: &Table, target_rows: usize) -> usize {
     match table.stats().await {
-        Ok(s) => rows_within(
-            target_rows,
-            s.total_bytes,
-            s.num_rows + s.num_deleted_rows.unwrap_or(0),
-        ),
+        Ok(s) => fragment_rows_of(&s, target_rows),
         Err(_) => target_rows,
     }
+}
+
+/// [`fragment_rows`] from statistics already read.
+fn fragment_rows_of(stats: &lancedb::table::TableStatistics, target_rows: usize) -> usize {
+    let rows = stats.num_rows + stats.num_deleted_rows.unwrap_or(0);
+    rows_within(target_rows, stats.total_bytes, rows)
 }
 
 /// `target_rows`, or as many rows of `bytes / rows` bytes each as fill
@@ -819,18 +821,19 @@ pub async fn watch(tables: Vec<(&'static str, Table)>, m: Maintenance) {
     loop {
         tick.tick().await;
         for (name, table) in &tables {
-            let fragments = match table.stats().await {
-                Ok(s) => s.fragment_stats.num_fragments,
+            let stats = match table.stats().await {
+                Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(table = name, error = %e, "table stats unavailable");
                     continue;
                 }
             };
+            let fragments = stats.fragment_stats.num_fragments;
             if fragments <= m.max_fragments {
                 continue;
             }
             let started = std::time::Instant::now();
-            let target = fragment_rows(table, m.target_rows_per_fragment).await;
+            let target = fragment_rows_of(&stats, m.target_rows_per_fragment);
             match merge_small_fragments(table, target).await {
                 Ok(()) => {
                     tracing::debug!(table = name, fragments, took = ?started.elapsed(), "small fragments merged")
