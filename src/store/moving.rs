@@ -68,14 +68,14 @@ impl Snapshot {
     /// the index and the rows it does not cover yet); then the rows are
     /// taken from them. A remembered address whose fragment has left this
     /// version, or whose row is deleted in it, takes nothing, and its id
-    /// is looked up.
+    /// is looked up. Also says how many ids were looked up.
     pub async fn located<S: AsRef<str>>(
         &self,
         ids: &[S],
         placed: &Placed,
-    ) -> Result<Vec<(Chunk, u64)>> {
+    ) -> Result<(Vec<(Chunk, u64)>, usize)> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let started = std::time::Instant::now();
         let remembered = placed.recall(ids.iter().map(|id| id.as_ref()));
@@ -103,7 +103,7 @@ impl Snapshot {
             taken = ?started.elapsed() - remembered_took - lookup_took,
             "moved memories read"
         );
-        Ok(found)
+        Ok((found, missing.len()))
     }
 
     /// The addresses of the rows with these ids, from the `id` index.
@@ -441,12 +441,17 @@ mod tests {
             .unwrap()
     }
 
-    async fn located(table: &Table, placed: &Placed, ids: &[&str]) -> HashMap<String, u64> {
+    /// Where `located` finds `ids`, and how many of them it looked up.
+    async fn located(
+        table: &Table,
+        placed: &Placed,
+        ids: &[&str],
+    ) -> (HashMap<String, u64>, usize) {
         let snapshot = Snapshot::of(table).await.unwrap();
-        let found = snapshot.located(ids, placed).await.unwrap();
+        let (found, looked_up) = snapshot.located(ids, placed).await.unwrap();
         let at: HashMap<String, u64> = found.iter().map(|(c, a)| (c.id.clone(), *a)).collect();
         assert_eq!(at.len(), found.len(), "one row an id: {found:?}");
-        at
+        (at, looked_up)
     }
 
     /// The rows a batch commits are remembered where Lance put them; a
@@ -473,23 +478,25 @@ mod tests {
         assert_eq!(known["m5"], (f2 << 32) | 1);
 
         let ids = ["m1", "m5", "nope"];
-        let at = located(table, &placed, &ids).await;
+        let (at, looked_up) = located(table, &placed, &ids).await;
         assert_eq!(at, lookup(table, &ids).await);
         assert_eq!(at.len(), 2);
+        assert_eq!(looked_up, 1, "only the id never placed is looked up");
 
         // A deleted row is not taken from its remembered address.
         table.delete("id = 'm1'").await.unwrap();
-        let at = located(table, &placed, &["m1", "m2"]).await;
+        let (at, looked_up) = located(table, &placed, &["m1", "m2"]).await;
         assert_eq!(at.keys().collect::<Vec<_>>(), vec!["m2"]);
+        assert_eq!(looked_up, 1);
 
         // A merge rewrites both fragments: every remembered address is gone.
         merge_small_fragments(table, 1000).await.unwrap();
         let manifest = table.as_native().unwrap().manifest().await.unwrap();
         assert!(manifest.fragments.iter().all(|f| f.id != f1 && f.id != f2));
         let ids = ["m0", "m2", "m4", "m5"];
-        let at = located(table, &placed, &ids).await;
+        let (at, looked_up) = located(table, &placed, &ids).await;
         assert_eq!(at, lookup(table, &ids).await);
-        assert_eq!(at.len(), 4);
+        assert_eq!((at.len(), looked_up), (4, 4));
 
         // A wrong guess (an address holding another id) is not believed.
         {
@@ -497,9 +504,9 @@ mod tests {
             let m4 = placed.hash("m4");
             rows.at.insert(m4, at["m5"]);
         }
-        let at = located(table, &placed, &["m4"]).await;
+        let (at, looked_up) = located(table, &placed, &["m4"]).await;
         assert_eq!(at, lookup(table, &["m4"]).await);
-        assert_eq!(at.len(), 1);
+        assert_eq!((at.len(), looked_up), (1, 1));
     }
 
     /// Ids that do not add up to the fragments' rows are not remembered;

@@ -400,6 +400,9 @@ async fn run(
     let table = &sink.table;
     let mut next: Option<WriteOp> = None;
     let mut since_refresh = 0usize;
+    // Whether a write read through the `id` index since the last refresh
+    // began (see `RefreshScope::Pressing`).
+    let mut by_id = false;
     let mut refresher = Refresher::default();
     // Commits weigh by the fragment they leave: a small one (an agent's store)
     // counts in full, a bulk one (an import batch of a few hundred rows or
@@ -464,6 +467,7 @@ async fn run(
                                 && refresher.start(table, RefreshScope::Everything)
                             {
                                 since_refresh = 0;
+                                by_id = false;
                             }
                         } else if merge_may(since_compact, 1)
                             && start_merge(&mut merger, &refresher, &toucher, true)
@@ -497,6 +501,7 @@ async fn run(
                 return;
             }
             WriteOp::Delete(predicate, streams, done) => {
+                by_id = true;
                 let result = sink.delete(&predicate, streams.as_deref()).await;
                 since_compact += BIG_COMMIT_WEIGHT;
                 let _ = done.send(result);
@@ -504,7 +509,9 @@ async fn run(
             WriteOp::Commit(batch, done) => {
                 let started = std::time::Instant::now();
                 let result = commit(&sink, batch, &mut merger, &mut toucher).await;
-                let n = result.as_ref().copied().unwrap_or(0);
+                // A failed commit may have read by id before it failed.
+                by_id |= result.as_ref().map_or(true, |c| c.by_id);
+                let n = result.as_ref().map_or(0, |c| c.rows);
                 if result.is_ok() {
                     let m = crate::core::metrics::metrics();
                     crate::core::metrics::observe(&m.commit_seconds, started.elapsed());
@@ -516,6 +523,7 @@ async fn run(
                 let _ = done.send(result.map(|_| ()));
             }
             WriteOp::Modify(ids, mut modify, done) => {
+                by_id = true;
                 let started = std::time::Instant::now();
                 let result = async {
                     let filter = super::Filter::new().ids(&ids).predicate();
@@ -537,11 +545,14 @@ async fn run(
                 let _ = done.send(result);
             }
             WriteOp::Touch(accesses, done) => {
+                // The access flush merges its counters on `id`.
+                by_id = true;
                 toucher
                     .start(&sink, accesses, done, &merger.rewrite, held)
                     .await;
             }
             WriteOp::Upsert(chunks, done) => {
+                by_id = true;
                 let mut rows = chunks.len();
                 let mut group = vec![(chunks, done)];
                 // Fold the upserts already waiting into this commit.
@@ -574,9 +585,10 @@ async fn run(
         // Every kind of write counts (the pipeline's are `Commit`s): rows the
         // indexes do not cover are searched flat, at a cost that grows with them.
         since_refresh += toucher.take_written();
-        if let Some(scope) = refresher.due(since_refresh) {
+        if let Some(scope) = refresher.due(since_refresh, by_id) {
             if !merge_due(since_compact) && !merger.busy() && refresher.start(table, scope) {
                 since_refresh = 0;
+                by_id = false;
             }
         }
     }
@@ -826,12 +838,13 @@ impl Refresher {
 
     /// Whether `unindexed` rows call for a refresh now, and of what: rows
     /// that pour in (`INDEX_REFRESH_ROWS` within `INDEX_REFRESH_QUIET`) a
-    /// pressing one, rows that trickle in all of them.
-    fn due(&self, unindexed: usize) -> Option<RefreshScope> {
+    /// pressing one (of the `id` index too when writes read through it:
+    /// `by_id`), rows that trickle in all of them.
+    fn due(&self, unindexed: usize, by_id: bool) -> Option<RefreshScope> {
         if unindexed >= INDEX_REFRESH_MIN_ROWS && self.quiet() {
             Some(RefreshScope::Everything)
         } else if unindexed >= INDEX_REFRESH_ROWS {
-            Some(RefreshScope::Pressing)
+            Some(RefreshScope::Pressing { by_id })
         } else {
             None
         }
@@ -872,14 +885,22 @@ impl Refresher {
     }
 }
 
-/// A pipeline batch's write (see [`ChunkWriter::commit_batch`]); returns the
-/// rows written.
+/// What a pipeline batch's write did: the rows it wrote, and whether it
+/// read through the `id` index (looked up the owners of ids the table may
+/// hold, or moved memories whose addresses it did not remember, or merged
+/// rows on `id`).
+struct Committed {
+    rows: usize,
+    by_id: bool,
+}
+
+/// A pipeline batch's write (see [`ChunkWriter::commit_batch`]).
 async fn commit(
     sink: &Sink,
     batch: WriteBatch,
     merger: &mut Merger,
     toucher: &mut Toucher,
-) -> Result<usize> {
+) -> Result<Committed> {
     let WriteBatch {
         fresh,
         rows,
@@ -889,6 +910,7 @@ async fn commit(
     } = batch;
     let table = &sink.table;
     // Only ids the table may hold are looked up.
+    let mut owners_read = false;
     let owners = if rows.is_empty() {
         HashMap::new()
     } else {
@@ -897,6 +919,7 @@ async fn commit(
         if maybe.is_empty() {
             HashMap::new()
         } else {
+            owners_read = true;
             super::read_owners(table, &maybe, true).await?
         }
     };
@@ -931,11 +954,15 @@ async fn commit(
         }
     }
     logged?;
-    written
+    let written = written?;
+    Ok(Committed {
+        by_id: written.by_id || owners_read,
+        ..written
+    })
 }
 
 /// A batch's chunk writes, once it is past the refusal check (`owners`:
-/// the stored rows among `rows`' ids); returns the rows written.
+/// the stored rows among `rows`' ids).
 async fn write_chunks(
     sink: &Sink,
     mut fresh: Vec<Chunk>,
@@ -944,7 +971,7 @@ async fn write_chunks(
     owners: &HashMap<String, super::Owner>,
     merger: &mut Merger,
     toucher: &mut Toucher,
-) -> Result<usize> {
+) -> Result<Committed> {
     // Rows whose id nothing stores are appended with `fresh`: of an id the
     // batch repeats, the last (a merge on `id` kept the same one), and a side
     // effect on one of them gives way to its own row, the record's final
@@ -992,7 +1019,10 @@ async fn write_chunks(
         attempts = attempt,
         "batch commit phases"
     );
-    Ok(appended + rows.len() + moved.written)
+    Ok(Committed {
+        rows: appended + rows.len() + moved.written,
+        by_id: !rows.is_empty() || moved.looked_up > 0,
+    })
 }
 
 /// Attempts at a batch's write of its new rows and its side effects' moved
@@ -1004,6 +1034,8 @@ const MOVE_ATTEMPTS: u32 = 4;
 struct Moved {
     written: usize,
     gone: usize,
+    /// Moved memories whose addresses were looked up by id.
+    looked_up: usize,
 }
 
 /// When [`write_fresh_and_moved`]'s phases ended.
@@ -1041,9 +1073,8 @@ async fn write_fresh_and_moved(
     // way to its own row, the record's final form, see `write::plan`).
     let prepare = async {
         let ids: Vec<&str> = side.iter().map(|c| c.id.as_str()).collect();
-        let mut stored: HashMap<String, (Chunk, u64)> = snapshot
-            .located(&ids, &sink.placed)
-            .await?
+        let (located, looked_up) = snapshot.located(&ids, &sink.placed).await?;
+        let mut stored: HashMap<String, (Chunk, u64)> = located
             .into_iter()
             .map(|(c, at)| (c.id.clone(), (c, at)))
             .collect();
@@ -1070,10 +1101,10 @@ async fn write_fresh_and_moved(
             // Dropped unsent (an error): the write ends with the new rows.
             let _ = send.send(crate::core::model::chunks_to_batch(&moved, sink.dim)?);
         }
-        Ok::<_, StoreError>((moved, replaced, gone, read))
+        Ok::<_, StoreError>((moved, replaced, gone, looked_up, read))
     };
     let (written, prepared) = futures::join!(snapshot.write(first, then), prepare);
-    let (moved, replaced, gone, read) = prepared?;
+    let (moved, replaced, gone, looked_up, read) = prepared?;
     let new_fragments = written?;
     // Moving stored rows writes their fragments' deletions, so the commit
     // waits for a merge that has taken one of those fragments (or has a
@@ -1119,6 +1150,7 @@ async fn write_fresh_and_moved(
         Moved {
             written: moved.len(),
             gone,
+            looked_up,
         },
         timings,
     ))
@@ -1170,6 +1202,31 @@ mod tests {
     use crate::core::model::Chunk;
     use crate::store::Store;
     use std::sync::Arc;
+
+    /// Rows that trickle in call for a refresh of every index; rows that
+    /// pour in soon after the last refresh, for a pressing one, which takes
+    /// in the `id` index only when a write read through it.
+    #[test]
+    fn pouring_rows_refresh_the_id_index_only_when_it_was_read() {
+        use super::{Refresher, RefreshScope, INDEX_REFRESH_MIN_ROWS, INDEX_REFRESH_ROWS};
+        let idle = Refresher::default();
+        assert_eq!(idle.due(INDEX_REFRESH_MIN_ROWS - 1, true), None);
+        assert_eq!(
+            idle.due(INDEX_REFRESH_MIN_ROWS, false),
+            Some(RefreshScope::Everything)
+        );
+        let pouring = Refresher {
+            last: Some(std::time::Instant::now()),
+            ..Refresher::default()
+        };
+        assert_eq!(pouring.due(INDEX_REFRESH_ROWS - 1, true), None);
+        for by_id in [false, true] {
+            assert_eq!(
+                pouring.due(INDEX_REFRESH_ROWS, by_id),
+                Some(RefreshScope::Pressing { by_id })
+            );
+        }
+    }
 
     #[tokio::test]
     async fn memories_stored_through_the_pipeline_get_indexed() {
