@@ -881,7 +881,7 @@ impl HotIndex {
     }
 
     /// A commit of these chunks landed: apply it to the loaded streams.
-    pub fn apply<'a>(&self, chunks: impl IntoIterator<Item = &'a Chunk>) {
+    pub fn apply(&self, chunks: impl IntoIterator<Item = Chunk>) {
         let mut st = self.state.lock().expect("hot index lock");
         if st.streams.is_empty() {
             return;
@@ -891,15 +891,19 @@ impl HotIndex {
             let Some(slot) = st.streams.get_mut(&c.stream) else {
                 continue;
             };
-            let row = || Row::new(c.clone(), self.admits(c));
             match slot {
                 Slot::Ready { index, .. } => {
-                    index.write().expect("stream index lock").apply(row());
                     if !grown.contains(&c.stream) {
                         grown.push(c.stream.clone());
                     }
+                    let admitted = self.admits(&c);
+                    let row = Row::new(c, admitted);
+                    index.write().expect("stream index lock").apply(row);
                 }
-                Slot::Loading { pending, .. } => pending.push(row()),
+                Slot::Loading { pending, .. } => {
+                    let admitted = self.admits(&c);
+                    pending.push(Row::new(c, admitted));
+                }
                 Slot::TooBig => {}
             }
         }
@@ -1545,7 +1549,7 @@ mod tests {
             "the wait lasts while the load does"
         );
         // A commit while the load runs reaches the index it installs.
-        hot.apply([&chunk("late", "s", &[0.0, 1.0])]);
+        hot.apply([chunk("late", "s", &[0.0, 1.0])]);
         let index = guard.finish(StreamIndex::new(dim)).expect("installed");
         assert_eq!(index.read().unwrap().len(), 1);
         assert!(
@@ -1553,7 +1557,7 @@ mod tests {
             "an installed load ends the wait"
         );
         // Later commits apply in place.
-        hot.apply([&chunk("b", "s", &[1.0, 0.0])]);
+        hot.apply([chunk("b", "s", &[1.0, 0.0])]);
         assert!(matches!(hot.lookup("s"), Lookup::Ready(ix) if ix.read().unwrap().len() == 2));
         // A delete during a load poisons it.
         let Lookup::Load(guard) = hot.lookup("t") else {

@@ -24,7 +24,7 @@ mod stream_read;
 mod writer;
 
 pub use location::Location;
-pub use writer::{Modifier, WriteBatch};
+pub use writer::{Modifier, Refusal, WriteBatch};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -111,8 +111,8 @@ pub enum StoreError {
     WriterGone,
     /// A write would have overwritten these memories of other streams, or
     /// immutable ones; nothing was written.
-    #[error("{} memories may not be overwritten", .0.len())]
-    Refused(std::collections::HashMap<String, Owner>),
+    #[error("{} memories may not be overwritten", .0.owners.len())]
+    Refused(Box<writer::Refusal>),
     #[error("entity graph: {0}")]
     Graph(String),
 }

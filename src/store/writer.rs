@@ -39,7 +39,7 @@ enum WriteOp {
 pub type Accesses = HashMap<String, (i64, crate::core::model::Micros)>;
 
 /// A pipeline batch's write.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct WriteBatch {
     /// Rows no stored row can share an id with.
     pub fresh: Vec<Chunk>,
@@ -54,6 +54,15 @@ pub struct WriteBatch {
     /// the history table beside the chunk writes, once the batch is not
     /// refused.
     pub history: Vec<super::HistoryRow>,
+}
+
+/// A write refused ([`StoreError::Refused`]): the owners of the memories
+/// it would have overwritten, and the write, unwritten, as it was given
+/// (its rows were moved into it, not copied).
+#[derive(Debug)]
+pub struct Refusal {
+    pub owners: HashMap<String, super::Owner>,
+    pub batch: WriteBatch,
 }
 
 pub struct ChunkWriter {
@@ -308,7 +317,7 @@ impl Sink {
             .when_matched_update_all(None)
             .when_not_matched_insert_all();
         merge.execute(reader).await?;
-        self.hot.apply(&rows);
+        self.hot.apply(rows);
         Ok(())
     }
 
@@ -932,7 +941,16 @@ async fn commit(
             })
             .collect();
         if !refused.is_empty() {
-            return Err(StoreError::Refused(refused));
+            return Err(StoreError::Refused(Box::new(Refusal {
+                owners: refused,
+                batch: WriteBatch {
+                    fresh,
+                    rows,
+                    side,
+                    refuse,
+                    history,
+                },
+            })));
         }
     }
     // The history goes to its own table while the chunk writes run: the
@@ -1000,6 +1018,15 @@ async fn write_chunks(
             done => break done?,
         }
     };
+    // The new rows, then the moved memories, go to the hot index as they
+    // were committed.
+    let Moved {
+        chunks: moved,
+        gone,
+        looked_up,
+    } = moved;
+    let moved_rows = moved.len();
+    sink.hot.apply(fresh.into_iter().chain(moved));
     if !rows.is_empty() {
         // A merge rewrites rows, so it waits for the fragment merge (or has a
         // merge above the second tier give way) and the access flush.
@@ -1013,15 +1040,15 @@ async fn write_chunks(
         written = ?timings.written,
         merged = ?timings.started.elapsed().saturating_sub(timings.written),
         appended_rows = appended,
-        moved_rows = moved.written,
+        moved_rows,
         merged_rows = rows.len(),
-        side_effects_on_deleted = moved.gone,
+        side_effects_on_deleted = gone,
         attempts = attempt,
         "batch commit phases"
     );
     Ok(Committed {
-        rows: appended + rows.len() + moved.written,
-        by_id: !rows.is_empty() || moved.looked_up > 0,
+        rows: appended + rows.len() + moved_rows,
+        by_id: !rows.is_empty() || looked_up > 0,
     })
 }
 
@@ -1032,7 +1059,8 @@ const MOVE_ATTEMPTS: u32 = 4;
 /// What [`write_fresh_and_moved`] wrote of the side effects: the memories
 /// it moved, and the side effects dropped (their memory no longer stored).
 struct Moved {
-    written: usize,
+    /// Committed: for the hot index to take once the write is done.
+    chunks: Vec<Chunk>,
     gone: usize,
     /// Moved memories whose addresses were looked up by id.
     looked_up: usize,
@@ -1137,8 +1165,7 @@ async fn write_fresh_and_moved(
         // The fragments hold the new rows, then the moved memories.
         let written = fresh.iter().chain(&moved);
         sink.placed
-            .remember(written.clone().map(|c| c.id.as_str()), &placed);
-        sink.hot.apply(written);
+            .remember(written.map(|c| c.id.as_str()), &placed);
     }
     let timings = Timings {
         started,
@@ -1148,7 +1175,7 @@ async fn write_fresh_and_moved(
     };
     Ok((
         Moved {
-            written: moved.len(),
+            chunks: moved,
             gone,
             looked_up,
         },
@@ -1208,7 +1235,7 @@ mod tests {
     /// in the `id` index only when a write read through it.
     #[test]
     fn pouring_rows_refresh_the_id_index_only_when_it_was_read() {
-        use super::{Refresher, RefreshScope, INDEX_REFRESH_MIN_ROWS, INDEX_REFRESH_ROWS};
+        use super::{RefreshScope, Refresher, INDEX_REFRESH_MIN_ROWS, INDEX_REFRESH_ROWS};
         let idle = Refresher::default();
         assert_eq!(idle.due(INDEX_REFRESH_MIN_ROWS - 1, true), None);
         assert_eq!(
@@ -1563,8 +1590,10 @@ mod tests {
                 .commit_batch(write(vec![memory("z", "a", "v1"), foreign.clone()]))
                 .await;
             match refused {
-                Err(StoreError::Refused(owners)) => {
-                    assert_eq!(owners.keys().collect::<Vec<_>>(), vec![&foreign.id])
+                Err(StoreError::Refused(refusal)) => {
+                    assert_eq!(refusal.owners.keys().collect::<Vec<_>>(), vec![&foreign.id]);
+                    let back = &refusal.batch.rows;
+                    assert_eq!(back, &[memory("z", "a", "v1"), foreign.clone()]);
                 }
                 other => panic!("{} was written: {other:?}", foreign.id),
             }

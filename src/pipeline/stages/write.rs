@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
+use crate::core::model::Chunk;
 use crate::pipeline::{BuildContext, Disposition, PipelineError, Record, Stage};
 use crate::store::{Owner, Store, StoreError, WriteBatch};
 
@@ -56,8 +57,10 @@ fn refuse(batch: &mut [Record], owners: &HashMap<String, Owner>) {
 }
 
 /// What a batch writes as it stands: its kept rows and the side effects of
-/// its settled records.
-fn plan(batch: &[Record]) -> WriteBatch {
+/// its settled records. The kept records' chunks move into the write (each
+/// leaves its id and stream behind, all that is read of it after the
+/// commit); the positions they came from come with it, for [`unplan`].
+fn plan(batch: &mut [Record]) -> (WriteBatch, Vec<usize>) {
     // Side effects of kept and deliberately dropped records (a duplicate
     // updates the memory it duplicates, an update the memory it supersedes);
     // none of failed ones.
@@ -69,18 +72,31 @@ fn plan(batch: &[Record]) -> WriteBatch {
     // rest of the records whose ids nothing can hold yet are appended
     // without a lookup.
     let touched: HashSet<&str> = side.iter().map(|c| c.id.as_str()).collect();
-    let (fresh, rows): (Vec<_>, Vec<_>) = batch
-        .iter()
-        .filter(|r| r.is_kept())
-        .partition(|r| r.new_id && !touched.contains(r.chunk.id.as_str()));
-    WriteBatch {
-        fresh: fresh.into_iter().map(|r| r.chunk.clone()).collect(),
-        rows: rows.into_iter().map(|r| r.chunk.clone()).collect(),
+    let (fresh, rows): (Vec<usize>, Vec<usize>) = (0..batch.len())
+        .filter(|&i| batch[i].is_kept())
+        .partition(|&i| batch[i].new_id && !touched.contains(batch[i].chunk.id.as_str()));
+    let history = settled(batch)
+        .flat_map(|r| r.history.iter().cloned())
+        .collect();
+    let mut take = |i: usize| {
+        let c = &batch[i].chunk;
+        let left = Chunk::new(c.id.clone(), c.stream.clone(), String::new(), c.created_at);
+        std::mem::replace(&mut batch[i].chunk, left)
+    };
+    let write = WriteBatch {
+        fresh: fresh.iter().map(|&i| take(i)).collect(),
+        rows: rows.iter().map(|&i| take(i)).collect(),
         side,
         refuse: true,
-        history: settled(batch)
-            .flat_map(|r| r.history.iter().cloned())
-            .collect(),
+        history,
+    };
+    (write, fresh.into_iter().chain(rows).collect())
+}
+
+/// Put a refused write's chunks back where [`plan`] took them from.
+fn unplan(batch: &mut [Record], write: WriteBatch, from: &[usize]) {
+    for (chunk, &i) in write.fresh.into_iter().chain(write.rows).zip(from) {
+        batch[i].chunk = chunk;
     }
 }
 
@@ -108,9 +124,13 @@ impl Stage for Write {
             let started = std::time::Instant::now();
             // Each refusal takes a record out, so this ends.
             loop {
-                match self.store.commit_batch(plan(batch)).await {
+                let (write, from) = plan(batch);
+                match self.store.commit_batch(write).await {
                     Ok(()) => break,
-                    Err(StoreError::Refused(owners)) => refuse(batch, &owners),
+                    Err(StoreError::Refused(refusal)) => {
+                        unplan(batch, refusal.batch, &from);
+                        refuse(batch, &refusal.owners);
+                    }
                     Err(e) => return Err(fail(e)),
                 }
             }
@@ -161,5 +181,62 @@ impl Stage for Write {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory(id: &str, stream: &str, text: &str) -> Chunk {
+        let mut c = Chunk::new(id.into(), stream.into(), text.into(), 1);
+        c.embedding = Some(vec![1.0, 0.0, 0.0, 0.0]);
+        c
+    }
+
+    /// The kept records' chunks move into the write. A refused write comes
+    /// back whole: the record naming another stream's memory fails, and the
+    /// others are written again as they were, new ids and stored ones alike.
+    #[tokio::test]
+    async fn a_refused_write_is_written_again_without_the_foreign_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(tmp.path(), 4, 100).await.unwrap());
+        store
+            .upsert(vec![
+                memory("theirs", "b", "kept as it is"),
+                memory("mine", "a", "v1"),
+            ])
+            .await
+            .unwrap();
+        let mut batch = vec![
+            Record {
+                new_id: true,
+                ..Record::new(memory("new", "a", "a new memory"))
+            },
+            Record::new(memory("theirs", "a", "an overwrite from another stream")),
+            Record::new(memory("mine", "a", "v2")),
+        ];
+        Write {
+            store: store.clone(),
+        }
+        .process(&mut batch)
+        .await
+        .unwrap();
+        assert!(matches!(&batch[1].disposition, Disposition::Fail(e) if e.contains("theirs")));
+        assert!(batch[0].is_kept() && batch[2].is_kept());
+        let ids: Vec<&str> = batch.iter().map(|r| r.chunk.id.as_str()).collect();
+        assert_eq!(ids, ["new", "theirs", "mine"], "each record keeps its id");
+        for (id, stream, text) in [
+            ("new", "a", "a new memory"),
+            ("theirs", "b", "kept as it is"),
+            ("mine", "a", "v2"),
+        ] {
+            let stored = store.get(id).await.unwrap().unwrap();
+            assert_eq!(
+                (stored.stream.as_str(), stored.content.as_str()),
+                (stream, text)
+            );
+            assert_eq!(stored.embedding.as_deref(), Some(&[1.0, 0.0, 0.0, 0.0][..]));
+        }
     }
 }
