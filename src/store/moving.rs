@@ -17,6 +17,9 @@
 //! the commit is made on that version: a concurrent commit that rewrote or
 //! deleted from one of those fragments since fails it as a retryable
 //! conflict (Lance's conflict resolver), and the writer reads again.
+//!
+//! The entity graph's group commits write their changed rows back the same
+//! way ([`Snapshot::rows_where`], [`Snapshot::replace`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -123,16 +126,12 @@ impl Snapshot {
                 .await
                 .map_err(lance)?;
             for b in &batches {
-                let (Some(id), Some(address)) = (
-                    b.column_by_name("id")
-                        .and_then(|a| a.as_string_opt::<i32>()),
-                    b.column_by_name("_rowid")
-                        .and_then(|a| a.as_primitive_opt::<UInt64Type>()),
-                ) else {
-                    return Err(runtime("a read by id returned no ids or row ids"));
-                };
-                for r in 0..b.num_rows() {
-                    at.insert(id.value(r).to_string(), address.value(r));
+                let id = b
+                    .column_by_name("id")
+                    .and_then(|a| a.as_string_opt::<i32>())
+                    .ok_or_else(|| runtime("a read by id returned no ids"))?;
+                for (r, &address) in addresses(b)?.iter().enumerate() {
+                    at.insert(id.value(r).to_string(), address);
                 }
             }
         }
@@ -180,6 +179,28 @@ impl Snapshot {
             .zip(lie.iter().copied())
             .filter(|(c, address)| at.get(&c.id) == Some(address))
             .collect())
+    }
+
+    /// The rows of this version that `predicate` selects, whole, each batch
+    /// with the rows' addresses (its `_rowid` column, read by
+    /// [`addresses`]).
+    pub async fn rows_where(&self, predicate: &str) -> Result<Vec<RecordBatch>> {
+        let mut scan = self.0.scan();
+        scan.filter(predicate).map_err(lance)?.with_row_id();
+        scan.try_into_stream()
+            .await
+            .map_err(lance)?
+            .try_collect()
+            .await
+            .map_err(lance)
+    }
+
+    /// Write `rows` as a new fragment and delete the rows at `replaced`,
+    /// whose new versions it holds, in one commit on this version.
+    pub async fn replace(self, table: &Table, rows: RecordBatch, replaced: &[u64]) -> Result<()> {
+        let (_, nothing_more) = tokio::sync::oneshot::channel();
+        let fragments = self.write(Some(rows), nothing_more).await?;
+        self.commit(table, fragments, replaced).await.map(|_| ())
     }
 
     /// Write `first` and then what `then` gives (nothing, if its sender is
@@ -297,6 +318,16 @@ impl Snapshot {
         }
         Ok(placed)
     }
+}
+
+/// The addresses of a batch's rows, from its `_rowid` column (see
+/// [`Snapshot::rows_where`]).
+pub(super) fn addresses(batch: &RecordBatch) -> Result<&[u64]> {
+    batch
+        .column_by_name(lance_core::ROW_ID)
+        .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+        .map(|a| a.values().as_ref())
+        .ok_or_else(|| runtime("a read returned no row ids"))
 }
 
 /// Where the writer put the rows it wrote lately, by id: the address of
