@@ -120,8 +120,8 @@ pub fn rows_to_batch<T: Serialize>(schema: SchemaRef, rows: &[T]) -> Result<Reco
 /// Entity rows as a batch of [`entity_schema`], built column by column: a
 /// group commit rewrites up to [`MAX_CHUNK_REFS`] references a row, each
 /// serialised to JSON and parsed back by [`rows_to_batch`] (about a
-/// twentieth of the upsert at a million-record import; the rest is Lance's
-/// `merge_insert`).
+/// twentieth of the upsert at a million-record import, when the rest was
+/// Lance's `merge_insert`).
 fn entity_batch(rows: &[EntityRow]) -> Result<RecordBatch> {
     use crate::core::model::{int64s, lists, strings, times};
     let columns = vec![
