@@ -459,7 +459,7 @@ async fn restate<R: Referenced>(
         let snapshot = super::moving::Snapshot::of(table).await?;
         let mut at: HashMap<String, u64> = HashMap::new();
         let mut rows: HashMap<String, R> = HashMap::new();
-        for batch in snapshot.rows_where(&filter).await? {
+        for batch in snapshot.rows_where(&filter, None).await? {
             let addresses = super::moving::addresses(&batch)?;
             for (row, address) in read(&batch).into_iter().zip(addresses.iter()) {
                 at.insert(row.id().to_string(), *address);

@@ -113,19 +113,8 @@ impl Snapshot {
     async fn looked_up(&self, ids: &[&str]) -> Result<HashMap<String, u64>> {
         let mut at: HashMap<String, u64> = HashMap::new();
         for part in ids.chunks(1000) {
-            let mut scan = self.0.scan();
-            scan.filter(&Filter::new().ids(part).predicate())
-                .and_then(|s| s.project(&["id"]))
-                .map_err(lance)?
-                .with_row_id();
-            let batches: Vec<RecordBatch> = scan
-                .try_into_stream()
-                .await
-                .map_err(lance)?
-                .try_collect()
-                .await
-                .map_err(lance)?;
-            for b in &batches {
+            let predicate = Filter::new().ids(part).predicate();
+            for b in &self.rows_where(&predicate, Some(&["id"])).await? {
                 let id = b
                     .column_by_name("id")
                     .and_then(|a| a.as_string_opt::<i32>())
@@ -181,12 +170,20 @@ impl Snapshot {
             .collect())
     }
 
-    /// The rows of this version that `predicate` selects, whole, each batch
-    /// with the rows' addresses (its `_rowid` column, read by
-    /// [`addresses`]).
-    pub async fn rows_where(&self, predicate: &str) -> Result<Vec<RecordBatch>> {
+    /// The rows of this version that `predicate` selects, whole or only
+    /// `columns`, each batch with the rows' addresses (its `_rowid` column,
+    /// read by [`addresses`]).
+    pub async fn rows_where(
+        &self,
+        predicate: &str,
+        columns: Option<&[&str]>,
+    ) -> Result<Vec<RecordBatch>> {
         let mut scan = self.0.scan();
-        scan.filter(predicate).map_err(lance)?.with_row_id();
+        scan.filter(predicate).map_err(lance)?;
+        if let Some(columns) = columns {
+            scan.project(columns).map_err(lance)?;
+        }
+        scan.with_row_id();
         scan.try_into_stream()
             .await
             .map_err(lance)?
