@@ -195,9 +195,6 @@ pub(super) struct TextIndex {
     total_tokens: u64,
     term_bytes: usize,
     posting_count: usize,
-    /// The postings wait for the first text search ([`TextIndex::fill`]):
-    /// memories are filed with their filter columns alone, no terms.
-    deferred: bool,
 }
 
 /// The corpus statistics a score is computed against.
@@ -217,55 +214,10 @@ pub(super) fn free_each<T>(items: impl IntoIterator<Item = T>, step: &mut dyn Fn
 }
 
 impl TextIndex {
-    /// An index whose postings wait for [`TextIndex::fill`].
-    pub fn deferred() -> TextIndex {
-        TextIndex {
-            deferred: true,
-            ..TextIndex::default()
-        }
-    }
-
-    /// Whether the postings wait for [`TextIndex::fill`].
-    pub fn is_deferred(&self) -> bool {
-        self.deferred
-    }
-
-    /// Insert or replace a memory's text (its filter columns alone while
-    /// the postings are deferred).
+    /// Insert or replace a memory's text.
     pub fn apply(&mut self, id: impl Into<Id>, text: &str, meta: Meta) {
         let id: Id = id.into();
         self.remove(&id);
-        let slot = self.slots.len() as u32;
-        let (terms, tokens) = match self.deferred {
-            true => (Vec::new(), 0),
-            false => self.post(slot, text),
-        };
-        self.lens.push(tokens);
-        self.slot_of.insert(id.clone(), slot);
-        self.slots.push(Some(Doc { id, terms, meta }));
-        self.live += 1;
-    }
-
-    /// Build the deferred postings: each living memory's text (`text_of`
-    /// its id) in its slot, as [`TextIndex::apply`] would have.
-    pub fn fill<'a>(&mut self, text_of: impl Fn(&Id) -> &'a str) {
-        if !self.deferred {
-            return;
-        }
-        self.deferred = false;
-        for slot in 0..self.slots.len() {
-            let Some(id) = self.slots[slot].as_ref().map(|d| d.id.clone()) else {
-                continue;
-            };
-            let (terms, tokens) = self.post(slot as u32, text_of(&id));
-            self.lens[slot] = tokens;
-            self.slots[slot].as_mut().expect("a living slot").terms = terms;
-        }
-    }
-
-    /// The postings of `text` in `slot`: its distinct term ids and its
-    /// token count, repeats counted.
-    fn post(&mut self, slot: u32, text: &str) -> (Vec<u32>, u32) {
         // The text's term ids, sorted: equal ids side by side are counted
         // (in a list kept from one memory to the next).
         let mut tids = std::mem::take(&mut self.scratch);
@@ -299,6 +251,7 @@ impl TextIndex {
         });
         let tokens = tids.len();
         tids.sort_unstable();
+        let slot = self.slots.len() as u32;
         let mut distinct: Vec<u32> = Vec::with_capacity(tids.len());
         for run in tids.chunk_by(|a, b| a == b) {
             let tid = run[0];
@@ -308,8 +261,15 @@ impl TextIndex {
         }
         self.posting_count += distinct.len();
         self.scratch = tids;
+        self.lens.push(tokens as u32);
+        self.slot_of.insert(id.clone(), slot);
+        self.slots.push(Some(Doc {
+            id,
+            terms: distinct,
+            meta,
+        }));
+        self.live += 1;
         self.total_tokens += tokens as u64;
-        (distinct, tokens as u32)
     }
 
     /// A term's id, a new one if the index has not met the term.

@@ -191,31 +191,6 @@ impl StreamIndex {
         }
     }
 
-    /// An index whose postings wait for the first text search
-    /// ([`StreamIndex::fill_postings`]): what a load for the write path
-    /// builds (the dedupe and contradiction stages read rows, text hashes
-    /// and vectors, never the postings; a bulk import's streams are
-    /// written and let go without a search).
-    pub fn without_postings(dim: usize) -> StreamIndex {
-        StreamIndex {
-            dim,
-            text: TextIndex::deferred(),
-            ..Default::default()
-        }
-    }
-
-    /// Whether the postings wait for [`StreamIndex::fill_postings`].
-    pub fn postings_deferred(&self) -> bool {
-        self.text.is_deferred()
-    }
-
-    /// Build the postings of every memory held, if they were deferred.
-    pub fn fill_postings(&mut self) {
-        let docs = &self.docs;
-        self.text
-            .fill(|id| docs.get(id).map_or("", |c| c.content.as_str()));
-    }
-
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.ids.len()
@@ -321,10 +296,9 @@ impl StreamIndex {
     /// A load's rows, in order: [`StreamIndex::put`] for each, the postings
     /// built on this thread while a second one files the rows and their
     /// vectors (the two halves share nothing; on two cores a load takes
-    /// about the longer half's time). Small loads, and loads whose postings
-    /// are deferred, stay on this thread.
+    /// about the longer half's time). Small loads stay on this thread.
     pub fn put_all(&mut self, rows: Vec<LoadRow<'_>>) {
-        if rows.len() < SPLIT_LOAD_ROWS || self.postings_deferred() {
+        if rows.len() < SPLIT_LOAD_ROWS {
             for (chunk, meta, vector) in rows {
                 self.put(chunk, meta, vector);
             }
@@ -1010,13 +984,6 @@ impl HotIndex {
 
     fn clear(&self) {
         self.invalidate(None);
-    }
-
-    /// Re-measure a stream whose index grew outside a commit (its postings
-    /// built); evict others (or itself) to fit.
-    pub(super) fn remeasure(&self, stream: &str) {
-        let mut st = self.state.lock().expect("hot index lock");
-        self.account(&mut st, stream);
     }
 
     /// Re-measure a stream after commits; evict others (or itself) to fit.
@@ -1940,90 +1907,6 @@ mod against_lance {
             );
         }
         assert_eq!(store.hot_usage().1, 1, "the stream is in memory");
-    }
-
-    /// A stream loaded for the write path (the dedupe stage's hash check)
-    /// holds no postings, and takes commits and a changed text without them; its first text search builds them, and it scores as
-    /// Lance's full-text search does, in more memory than before.
-    #[tokio::test]
-    async fn postings_deferred_by_a_write_path_load_are_built_by_the_first_search() {
-        let dim = 4;
-        let tmp = tempfile::tempdir().unwrap();
-        let store = Store::open(tmp.path(), dim, 1000).await.unwrap();
-        let words = [
-            "coffee", "garden", "Paris", "doctor", "piano", "sister", "recipes",
-        ];
-        let text = |i: u64| -> String {
-            (0..2 + i % 5)
-                .map(|j| words[((i * 3 + j * j) % words.len() as u64) as usize])
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        let chunk = |i: u64, text: String| {
-            let mut c = Chunk::new(format!("t{i}"), "a".into(), text, i as i64);
-            c.embedding = Some(vector(i, dim));
-            c
-        };
-        store
-            .upsert((0..60).map(|i| chunk(i, text(i))).collect())
-            .await
-            .unwrap();
-        // (A delete lets a held stream go: made before the load.)
-        store
-            .delete(&Filter::new().stream("a").ids(&["t7".to_string()]))
-            .await
-            .unwrap();
-        let hashes = [crate::core::model::content_hash(&text(3))];
-        let found = store.current_with_hashes("a", &hashes).await.unwrap();
-        assert!(found.iter().any(|c| c.id == "t3"));
-        let ix = store.hot.ready("a").expect("loaded by the hash check");
-        assert!(ix.read().unwrap().postings_deferred());
-        // Written while deferred: new memories, a changed text, a delete.
-        store
-            .upsert((60..80).map(|i| chunk(i, text(i))).collect())
-            .await
-            .unwrap();
-        store
-            .upsert(vec![chunk(5, "piano piano recipes".into())])
-            .await
-            .unwrap();
-        let ix = store.hot.ready("a").expect("still held");
-        assert!(ix.read().unwrap().postings_deferred());
-        let before = store.hot_usage().0;
-        crate::store::maintain::refresh_indexes(store.chunks_table())
-            .await
-            .unwrap();
-        let filter = Filter::new().stream("a");
-        for query in ["piano", "coffee garden", "sister recipes Paris"] {
-            let hot = store.search_text(None, query, &filter, 100).await.unwrap();
-            let lance = store
-                .search_text_lance(None, query, &filter, 100)
-                .await
-                .unwrap();
-            assert!(!hot.is_empty(), "{query}");
-            // Every match (the limit is past them all): the same memories,
-            // each scored alike.
-            let by_id = |x: &[crate::store::Scored]| -> std::collections::BTreeMap<String, f32> {
-                x.iter().map(|s| (s.id.clone(), s.score)).collect()
-            };
-            let (hot, lance) = (by_id(&hot), by_id(&lance));
-            assert_eq!(
-                hot.keys().collect::<Vec<_>>(),
-                lance.keys().collect::<Vec<_>>(),
-                "{query}"
-            );
-            for (id, h) in &hot {
-                let l = lance[id];
-                assert!(
-                    (h - l).abs() < 1e-3 * l.abs().max(1.0),
-                    "{query} {id}: {h} vs {l}"
-                );
-            }
-            assert!(!hot.contains_key("t7"), "{query}: deleted");
-        }
-        let ix = store.hot.ready("a").expect("still held");
-        assert!(!ix.read().unwrap().postings_deferred());
-        assert!(store.hot_usage().0 > before, "the postings are counted");
     }
 
     /// A stream past the budget stops its read at the first batch over it,

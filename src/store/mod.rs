@@ -53,17 +53,6 @@ pub const CHUNKS: &str = "chunks";
 /// fewer at its end (Lance's batch size).
 const LOAD_GROUP_ROWS: usize = 8192;
 
-/// What a read of the hot index needs of a stream's index.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum HotUse {
-    /// A search: the postings too, built now if a load deferred them.
-    Search,
-    /// Rows, text hashes and vectors (what the pipeline's dedupe and
-    /// contradiction stages read): a load leaves the postings to the first
-    /// search.
-    Rows,
-}
-
 /// Where a hot load's time went beside Lance's read (its debug line).
 #[derive(Default)]
 struct LoadTimes {
@@ -711,7 +700,7 @@ impl Store {
     /// Lance otherwise (its first `limit`).
     pub async fn find_rows(&self, filter: &Filter, limit: Option<usize>) -> Result<Vec<Chunk>> {
         if let Some(conds) = filter.row_conds() {
-            if let Some(indexes) = self.hot_streams(filter, HotUse::Rows).await? {
+            if let Some(indexes) = self.hot_streams(filter).await? {
                 let mut out: Vec<Chunk> = Vec::new();
                 for ix in &indexes {
                     let ix = ix.read().expect("stream index lock");
@@ -765,7 +754,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Scored>> {
         if at.is_none() {
-            if let Some(indexes) = self.hot_indexes(filter, HotUse::Search).await? {
+            if let Some(indexes) = self.hot_indexes(filter).await? {
                 let conds = filter.conds().expect("hot_indexes checked them");
                 return Ok(hot::bm25_in(&indexes, query, conds, limit)
                     .into_iter()
@@ -874,7 +863,7 @@ impl Store {
         if at.is_some() {
             return Ok(None);
         }
-        let Some(indexes) = self.hot_indexes(filter, HotUse::Search).await? else {
+        let Some(indexes) = self.hot_indexes(filter).await? else {
             return Ok(None);
         };
         let held = HotVectors(
@@ -985,7 +974,7 @@ impl Store {
         let mut out = Vec::with_capacity(ids.len());
         let mut missing: Vec<String> = Vec::new();
         let indexes = match at {
-            None => self.hot_indexes(filter, HotUse::Search).await?,
+            None => self.hot_indexes(filter).await?,
             Some(_) => None,
         };
         match indexes {
@@ -1134,7 +1123,7 @@ impl Store {
             return Ok(out);
         };
         let current = Filter::new().stream(stream).current();
-        if let Some(indexes) = self.hot_indexes(&current, HotUse::Rows).await? {
+        if let Some(indexes) = self.hot_indexes(&current).await? {
             let conds = current.conds().expect("typed");
             for (v, list) in vectors.iter().zip(&mut out) {
                 *list = hot::nearest_in(&indexes, v, conds, k)
@@ -1203,12 +1192,11 @@ impl Store {
     async fn hot_indexes(
         &self,
         filter: &Filter,
-        usage: HotUse,
     ) -> Result<Option<Vec<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>>> {
         if filter.conds().is_none() {
             return Ok(None);
         }
-        self.hot_streams(filter, usage).await
+        self.hot_streams(filter).await
     }
 
     /// The hot indexes of the streams `filter` names, loading those not
@@ -1218,7 +1206,6 @@ impl Store {
     async fn hot_streams(
         &self,
         filter: &Filter,
-        usage: HotUse,
     ) -> Result<Option<Vec<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>>> {
         let Some(streams) = filter.streams() else {
             return Ok(None);
@@ -1229,7 +1216,7 @@ impl Store {
                 match self.hot.lookup(&stream) {
                     hot::Lookup::Ready(ix) => break ix,
                     hot::Lookup::Skip => return Ok(None),
-                    hot::Lookup::Load(guard) => match self.load_hot(guard, usage).await? {
+                    hot::Lookup::Load(guard) => match self.load_hot(guard).await? {
                         Some(ix) => break ix,
                         None => return Ok(None),
                     },
@@ -1239,17 +1226,6 @@ impl Store {
                     }
                 }
             };
-            if usage == HotUse::Search && ix.read().expect("stream index lock").postings_deferred()
-            {
-                let began = Instant::now();
-                ix.write().expect("stream index lock").fill_postings();
-                self.hot.remeasure(&stream);
-                tracing::debug!(
-                    stream,
-                    us = began.elapsed().as_micros() as u64,
-                    "deferred postings built for a search"
-                );
-            }
             out.push(ix);
         }
         Ok(Some(out))
@@ -1259,7 +1235,6 @@ impl Store {
     async fn load_hot(
         &self,
         guard: hot::LoadGuard,
-        usage: HotUse,
     ) -> Result<Option<std::sync::Arc<std::sync::RwLock<hot::StreamIndex>>>> {
         let began = Instant::now();
         let filter = Filter::new().stream(guard.stream());
@@ -1284,10 +1259,7 @@ impl Store {
                 futures::StreamExt::boxed(rows)
             }
         };
-        let mut index = match usage {
-            HotUse::Search => hot::StreamIndex::new(self.dim),
-            HotUse::Rows => hot::StreamIndex::without_postings(self.dim),
-        };
+        let mut index = hot::StreamIndex::new(self.dim);
         let mut rows = 0;
         // A fragment's run of the stream comes as a batch of its own, often
         // of a few hundred rows; they go into the index in groups of up to
@@ -1386,7 +1358,7 @@ impl Store {
         hashes: &[S],
     ) -> Result<Vec<Chunk>> {
         let filter = Filter::new().stream(stream).current();
-        let Some(indexes) = self.hot_indexes(&filter, HotUse::Rows).await? else {
+        let Some(indexes) = self.hot_indexes(&filter).await? else {
             return read_rows(&self.chunks, &filter.content_hash_in(hashes), None).await;
         };
         let mut out = Vec::new();
@@ -1420,7 +1392,7 @@ impl Store {
         if at.is_some() {
             return Ok(None);
         }
-        let Some(indexes) = self.hot_indexes(filter, HotUse::Search).await? else {
+        let Some(indexes) = self.hot_indexes(filter).await? else {
             return Ok(None);
         };
         let conds = filter.conds().expect("hot_indexes checked them");
@@ -1441,7 +1413,7 @@ impl Store {
         filter: &Filter,
         limit: usize,
     ) -> Result<Option<Vec<(f32, String)>>> {
-        let Some(indexes) = self.hot_indexes(filter, HotUse::Search).await? else {
+        let Some(indexes) = self.hot_indexes(filter).await? else {
             return Ok(None);
         };
         let conds = filter.conds().expect("hot_indexes checked them");

@@ -448,7 +448,7 @@ mod tests {
             store.upsert(interleaved(600 * k, 600)).await.unwrap();
         }
         let indexes = store
-            .hot_streams(&Filter::new().stream("s1"), crate::store::HotUse::Search)
+            .hot_streams(&Filter::new().stream("s1"))
             .await
             .unwrap()
             .expect("the stream fits the budget");
