@@ -41,21 +41,6 @@ pub(super) struct Meta {
 }
 
 impl Meta {
-    /// Columns a load's postings are filed with before the row's own are
-    /// read ([`StreamIndex::put_all`]).
-    fn unread() -> Meta {
-        Meta {
-            current: false,
-            expires_at: None,
-            created_at: 0,
-            valid_from: None,
-            valid_until: None,
-            memory_type: String::new(),
-            subject: None,
-            confidence: 0.0,
-        }
-    }
-
     pub fn of(c: &Chunk) -> Meta {
         Meta {
             current: c.superseded_by.is_none(),
@@ -308,55 +293,41 @@ impl StreamIndex {
         self.put_rest(id, chunk, meta, vector);
     }
 
-    /// A load's rows, in order, filed as [`StreamIndex::put`] files each:
-    /// `texts` (each row's id and text, in the rows' order) go into the
-    /// postings on this thread, while a second one makes the rows (`rows`
-    /// reads them out of Lance's batches) and files them with their
-    /// vectors; each memory's filter columns join its postings once both
-    /// are done. The halves share nothing; on two cores a load takes about
-    /// the longer half's time. Small loads stay on this thread.
-    pub fn put_all<'a, E: Send>(
-        &mut self,
-        texts: Vec<(&'a str, &'a str)>,
-        rows: impl FnOnce() -> Result<Vec<LoadRow<'a>>, E> + Send,
-    ) -> Result<(), E> {
-        if texts.len() < SPLIT_LOAD_ROWS {
-            for (chunk, meta, vector) in rows()? {
+    /// A load's rows, in order: [`StreamIndex::put`] for each, the postings
+    /// built on this thread while a second one files the rows and their
+    /// vectors (the two halves share nothing; on two cores a load takes
+    /// about the longer half's time). Small loads stay on this thread.
+    pub fn put_all(&mut self, rows: Vec<LoadRow<'_>>) {
+        if rows.len() < SPLIT_LOAD_ROWS {
+            for (chunk, meta, vector) in rows {
                 self.put(chunk, meta, vector);
             }
-            return Ok(());
+            return;
         }
-        let ids: Vec<Id> = texts.iter().map(|(id, _)| Id::from(*id)).collect();
+        let rows: Vec<(Id, LoadRow<'_>)> = rows
+            .into_iter()
+            .map(|row| (Id::from(row.0.id.as_str()), row))
+            .collect();
+        let texts: Vec<(Id, Arc<Chunk>, Meta)> = rows
+            .iter()
+            .map(|(id, (chunk, meta, _))| (id.clone(), chunk.clone(), meta.clone()))
+            .collect();
         let mut text = std::mem::take(&mut self.text);
         let rest = &mut *self;
-        let metas = std::thread::scope(|s| {
-            let rest_ids = ids.clone();
-            let filed = s.spawn(move || -> Result<Vec<Meta>, E> {
-                let rows = rows()?;
-                debug_assert_eq!(rows.len(), rest_ids.len());
-                let mut metas = Vec::with_capacity(rows.len());
-                for (id, (chunk, meta, vector)) in rest_ids.into_iter().zip(rows) {
-                    debug_assert_eq!(*id, *chunk.id);
-                    metas.push(meta.clone());
+        std::thread::scope(|s| {
+            let filed = s.spawn(move || {
+                for (id, (chunk, meta, vector)) in rows {
                     rest.put_rest(id, chunk, meta, vector);
                 }
-                Ok(metas)
             });
             // Here, not on the new thread: the analyzer's word memo is
             // this thread's.
-            for (id, (_, content)) in ids.iter().zip(&texts) {
-                text.apply(id.clone(), content, Meta::unread());
+            for (id, chunk, meta) in texts {
+                text.apply(id, &chunk.content, meta);
             }
-            filed.join().expect("the rows' thread does not panic")
+            filed.join().expect("the rows' thread does not panic");
         });
-        // In order: where an id comes twice, the later row's columns stay.
-        if let Ok(metas) = &metas {
-            for (id, meta) in ids.iter().zip(metas) {
-                text.set_meta(id, meta.clone());
-            }
-        }
         self.text = text;
-        metas.map(drop)
     }
 
     /// [`StreamIndex::put`] but the postings.
@@ -1327,18 +1298,11 @@ mod tests {
         }
         let rows = rows();
         let mut two = StreamIndex::new(dim);
-        let texts = rows
-            .iter()
-            .map(|(c, _, _)| (c.id.as_str(), c.content.as_str()))
-            .collect();
-        two.put_all(texts, || {
-            Ok::<_, ()>(
-                rows.iter()
-                    .map(|(c, m, v)| (c.clone(), m.clone(), v.as_deref()))
-                    .collect(),
-            )
-        })
-        .unwrap();
+        two.put_all(
+            rows.iter()
+                .map(|(c, m, v)| (c.clone(), m.clone(), v.as_deref()))
+                .collect(),
+        );
         assert_eq!(one.len(), two.len());
         assert_eq!(one.bytes(), two.bytes());
         let metas = |ix: &StreamIndex| -> Vec<(String, Meta)> {

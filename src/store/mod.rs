@@ -1298,8 +1298,7 @@ impl Store {
 
     /// A load's `group` of batches (`rows` rows in all) into `index`, in one
     /// [`hot::StreamIndex::put_all`]; the group is left empty, its times
-    /// added to `times` (`read_out`: the ids and texts taken out for the
-    /// postings; the rows are read out while they are filed).
+    /// added to `times`.
     fn file_group(
         &self,
         index: &mut hot::StreamIndex,
@@ -1312,28 +1311,12 @@ impl Store {
         }
         let began = Instant::now();
         index.reserve(rows);
-        // Each row's id and text, straight from the batches, for the
-        // postings; the rows themselves are read out beside them.
-        let mut texts = Vec::with_capacity(rows);
+        let mut filed = Vec::with_capacity(rows);
         for batch in group.iter() {
-            let column = |name: &str| {
-                batch
-                    .column_by_name(name)
-                    .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
-                    .ok_or_else(|| ModelError::Column(name.into()))
-            };
-            let (ids, content) = (column("id")?, column("content")?);
-            texts.extend((0..batch.num_rows()).map(|r| (ids.value(r), content.value(r))));
+            self.load_rows(batch, &mut filed)?;
         }
         let read_out = began.elapsed();
-        let group_ref: &[RecordBatch] = group;
-        index.put_all(texts, || {
-            let mut filed = Vec::with_capacity(rows);
-            for batch in group_ref {
-                self.load_rows(batch, &mut filed)?;
-            }
-            Ok::<_, StoreError>(filed)
-        })?;
+        index.put_all(filed);
         group.clear();
         times.read_out += read_out;
         times.filed += began.elapsed() - read_out;
