@@ -77,20 +77,57 @@ pub fn widen(v: &[half::f16]) -> Vec<f32> {
 /// it reads.
 pub fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
     assert_eq!(v.len(), out.len(), "one byte per value");
-    let max = max_abs(v);
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    let max = match avx2 {
+        // SAFETY: the CPU supports AVX2 (checked above).
+        #[cfg(target_arch = "x86_64")]
+        true => unsafe { max_abs_avx2(v) },
+        _ => max_abs(v),
+    };
     if max == 0.0 || !max.is_finite() {
         out.fill(0);
         return 0.0;
     }
-    let scale = max / 127.0;
     let inv = 127.0 / max;
-    // Half away from zero, as `f32::round`, without its library call per
-    // value: adding ±0.5 and truncating is a few vector instructions.
+    match avx2 {
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        true => unsafe { steps_avx2(v, inv, out) },
+        _ => steps(v, inv, out),
+    }
+    max / 127.0
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_abs_avx2(v: &[f32]) -> f32 {
+    max_abs(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn steps_avx2(v: &[f32], inv: f32, out: &mut [i8]) {
+    steps(v, inv, out)
+}
+
+/// Each of `v` times `inv`, rounded half away from zero (as `f32::round`,
+/// without its library call per value: adding ±0.5 and truncating), into
+/// `out`; a NaN becomes 0. The value is clamped first, so the truncation is
+/// a plain conversion rather than Rust's saturating cast, whose checks kept
+/// the loop from being vectorised (3× slower on a 384-value vector).
+#[inline(always)]
+fn steps(v: &[f32], inv: f32, out: &mut [i8]) {
     for (o, x) in out.iter_mut().zip(v) {
         let y = x * inv;
-        *o = (y + 0.5f32.copysign(y)).clamp(-127.0, 127.0) as i8;
+        let y = if y.is_nan() { 0.0 } else { y };
+        let r = (y + 0.5f32.copysign(y)).clamp(-127.0, 127.0);
+        // SAFETY: `r` is finite (not NaN, clamped) and within -127..=127,
+        // so it truncates to an i32 in range.
+        *o = unsafe { r.to_int_unchecked::<i32>() } as i8;
     }
-    scale
 }
 
 /// The largest magnitude in `v` (NaNs skipped), in sixteen lanes: one running
@@ -550,6 +587,45 @@ mod tests {
         let mut zero = [7i8; 2];
         assert_eq!(quantize_i8(&[0.0, 0.0], &mut zero), 0.0);
         assert_eq!(zero, [0, 0]);
+    }
+
+    /// The quantisation as it was written first: Rust's saturating cast.
+    fn quantize_plain(v: &[f32], out: &mut [i8]) -> f32 {
+        let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        if max == 0.0 || !max.is_finite() {
+            out.fill(0);
+            return 0.0;
+        }
+        let inv = 127.0 / max;
+        for (o, x) in out.iter_mut().zip(v) {
+            let y = x * inv;
+            *o = (y + 0.5f32.copysign(y)).clamp(-127.0, 127.0) as i8;
+        }
+        max / 127.0
+    }
+
+    #[test]
+    fn quantising_gives_the_plain_codes_for_any_length_nans_and_halves() {
+        for n in [0usize, 1, 7, 8, 31, 32, 33, 384, 1000] {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.731).sin()).collect();
+            if n > 7 {
+                // A NaN, and values half a step from zero.
+                v[3] = f32::NAN;
+                let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                v[5] = 0.5 * max / 127.0;
+                v[6] = -v[5];
+            }
+            let (mut fast, mut plain) = (vec![1i8; n], vec![2i8; n]);
+            let scale = quantize_i8(&v, &mut fast);
+            assert_eq!(scale, quantize_plain(&v, &mut plain), "n = {n}");
+            assert_eq!(fast, plain, "n = {n}");
+            if n > 7 {
+                assert_eq!(fast[3], 0, "a NaN is 0");
+            }
+        }
+        let mut q = [9i8; 3];
+        assert_eq!(quantize_i8(&[f32::INFINITY, 1.0, 0.0], &mut q), 0.0);
+        assert_eq!(q, [0, 0, 0]);
     }
 
     #[test]
