@@ -139,6 +139,29 @@ fn bench_stages(c: &mut Criterion) {
         });
     }
     group.finish();
+    // The int8 copy of a vector, as the hot index files every row it loads
+    // or takes from a commit, and the dedupe scan codes each record.
+    let mut group = c.benchmark_group("vector");
+    group.throughput(Throughput::Elements(1000));
+    let vectors: Vec<Vec<f32>> = (0..1000u32)
+        .map(|i| {
+            let mut v: Vec<f32> = (0..384)
+                .map(|j| ((i * 384 + j) as f32 * 0.37).sin())
+                .collect();
+            loomem::core::vector::l2_normalize(&mut v);
+            v
+        })
+        .collect();
+    let mut codes = vec![0i8; 384];
+    group.bench_function("quantize_i8_384", |b| {
+        b.iter(|| {
+            vectors
+                .iter()
+                .map(|v| loomem::core::vector::quantize_i8(v, &mut codes))
+                .sum::<f32>()
+        })
+    });
+    group.finish();
 }
 
 /// A bulk import's batch: the default `bus.batch_size` until session 42
