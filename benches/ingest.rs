@@ -1,5 +1,6 @@
-//! Ingestion throughput: each hot stage on a 512-record batch, and the whole
-//! path (publish → JetStream → pipeline → Lance commit) with the `hash`
+//! Ingestion throughput: each hot stage on a 512-record batch, the int8
+//! coding of a vector (`vector/quantize_i8_384`), and the whole path
+//! (publish → JetStream → pipeline → Lance commit) with the `hash`
 //! embedder, in records per second.
 //!
 //! `cargo bench --bench ingest` (needs `nats-server` on PATH; `just setup`).
