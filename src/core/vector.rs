@@ -78,39 +78,29 @@ pub fn widen(v: &[half::f16]) -> Vec<f32> {
 pub fn quantize_i8(v: &[f32], out: &mut [i8]) -> f32 {
     assert_eq!(v.len(), out.len(), "one byte per value");
     #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
-    let max = match avx2 {
-        // SAFETY: the CPU supports AVX2 (checked above).
-        #[cfg(target_arch = "x86_64")]
-        true => unsafe { max_abs_avx2(v) },
-        _ => max_abs(v),
-    };
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { quantize_avx2(v, out) };
+    }
+    quantize_lanes(v, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(v: &[f32], out: &mut [i8]) -> f32 {
+    quantize_lanes(v, out)
+}
+
+/// [`quantize_i8`]'s body, built for whichever CPU its caller is.
+#[inline(always)]
+fn quantize_lanes(v: &[f32], out: &mut [i8]) -> f32 {
+    let max = max_abs(v);
     if max == 0.0 || !max.is_finite() {
         out.fill(0);
         return 0.0;
     }
-    let inv = 127.0 / max;
-    match avx2 {
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        true => unsafe { steps_avx2(v, inv, out) },
-        _ => steps(v, inv, out),
-    }
+    steps(v, 127.0 / max, out);
     max / 127.0
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn max_abs_avx2(v: &[f32]) -> f32 {
-    max_abs(v)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn steps_avx2(v: &[f32], inv: f32, out: &mut [i8]) {
-    steps(v, inv, out)
 }
 
 /// Each of `v` times `inv`, rounded half away from zero (as `f32::round`,
@@ -118,7 +108,7 @@ unsafe fn steps_avx2(v: &[f32], inv: f32, out: &mut [i8]) {
 /// `out`; a NaN becomes 0. The value is clamped first, so the truncation is
 /// a plain conversion rather than Rust's saturating cast, whose checks kept
 /// the loop from being vectorised (the whole coding of a 384-value vector
-/// took 2.3 times as long: README, session 81).
+/// took three times as long: README, session 81).
 #[inline(always)]
 fn steps(v: &[f32], inv: f32, out: &mut [i8]) {
     for (o, x) in out.iter_mut().zip(v) {
@@ -133,6 +123,7 @@ fn steps(v: &[f32], inv: f32, out: &mut [i8]) {
 
 /// The largest magnitude in `v` (NaNs skipped), in sixteen lanes: one running
 /// maximum cannot be vectorised.
+#[inline(always)]
 fn max_abs(v: &[f32]) -> f32 {
     let (lanes, rest) = v.as_chunks::<16>();
     let mut acc = [0.0f32; 16];
