@@ -177,12 +177,17 @@ fn main() {
         }
         (rate, alone, per_phase)
     });
-    let listener = rt
+    // The daemon on a runtime of its own, built as `loomem serve` builds
+    // its: the writers' and searchers' requests and answers are the
+    // clients' work, done on the clients' threads, not queued among the
+    // daemon's tasks as no user's client is.
+    let daemon = tokio::runtime::Runtime::new().unwrap();
+    let listener = daemon
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(loomem::api::server::serve(cfg, env, listener, async {
+    let server = daemon.spawn(loomem::api::server::serve(cfg, env, listener, async {
         let _ = stopped.await;
     }));
     let http = reqwest::Client::new();
@@ -484,6 +489,6 @@ fn main() {
         );
     }
     let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    daemon.block_on(server).unwrap().unwrap();
     drop(nats);
 }
