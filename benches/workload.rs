@@ -126,7 +126,10 @@ fn main() {
     let questions = Arc::new(longmemeval::questions());
     let total = turns.len();
 
+    // The clients' runtime (named, so a profile tells its threads from the
+    // daemon's).
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("workload-client")
         .enable_all()
         .build()
         .unwrap();
