@@ -566,30 +566,21 @@ impl Model {
                 .embed(&ids, &mask, group.len(), len)
                 .map_err(|e| EmbedError::Provider(format!("minilm: {e}")))
         };
-        // Each sub-batch's tokens and when it began and ended (µs from the
-        // pass's start), for the pass's debug line.
-        let spans: Vec<std::sync::Mutex<(usize, u128, u128)>> =
-            groups.iter().map(|_| Default::default()).collect();
-        let timed = |g: usize, group: &[usize]| -> Vectors {
+        // Each sub-batch's vectors, with its tokens and when it began and
+        // ended (µs from the pass's start) for the pass's debug line.
+        type Span = (usize, u128, u128);
+        let timed = |group: &[usize]| -> (Vectors, Span) {
             let began = started.elapsed().as_micros();
             let out = run(group);
             let tokens = group.iter().map(|&i| encodings[i].get_ids().len()).sum();
-            *spans[g].lock().unwrap_or_else(|e| e.into_inner()) =
-                (tokens, began, started.elapsed().as_micros());
-            out
+            (out, (tokens, began, started.elapsed().as_micros()))
         };
-        let vectors: Vec<Vectors> = if pools.len() <= 1 || groups.len() == 1 {
-            pools[0].install(|| {
-                groups
-                    .iter()
-                    .enumerate()
-                    .map(|(g, group)| timed(g, group))
-                    .collect()
-            })
+        let (vectors, spans): (Vec<Vectors>, Vec<Span>) = if pools.len() <= 1 || groups.len() == 1 {
+            pools[0].install(|| groups.iter().map(|g| timed(g)).unzip())
         } else {
             // Each worker takes the next sub-batch until none is left.
             let next = std::sync::atomic::AtomicUsize::new(0);
-            let mut done: Vec<(usize, Vectors)> = std::thread::scope(|scope| {
+            let mut done: Vec<(usize, (Vectors, Span))> = std::thread::scope(|scope| {
                 let workers: Vec<_> = pools
                     .iter()
                     .take(groups.len())
@@ -603,7 +594,7 @@ impl Model {
                                     let Some(group) = groups.get(g) else {
                                         return mine;
                                     };
-                                    mine.push((g, timed(g, group)));
+                                    mine.push((g, timed(group)));
                                 }
                             })
                         })
@@ -615,21 +606,15 @@ impl Model {
                     .collect()
             });
             done.sort_by_key(|(g, _)| *g);
-            done.into_iter().map(|(_, v)| v).collect()
+            done.into_iter().map(|(_, v)| v).unzip()
         };
-        if tracing::enabled!(tracing::Level::DEBUG) {
-            let spans: Vec<(usize, u128, u128)> = spans
-                .into_iter()
-                .map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()))
-                .collect();
-            tracing::debug!(
-                texts = texts.len(),
-                tokenized_us = tokenized.as_micros(),
-                sub_batches = ?spans,
-                pass_us = started.elapsed().as_micros(),
-                "embedding pass (each sub-batch: tokens, began and ended, µs)"
-            );
-        }
+        tracing::debug!(
+            texts = texts.len(),
+            tokenized_us = tokenized.as_micros(),
+            sub_batches = ?spans,
+            pass_us = started.elapsed().as_micros(),
+            "embedding pass (each sub-batch: tokens, began and ended, µs)"
+        );
         let mut out = vec![Vec::new(); texts.len()];
         for (group, vectors) in groups.iter().zip(vectors) {
             for (&i, v) in group.iter().zip(vectors?) {
