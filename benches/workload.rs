@@ -12,7 +12,9 @@
 //! `LOOMEM_WORKLOAD_WRITERS` (8), `LOOMEM_WORKLOAD_STREAMS` (10),
 //! `LOOMEM_WORKLOAD_SEARCHERS` (2), `LOOMEM_WORKLOAD_PHASE` (1000),
 //! `LOOMEM_WORKLOAD_SEARCH_RATE` (searches a second in all; 0, the default:
-//! each searcher asks again as soon as it has its answer).
+//! each searcher asks again as soon as it has its answer). Other `LOOMEM_*`
+//! variables configure the daemon as they would `loomem serve`
+//! (`LOOMEM_BUS__KIND=embedded` runs it on the in-process bus).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -145,7 +147,9 @@ fn main() {
         "LOOMEM_STORAGE__DATA_DIR".into(),
         dir.path().join("data").display().to_string(),
     );
-    env.insert("LOOMEM_BUS__KIND".into(), "jetstream".into());
+    // JetStream, the shipped bus, unless the run says otherwise.
+    env.entry("LOOMEM_BUS__KIND".into())
+        .or_insert_with(|| "jetstream".into());
     env.insert("LOOMEM_BUS__NATS_URL".into(), nats.url());
     env.insert("LOOMEM_SERVER__PORT".into(), "0".into());
     let cfg = Config::load(
