@@ -18,9 +18,9 @@
 //! batch pass to end). Calls that arrive while a thread is busy are merged
 //! into its next pass, and each pass sorts its texts by token count and cuts
 //! them into sub-batches (on candle each padded to its longest member, so
-//! short texts do not pay for long ones). A pipeline pass runs its
-//! sub-batches on every CPU side by side, each with single-threaded kernels;
-//! a query runs its kernels over every CPU (see [`kernel_threads`]).
+//! short texts do not pay for long ones). Either thread runs its
+//! sub-batches on every CPU side by side, each with single-threaded kernels
+//! (see [`kernel_threads`]); a lone query is one sub-batch, on one CPU.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
@@ -470,31 +470,29 @@ struct Model {
     tokenizer: Tokenizer,
     encoder: Encoder,
     batch_size: usize,
-    /// How the thread spreads its work: sub-batches side by side, each on
-    /// kernels over so many threads.
+    /// How the thread spreads its work: sub-batches side by side.
     layout: Layout,
 }
 
 /// An inference thread's CPUs: `workers` sub-batches at once, each running
-/// candle's kernels over `kernel_threads` threads named `{name}-{worker}.{thread}`.
+/// its kernels on a thread of its own named `{name}-{worker}.0`.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     name: &'static str,
     workers: usize,
-    kernel_threads: usize,
 }
 
 impl Layout {
-    /// One rayon pool per worker, `kernel_threads` threads each, created by
-    /// the calling thread (so they inherit its priority). candle's matrix
-    /// multiplies split over the pool they run in: a pool of one runs the
-    /// pieces in turn, with no other thread to wait for.
+    /// One rayon pool of one thread per worker, created by the calling
+    /// thread (so they inherit its priority). candle's matrix multiplies
+    /// split over the pool they run in: a pool of one runs the pieces in
+    /// turn, with no other thread to wait for.
     fn pools(self) -> Result<Vec<rayon::ThreadPool>, EmbedError> {
         let name = self.name;
         (0..self.workers.max(1))
             .map(|w| {
                 rayon::ThreadPoolBuilder::new()
-                    .num_threads(self.kernel_threads.max(1))
+                    .num_threads(1)
                     .thread_name(move |t| format!("{name}-{w}.{t}"))
                     .build()
                     .map_err(|e| {
@@ -512,9 +510,13 @@ impl Model {
         texts: &[String],
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let started = std::time::Instant::now();
-        let encodings = self
-            .tokenizer
-            .encode_batch(texts.iter().map(String::as_str).collect::<Vec<_>>(), true)
+        // Text by text on this thread: `encode_batch` shares the texts out
+        // over rayon's global pool, whose threads then spin a while on the
+        // CPUs the kernels are about to need.
+        let encodings = texts
+            .iter()
+            .map(|t| self.tokenizer.encode(t.as_str(), true))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(EmbedError::tokenizer)?;
         // Shortest first, so each sub-batch pads to a length close to its
         // members'; the cuts balance the threads' work (see [`sub_batches`]).
@@ -722,17 +724,20 @@ fn sub_batches(lens: &[usize], threads: usize, cap: usize) -> Vec<std::ops::Rang
 /// the CPUs with anything else wait for each other more than they compute (a
 /// third of the embedding threads' time under the ordinary workload went to
 /// waiting and the scheduler when every pass used the global pool). So each
-/// inference thread brings its own pools ([`Layout::pools`]): the pipeline's
-/// passes run their sub-batches side by side, each in a pool of one thread
-/// that runs the pieces in turn, while a query, one text that cannot be
-/// split into sub-batches, runs its pieces on every CPU at normal priority.
+/// inference thread brings its own pools ([`Layout::pools`]) and runs its
+/// sub-batches side by side, each in a pool of one thread that runs the
+/// pieces in turn. A query too: split over every CPU, each of its many
+/// steps waited for its slower half, and under load either half waited
+/// behind the pipeline's threads (README, Benchmarks: **The query lane on
+/// one CPU a query, and what a pass waits for**).
 ///
-/// Sets RAYON_NUM_THREADS to the query's kernel threads and
-/// CANDLE_NUM_THREADS to 1, unless they are set. Call it before any other
-/// thread exists (it writes the process environment).
+/// Sets RAYON_NUM_THREADS (rayon's global pool, which nothing of MiniLM's
+/// uses now) to every CPU up to four and CANDLE_NUM_THREADS to 1, unless
+/// they are set. Call it before any other thread exists (it writes the
+/// process environment).
 pub fn kernel_threads() {
     let vars = [
-        ("RAYON_NUM_THREADS", query_kernel_threads().to_string()),
+        ("RAYON_NUM_THREADS", global_threads().to_string()),
         ("CANDLE_NUM_THREADS", "1".to_string()),
     ];
     for (var, value) in vars {
@@ -742,9 +747,8 @@ pub fn kernel_threads() {
     }
 }
 
-/// The threads a query's kernels run on: every CPU, up to four (beyond that
-/// MiniLM's matrices are too small to share).
-fn query_kernel_threads() -> usize {
+/// Rayon's global pool: every CPU, up to four.
+fn global_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
@@ -903,27 +907,14 @@ impl MiniLmEmbedder {
                 .map_err(|e| invalid(dir, format!("cannot start the inference thread: {e}")))?;
             Ok(tx)
         };
+        // Every CPU through sub-batches, each on kernels of one thread.
+        let layout = |name| Layout {
+            name,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
         Ok(MiniLmEmbedder {
-            // The pipeline's passes use every CPU through sub-batches; a
-            // query is one text, so through its kernels.
-            jobs: start(
-                "loomem-minilm",
-                Layout {
-                    name: "loomem-bulk",
-                    workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
-                    kernel_threads: 1,
-                },
-                batch_niceness,
-            )?,
-            queries: start(
-                "loomem-minilm-query",
-                Layout {
-                    name: "loomem-qry",
-                    workers: 1,
-                    kernel_threads: query_kernel_threads(),
-                },
-                0,
-            )?,
+            jobs: start("loomem-minilm", layout("loomem-bulk"), batch_niceness)?,
+            queries: start("loomem-minilm-query", layout("loomem-qry"), 0)?,
             dim: cfg.hidden_size,
         })
     }
