@@ -731,10 +731,11 @@ fn sub_batches(lens: &[usize], threads: usize, cap: usize) -> Vec<std::ops::Rang
 /// behind the pipeline's threads (README, Benchmarks: **The query lane on
 /// one CPU a query, and what a pass waits for**).
 ///
-/// Sets RAYON_NUM_THREADS (rayon's global pool, which nothing of MiniLM's
-/// uses now) to every CPU up to four and CANDLE_NUM_THREADS to 1, unless
-/// they are set. Call it before any other thread exists (it writes the
-/// process environment).
+/// Sets RAYON_NUM_THREADS (rayon's global pool, which MiniLM's passes no
+/// longer use, and the pieces candle cuts a matrix multiply into, which a
+/// pool of one runs in turn) to every CPU up to four and CANDLE_NUM_THREADS
+/// to 1, unless they are set. Call it before any other thread exists (it
+/// writes the process environment).
 pub fn kernel_threads() {
     let vars = [
         ("RAYON_NUM_THREADS", global_threads().to_string()),
