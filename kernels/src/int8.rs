@@ -214,27 +214,27 @@ impl Linear {
                     }
                 }
             }
-            // The sums copied out once the tile is done: read by row below
-            // (a count known only at run time), `acc` itself would live in
-            // memory, zeroed by a call to `memset` for every tile (5% of a
-            // pass's time).
-            let sums = acc;
-            for (r, acc) in sums.iter().enumerate().take(rows - first) {
-                let step = _mm512_set1_ps(f32::from_bits(input.steps[first + r]));
-                let zero = _mm512_set1_ps(input.zeros[first + r] as f32);
+            // Every row of the tile stored, the padding's too (`out` holds
+            // whole tiles until the panels are done), in loops of constant
+            // counts with no exit: they keep `acc` in registers. Read by a
+            // count known only at run time, `acc` lived in memory, zeroed
+            // by a `memset` call every tile (5% of a pass's time).
+            for (r, acc) in acc.iter().enumerate() {
+                let row = first + r;
+                let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row)));
+                let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row) as f32);
                 for (l, acc) in acc.iter().enumerate() {
+                    // The weights' sums, scales and biases are whole panels
+                    // (0 past the outputs); no lane past them is stored.
                     let column = panel * PANEL + 16 * l;
-                    if column >= self.outputs {
-                        break;
-                    }
                     let weights = _mm512_loadu_ps(self.sums.as_ptr().add(column));
                     let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(*acc));
                     let scale =
                         _mm512_mul_ps(step, _mm512_loadu_ps(self.scale.as_ptr().add(column)));
                     let bias = _mm512_loadu_ps(self.bias.as_ptr().add(column));
                     let v = _mm512_fmadd_ps(sums, scale, bias);
-                    let mask = panels::first_lanes(self.outputs - column);
-                    _mm512_mask_storeu_ps(out.0.add((first + r) * self.outputs + column), mask, v);
+                    let mask = panels::first_lanes(self.outputs.saturating_sub(column));
+                    _mm512_mask_storeu_ps(out.0.add(row * self.outputs + column), mask, v);
                 }
             }
         }
@@ -322,7 +322,13 @@ impl Dense for Linear {
             };
             (steps[r], zeros[r]) = (step.to_bits(), zero as u32);
         }
-        out.resize(rows * self.outputs, 0.0);
+        // The padding rows are scaled too, by 0 (not by whatever a pass
+        // before left there).
+        steps[rows..].fill(0);
+        zeros[rows..].fill(0);
+        // Whole tiles while the panels run (the VNNI kernel stores the
+        // padding rows too), the real rows after.
+        out.resize(padded * self.outputs, 0.0);
         let dst = Out(out.as_mut_ptr());
         let rows_of = Rows {
             bytes,
@@ -332,10 +338,11 @@ impl Dense for Linear {
         };
         panels::split(self.outputs.div_ceil(PANEL), |panel| {
             // SAFETY: as above; the tiles read within the rows' buffers and
-            // the packed weights and write rows `< rows` of their own
+            // the packed weights and write rows `< padded` of their own
             // panel's columns of `out`.
             unsafe { self.panel(&rows_of, panel, dst) }
         });
+        out.truncate(rows * self.outputs);
     }
 }
 

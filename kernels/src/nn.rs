@@ -224,13 +224,9 @@ impl Scratch {
             let at = (text.start + t) * 3 * hidden + which * hidden + h * D;
             qkv[at..at + D].try_into().expect("D values")
         };
-        self.keys_t.clear();
-        self.keys_t.resize(D * wide, 0.0);
+        self.keys(qkv, hidden, h, D, &text);
         self.values.clear();
         for t in 0..len {
-            for (d, k) in part(t, 1).iter().enumerate() {
-                self.keys_t[d * wide + t] = *k;
-            }
             self.values.extend_from_slice(part(t, 2));
         }
         self.scores.resize(QUERIES * wide, 0.0);
@@ -255,6 +251,49 @@ impl Scratch {
                 continue;
             }
             self.queries_plain::<D>(&q, len, rows, dst, out);
+        }
+    }
+
+    /// `self.keys_t`: head `h`'s keys (`dim` values) of the tokens `text`,
+    /// transposed, zero past the text's length. Blocks of 16 tokens by 16
+    /// values are turned in registers where AVX-512 runs; a value at a
+    /// time, a row of keys apart, was two fifths of the head's setup.
+    fn keys(&mut self, qkv: &[f32], hidden: usize, h: usize, dim: usize, text: &Range<usize>) {
+        let len = text.len();
+        let wide = len.next_multiple_of(LANES);
+        let first = |t: usize| (text.start + t) * 3 * hidden + hidden + h * dim;
+        #[cfg(target_arch = "x86_64")]
+        if !self.plain && avx512() && dim.is_multiple_of(LANES) {
+            // Every value up to `dim · wide` is written below.
+            if self.keys_t.len() < dim * wide {
+                self.keys_t.resize(dim * wide, 0.0);
+            }
+            for t in (0..len).step_by(LANES) {
+                for d in (0..dim).step_by(LANES) {
+                    // SAFETY: the CPU supports AVX-512 F (checked above);
+                    // the rows read are the text's tokens' (`len - t` of
+                    // them, at most 16), each `LANES` values of its key
+                    // from `d`; the rows written lie in `keys_t`'s
+                    // `dim · wide` values.
+                    unsafe {
+                        transpose16(
+                            qkv[first(t) + d..].as_ptr(),
+                            3 * hidden,
+                            (len - t).min(LANES),
+                            self.keys_t[d * wide + t..].as_mut_ptr(),
+                            wide,
+                        )
+                    };
+                }
+            }
+            return;
+        }
+        self.keys_t.clear();
+        self.keys_t.resize(dim * wide, 0.0);
+        for t in 0..len {
+            for (d, k) in qkv[first(t)..][..dim].iter().enumerate() {
+                self.keys_t[d * wide + t] = *k;
+            }
         }
     }
 
@@ -417,6 +456,67 @@ impl Scratch {
                     *o += p * v;
                 }
             }
+        }
+    }
+}
+
+/// The 16 × 16 values at `src` (rows `stride` apart; the first `rows` of
+/// them read, the rest taken as 0) transposed into `dst` (rows `dst_stride`
+/// apart): pairs of values interleaved, then pairs of pairs, then the
+/// 128-bit quarters gathered in two steps.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(
+    src: *const f32,
+    stride: usize,
+    rows: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let r: [__m512; 16] = std::array::from_fn(|i| {
+        if i < rows {
+            _mm512_loadu_ps(src.add(i * stride))
+        } else {
+            _mm512_setzero_ps()
+        }
+    });
+    // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, values 0–1 and 2–3
+    // of each quarter.
+    let t: [__m512; 16] = std::array::from_fn(|i| {
+        let (a, b) = (r[i & !1], r[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    // u[4i + j]: rows 4i to 4i + 3 at value j of each quarter.
+    let u: [__m512; 16] = std::array::from_fn(|i| {
+        let (group, j) = (i / 4, i % 4);
+        let a = _mm512_castps_pd(t[4 * group + j / 2]);
+        let b = _mm512_castps_pd(t[4 * group + j / 2 + 2]);
+        _mm512_castpd_ps(if j % 2 == 0 {
+            _mm512_unpacklo_pd(a, b)
+        } else {
+            _mm512_unpackhi_pd(a, b)
+        })
+    });
+    for j in 0..4 {
+        // Quarters 0 and 2, and 1 and 3, of rows 0–7 and of rows 8–15.
+        let even_lo = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+        let odd_lo = _mm512_shuffle_f32x4::<0xDD>(u[j], u[4 + j]);
+        let even_hi = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+        let odd_hi = _mm512_shuffle_f32x4::<0xDD>(u[8 + j], u[12 + j]);
+        // Value 4k + j of every row.
+        let out = [
+            _mm512_shuffle_f32x4::<0x88>(even_lo, even_hi),
+            _mm512_shuffle_f32x4::<0x88>(odd_lo, odd_hi),
+            _mm512_shuffle_f32x4::<0xDD>(even_lo, even_hi),
+            _mm512_shuffle_f32x4::<0xDD>(odd_lo, odd_hi),
+        ];
+        for (k, v) in out.into_iter().enumerate() {
+            _mm512_storeu_ps(dst.add((4 * k + j) * dst_stride), v);
         }
     }
 }
