@@ -220,6 +220,8 @@ impl Linear {
             // count known only at run time, `acc` lived in memory, zeroed
             // by a `memset` call every tile (5% of a pass's time).
             for (r, acc) in acc.iter().enumerate() {
+                // Below `padded`: `steps` and `zeros` hold a value for each
+                // row of every whole tile.
                 let row = first + r;
                 let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row)));
                 let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row) as f32);
