@@ -220,11 +220,12 @@ impl Scratch {
     ) {
         let len = text.len();
         let wide = len.next_multiple_of(LANES);
+        // Where token `t`'s query (0), key (1) or value (2) of this head starts.
+        let at = |t: usize, which: usize| (text.start + t) * 3 * hidden + which * hidden + h * D;
         let part = |t: usize, which: usize| -> &[f32; D] {
-            let at = (text.start + t) * 3 * hidden + which * hidden + h * D;
-            qkv[at..at + D].try_into().expect("D values")
+            qkv[at(t, which)..][..D].try_into().expect("D values")
         };
-        self.keys(qkv, hidden, h, D, &text);
+        self.keys::<D>(qkv, 3 * hidden, len, |t| at(t, 1));
         self.values.clear();
         for t in 0..len {
             self.values.extend_from_slice(part(t, 2));
@@ -254,31 +255,36 @@ impl Scratch {
         }
     }
 
-    /// `self.keys_t`: head `h`'s keys (`dim` values) of the tokens `text`,
+    /// `self.keys_t`: the keys (`D` values from `key_at(t)` for each of the
+    /// `len` tokens, a token's row `stride` values after the one before)
     /// transposed, zero past the text's length. Blocks of 16 tokens by 16
     /// values are turned in registers where AVX-512 runs; a value at a
     /// time, a row of keys apart, was two fifths of the head's setup.
-    fn keys(&mut self, qkv: &[f32], hidden: usize, h: usize, dim: usize, text: &Range<usize>) {
-        let len = text.len();
+    fn keys<const D: usize>(
+        &mut self,
+        qkv: &[f32],
+        stride: usize,
+        len: usize,
+        key_at: impl Fn(usize) -> usize,
+    ) {
         let wide = len.next_multiple_of(LANES);
-        let first = |t: usize| (text.start + t) * 3 * hidden + hidden + h * dim;
         #[cfg(target_arch = "x86_64")]
-        if !self.plain && avx512() && dim.is_multiple_of(LANES) {
-            // Every value up to `dim · wide` is written below.
-            if self.keys_t.len() < dim * wide {
-                self.keys_t.resize(dim * wide, 0.0);
+        if !self.plain && avx512() && D.is_multiple_of(LANES) {
+            // Every value up to `D · wide` is written below.
+            if self.keys_t.len() < D * wide {
+                self.keys_t.resize(D * wide, 0.0);
             }
             for t in (0..len).step_by(LANES) {
-                for d in (0..dim).step_by(LANES) {
+                for d in (0..D).step_by(LANES) {
                     // SAFETY: the CPU supports AVX-512 F (checked above);
                     // the rows read are the text's tokens' (`len - t` of
                     // them, at most 16), each `LANES` values of its key
                     // from `d`; the rows written lie in `keys_t`'s
-                    // `dim · wide` values.
+                    // `D · wide` values.
                     unsafe {
                         transpose16(
-                            qkv[first(t) + d..].as_ptr(),
-                            3 * hidden,
+                            qkv[key_at(t) + d..].as_ptr(),
+                            stride,
                             (len - t).min(LANES),
                             self.keys_t[d * wide + t..].as_mut_ptr(),
                             wide,
@@ -289,9 +295,9 @@ impl Scratch {
             return;
         }
         self.keys_t.clear();
-        self.keys_t.resize(dim * wide, 0.0);
+        self.keys_t.resize(D * wide, 0.0);
         for t in 0..len {
-            for (d, k) in qkv[first(t)..][..dim].iter().enumerate() {
+            for (d, k) in qkv[key_at(t)..][..D].iter().enumerate() {
                 self.keys_t[d * wide + t] = *k;
             }
         }
