@@ -24,7 +24,12 @@
 //! saturates. A column then spans ~100 steps instead of 127 (measured on
 //! MiniLM: the vectors stay at cosine ≥ 0.99 of sentence-transformers').
 //! Moving each byte's sign onto the weights (`vpsignb`) would keep all 127
-//! steps, but cost 40% of the kernel's speed.
+//! steps, but cost 40% of the kernel's speed. Both AVX2 multiplies run on
+//! one pipe on AMD's Zen 2, so the AVX2 kernel also takes the last
+//! [`FLOAT_COLUMNS`] of each panel in f32 fused multiply-adds, which
+//! another pipe runs beside them (those columns are the product of the
+//! rows as they are and of the weights rounded to halves, far finer than
+//! the int8 columns' steps).
 //!
 //! Only x86-64 CPUs with AVX-512 F, BW and VNNI, or with AVX2, run it;
 //! elsewhere [`Linear::new`] returns None.
@@ -48,7 +53,17 @@ pub struct Linear {
     scale: Vec<f32>,
     sums: Vec<f32>,
     bias: Vec<f32>,
+    /// AVX2 only: per panel, per input (rounded up to whole quads, zeros
+    /// past `inputs`), the weights of the panel's last [`FLOAT_COLUMNS`]
+    /// columns as IEEE halves, which that kernel widens and multiplies in
+    /// f32 (see `panel_avx2`): half the bytes of f32 weights, which a
+    /// query's few rows read from memory rather than from a core's cache.
+    floats: Vec<u16>,
 }
+
+/// The columns of each panel that the AVX2 kernel takes in f32 fused
+/// multiply-adds beside the int8 products of the others: one register.
+const FLOAT_COLUMNS: usize = 8;
 
 /// Which of the int8 kernels this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +86,12 @@ pub fn kernel() -> Option<Kernel> {
         {
             return Some(Kernel::Vnni);
         }
-        // The AVX2 kernel's epilogue and the row quantisation use FMA too.
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        // The AVX2 kernel's epilogue, its f32 columns and the row
+        // quantisation use FMA too, and its f32 columns' weights are halves
+        // (F16C).
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             return Some(Kernel::Avx2);
         }
@@ -105,6 +124,19 @@ fn pair_scale_of(values: &[f32]) -> f32 {
         .map(|p| p.iter().map(|v| v.abs()).sum::<f32>())
         .fold(0.0f32, f32::max);
     scale_of(values).max(pairs / 127.0)
+}
+
+/// `w` as an IEEE half's bits, rounded to the nearest (ties to even).
+fn to_half(w: f32) -> u16 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: packed for the AVX2 kernel only, on a CPU with F16C
+        // (`kernel`).
+        unsafe { _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(w))) as u16 }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("packed only where AVX2 runs: {w}")
 }
 
 /// `v / scale` rounded to the nearest integer (ties to even) in [-127, 127].
@@ -165,6 +197,20 @@ impl Linear {
                 packed[(panel * quads + p) * PANEL + column] = word;
             }
         }
+        let mut floats = Vec::new();
+        if kernel == Kernel::Avx2 {
+            let first = PANEL - FLOAT_COLUMNS;
+            floats = vec![0u16; count * quads * 4 * FLOAT_COLUMNS];
+            for (o, row) in weights.chunks_exact(inputs).enumerate() {
+                let (panel, column) = (o / PANEL, o % PANEL);
+                if column >= first {
+                    for (i, &w) in row.iter().enumerate() {
+                        floats[(panel * quads * 4 + i) * FLOAT_COLUMNS + column - first] =
+                            to_half(w);
+                    }
+                }
+            }
+        }
         let mut bias = bias.to_vec();
         bias.resize(count * PANEL, 0.0);
         Some(Linear {
@@ -176,7 +222,26 @@ impl Linear {
             scale,
             sums,
             bias,
+            floats,
         })
+    }
+
+    /// Whether the kernel takes column `o` in f32 (AVX2's last columns of
+    /// each panel) rather than as int8 products.
+    #[cfg(test)]
+    fn in_floats(&self, o: usize) -> bool {
+        self.kernel == Kernel::Avx2 && o % PANEL >= PANEL - FLOAT_COLUMNS
+    }
+
+    /// The weight of input `i` in f32 column `o`, as the kernel takes it
+    /// (a half).
+    #[cfg(all(test, target_arch = "x86_64"))]
+    fn float_weight(&self, o: usize, i: usize) -> f32 {
+        use std::arch::x86_64::*;
+        let (panel, column) = (o / PANEL, o % PANEL - (PANEL - FLOAT_COLUMNS));
+        let half = self.floats[(panel * self.quads * 4 + i) * FLOAT_COLUMNS + column];
+        // SAFETY: packed for the AVX2 kernel, on a CPU with F16C.
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(half as i16))) }
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -242,26 +307,48 @@ impl Linear {
         }
     }
 
-    /// One panel's columns of every row on AVX2, two rows at a time (the
-    /// panel's 6 × 8 columns of two rows fill 12 of the 16 registers; the
-    /// multiplies read the weights from memory). The rows are padded to
-    /// whole tiles, so a second row is always there to read.
+    /// One panel's columns of every row on AVX2, a row at a time. The
+    /// panel's first 40 columns are int8 products: `vpmaddubsw` then
+    /// `vpmaddwd`, both on the one vector pipe that multiplies integers on
+    /// AMD's Zen 2, which caps them at 16 products a cycle (a probe: eight
+    /// of either take eight cycles, mixed or not). Its last
+    /// [`FLOAT_COLUMNS`] are f32 fused multiply-adds (their weights kept as
+    /// halves and widened as read), which run beside them on another pipe (eight integer multiplies and eight FMAs take the
+    /// eight cycles of the multiplies alone): 192 products in the 10 cycles
+    /// of a quad's integer multiplies instead of 160. The f32 sums run in
+    /// two chains, the quad's even inputs and its odd ones, so that an
+    /// FMA's latency (five cycles) keeps pace. A row's 5 int and 2 f32
+    /// sums leave registers for the weights, which the multiplies read from
+    /// memory. (Two rows a tile, as the int8-only kernel had, spilled sums
+    /// to the stack and ran slower than this.)
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn panel_avx2(&self, input: &Rows, panel: usize, out: Out) {
         use std::arch::x86_64::*;
-        const ROWS: usize = 2;
-        const REGS: usize = PANEL / 8;
+        const ROWS: usize = 1;
+        const INTS: usize = (PANEL - FLOAT_COLUMNS) / 8;
+        const FLOATS: usize = FLOAT_COLUMNS / 8;
         let (xs, rows) = (input.bytes, input.count);
-        let quads = self.quads;
+        let (quads, inputs) = (self.quads, self.inputs);
         let w = self.panels.as_ptr().add(panel * quads * PANEL);
+        let wf = self.floats.as_ptr().add(panel * quads * 4 * FLOAT_COLUMNS);
         let ones = _mm256_set1_epi16(1);
+        // Whole quads of values; the last, part one is taken apart.
+        let whole = inputs / 4;
         for first in (0..rows).step_by(ROWS) {
             let x = xs.as_ptr().add(first * quads);
-            let mut acc = [[_mm256_setzero_si256(); REGS]; ROWS];
-            for p in 0..quads {
+            let v: [*const f32; ROWS] =
+                std::array::from_fn(|r| input.values.as_ptr().add((first + r) * inputs));
+            let mut acc = [[_mm256_setzero_si256(); INTS]; ROWS];
+            // Two f32 sums a row, the quad's even and odd inputs: chains of
+            // two FMAs a quad.
+            let mut accf = [[[_mm256_setzero_ps(); FLOATS]; 2]; ROWS];
+            // A quad's products: `values` of its four inputs in f32 (4 but
+            // in a last, part quad).
+            let mut quad = |p: usize, values: usize| {
                 let wp = w.add(p * PANEL);
-                for (r, acc) in acc.iter_mut().enumerate() {
+                let wq = wf.add(p * 4 * FLOAT_COLUMNS);
+                for (r, (acc, accf)) in acc.iter_mut().zip(accf.iter_mut()).enumerate() {
                     let xv = _mm256_set1_epi32(*x.add(r * quads + p) as i32);
                     for (l, acc) in acc.iter_mut().enumerate() {
                         let ws = _mm256_loadu_si256(wp.add(8 * l).cast());
@@ -270,22 +357,43 @@ impl Linear {
                         let pairs = _mm256_maddubs_epi16(xv, ws);
                         *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
                     }
+                    for k in 0..values {
+                        let xf = _mm256_set1_ps(*v[r].add(4 * p + k));
+                        for (f, accf) in accf[k % 2].iter_mut().enumerate() {
+                            let at = wq.add(k * FLOAT_COLUMNS + 8 * f);
+                            let ws = _mm256_cvtph_ps(_mm_loadu_si128(at.cast()));
+                            *accf = _mm256_fmadd_ps(xf, ws, *accf);
+                        }
+                    }
                 }
+            };
+            for p in 0..whole {
+                quad(p, 4);
             }
-            for (r, acc) in acc.iter().enumerate().take(rows - first) {
+            if whole < quads {
+                quad(whole, inputs - 4 * whole);
+            }
+            for r in 0..ROWS.min(rows - first) {
                 let step = _mm256_set1_ps(f32::from_bits(input.steps[first + r]));
                 let zero = _mm256_set1_ps(input.zeros[first + r] as f32);
-                for (l, acc) in acc.iter().enumerate() {
+                let lanes = acc[r].iter().map(|acc| (_mm256_cvtepi32_ps(*acc), true));
+                let floats =
+                    (0..FLOATS).map(|f| (_mm256_add_ps(accf[r][0][f], accf[r][1][f]), false));
+                for (l, (sum, ints)) in lanes.chain(floats).enumerate() {
                     let column = panel * PANEL + 8 * l;
                     if column >= self.outputs {
                         break;
                     }
-                    let weights = _mm256_loadu_ps(self.sums.as_ptr().add(column));
-                    let sums = _mm256_fnmadd_ps(zero, weights, _mm256_cvtepi32_ps(*acc));
-                    let scale =
-                        _mm256_mul_ps(step, _mm256_loadu_ps(self.scale.as_ptr().add(column)));
                     let bias = _mm256_loadu_ps(self.bias.as_ptr().add(column));
-                    let v = _mm256_fmadd_ps(sums, scale, bias);
+                    let v = if ints {
+                        let weights = _mm256_loadu_ps(self.sums.as_ptr().add(column));
+                        let sums = _mm256_fnmadd_ps(zero, weights, sum);
+                        let scale =
+                            _mm256_mul_ps(step, _mm256_loadu_ps(self.scale.as_ptr().add(column)));
+                        _mm256_fmadd_ps(sums, scale, bias)
+                    } else {
+                        _mm256_add_ps(sum, bias)
+                    };
                     let at = out.0.add((first + r) * self.outputs + column);
                     let n = (self.outputs - column).min(8);
                     if n == 8 {
@@ -333,6 +441,7 @@ impl Dense for Linear {
         out.resize(padded * self.outputs, 0.0);
         let dst = Out(out.as_mut_ptr());
         let rows_of = Rows {
+            values: x,
             bytes,
             steps,
             zeros,
@@ -350,6 +459,8 @@ impl Dense for Linear {
 
 /// A pass's input rows as bytes, with each row's step and zero point.
 struct Rows<'a> {
+    /// The rows as given (`count` of them, `inputs` values each).
+    values: &'a [f32],
     bytes: &'a [u32],
     steps: &'a [u32],
     zeros: &'a [u32],
@@ -588,8 +699,12 @@ mod tests {
             let got = layer.forward(&x);
             for r in 0..rows {
                 for o in 0..2 * outputs {
+                    // AVX2's f32 columns take the weights as halves.
                     let exact: f32 = (0..inputs)
-                        .map(|i| value(r) * q(o, i) * layer.scale[o])
+                        .map(|i| match layer.in_floats(o) {
+                            true => value(r) * layer.float_weight(o, i),
+                            false => value(r) * q(o, i) * layer.scale[o],
+                        })
                         .sum();
                     let err = (got[r * 2 * outputs + o] - exact).abs();
                     assert!(
