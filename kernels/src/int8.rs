@@ -126,17 +126,27 @@ fn pair_scale_of(values: &[f32]) -> f32 {
     scale_of(values).max(pairs / 127.0)
 }
 
-/// `w` as an IEEE half's bits, rounded to the nearest (ties to even).
-fn to_half(w: f32) -> u16 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        // SAFETY: packed for the AVX2 kernel only, on a CPU with F16C
-        // (`kernel`).
-        unsafe { _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(w))) as u16 }
+/// The AVX2 kernel's f32 columns (the last [`FLOAT_COLUMNS`] of each
+/// panel) of `weights` (rows of `inputs` values), laid out as
+/// [`Linear::floats`], each weight an IEEE half's bits rounded to the
+/// nearest (ties to even).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn halves_of(weights: &[f32], inputs: usize, quads: usize) -> Vec<u16> {
+    use std::arch::x86_64::*;
+    let first = PANEL - FLOAT_COLUMNS;
+    let count = (weights.len() / inputs).div_ceil(PANEL);
+    let mut floats = vec![0u16; count * quads * 4 * FLOAT_COLUMNS];
+    for (o, row) in weights.chunks_exact(inputs).enumerate() {
+        let (panel, column) = (o / PANEL, o % PANEL);
+        if column >= first {
+            for (i, &w) in row.iter().enumerate() {
+                let half = _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(w))) as u16;
+                floats[(panel * quads * 4 + i) * FLOAT_COLUMNS + column - first] = half;
+            }
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("packed only where AVX2 runs: {w}")
+    floats
 }
 
 /// `v / scale` rounded to the nearest integer (ties to even) in [-127, 127].
@@ -197,20 +207,13 @@ impl Linear {
                 packed[(panel * quads + p) * PANEL + column] = word;
             }
         }
-        let mut floats = Vec::new();
-        if kernel == Kernel::Avx2 {
-            let first = PANEL - FLOAT_COLUMNS;
-            floats = vec![0u16; count * quads * 4 * FLOAT_COLUMNS];
-            for (o, row) in weights.chunks_exact(inputs).enumerate() {
-                let (panel, column) = (o / PANEL, o % PANEL);
-                if column >= first {
-                    for (i, &w) in row.iter().enumerate() {
-                        floats[(panel * quads * 4 + i) * FLOAT_COLUMNS + column - first] =
-                            to_half(w);
-                    }
-                }
-            }
-        }
+        let floats = match kernel {
+            // SAFETY: the AVX2 kernel is packed only on a CPU with F16C
+            // (`kernel`; and where VNNI runs, for the tests).
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { halves_of(weights, inputs, quads) },
+            _ => Vec::new(),
+        };
         let mut bias = bias.to_vec();
         bias.resize(count * PANEL, 0.0);
         Some(Linear {
@@ -313,9 +316,10 @@ impl Linear {
     /// AMD's Zen 2, which caps them at 16 products a cycle (a probe: eight
     /// of either take eight cycles, mixed or not). Its last
     /// [`FLOAT_COLUMNS`] are f32 fused multiply-adds (their weights kept as
-    /// halves and widened as read), which run beside them on another pipe (eight integer multiplies and eight FMAs take the
-    /// eight cycles of the multiplies alone): 192 products in the 10 cycles
-    /// of a quad's integer multiplies instead of 160. The f32 sums run in
+    /// halves and widened as read), which run beside them on another pipe
+    /// (eight integer multiplies and eight FMAs take the eight cycles of
+    /// the multiplies alone): 192 products in the 10 cycles of a quad's
+    /// integer multiplies instead of 160. The f32 sums run in
     /// two chains, the quad's even inputs and its odd ones, so that an
     /// FMA's latency (five cycles) keeps pace. A row's 5 int and 2 f32
     /// sums leave registers for the weights, which the multiplies read from
