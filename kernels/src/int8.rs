@@ -46,8 +46,11 @@ pub struct Linear {
     quads: usize,
     outputs: usize,
     /// Per panel, per quad of inputs, the quad's four i8 weights of each of
-    /// the panel's columns as one word (lowest byte the first input).
+    /// the panel's int8 columns as one word (lowest byte the first input):
+    /// all [`PANEL`] of them for VNNI, the first [`INT_COLUMNS`] for AVX2.
     panels: Vec<u32>,
+    /// The int8 columns of a panel (the words a quad of `panels`).
+    words: usize,
     /// Per column (zero-padded to whole panels): the weights' scale, and
     /// the sum of its rounded weights.
     scale: Vec<f32>,
@@ -64,6 +67,23 @@ pub struct Linear {
 /// The columns of each panel that the AVX2 kernel takes in f32 fused
 /// multiply-adds beside the int8 products of the others: one register.
 const FLOAT_COLUMNS: usize = 8;
+/// The AVX2 kernel's int8 columns, the first of each panel.
+const INT_COLUMNS: usize = PANEL - FLOAT_COLUMNS;
+// `panel_avx2` keeps the f32 columns' sums in one register a chain.
+const _: () = assert!(FLOAT_COLUMNS == 8);
+
+/// Where [`Linear::floats`] keeps the weight of input `i` in column `o`, one
+/// of the AVX2 kernel's f32 columns, for a layer of `quads` quads of inputs.
+#[cfg(target_arch = "x86_64")]
+fn float_at(quads: usize, o: usize, i: usize) -> usize {
+    ((o / PANEL) * quads * 4 + i) * FLOAT_COLUMNS + o % PANEL - INT_COLUMNS
+}
+
+/// Where [`Linear::panels`] keeps the word of quad `p` of column `o`, one of
+/// a panel's first `words` columns, for a layer of `quads` quads of inputs.
+fn word_at(quads: usize, words: usize, o: usize, p: usize) -> usize {
+    ((o / PANEL) * quads + p) * words + o % PANEL
+}
 
 /// Which of the int8 kernels this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,15 +154,13 @@ fn pair_scale_of(values: &[f32]) -> f32 {
 #[target_feature(enable = "f16c")]
 unsafe fn halves_of(weights: &[f32], inputs: usize, quads: usize) -> Vec<u16> {
     use std::arch::x86_64::*;
-    let first = PANEL - FLOAT_COLUMNS;
     let count = (weights.len() / inputs).div_ceil(PANEL);
     let mut floats = vec![0u16; count * quads * 4 * FLOAT_COLUMNS];
     for (o, row) in weights.chunks_exact(inputs).enumerate() {
-        let (panel, column) = (o / PANEL, o % PANEL);
-        if column >= first {
+        if o % PANEL >= INT_COLUMNS {
             for (i, &w) in row.iter().enumerate() {
                 let half = _mm_extract_epi16::<0>(_mm_cvtps_ph::<0>(_mm_set_ss(w))) as u16;
-                floats[(panel * quads * 4 + i) * FLOAT_COLUMNS + column - first] = half;
+                floats[float_at(quads, o, i)] = half;
             }
         }
     }
@@ -188,11 +206,18 @@ impl Linear {
     fn packed(kernel: Kernel, weights: &[f32], bias: &[f32]) -> Option<Linear> {
         let (inputs, outputs, count) = panels::shape(weights, bias)?;
         let quads = inputs.div_ceil(4);
-        let mut packed = vec![0u32; count * quads * PANEL];
+        let words = match kernel {
+            Kernel::Vnni => PANEL,
+            Kernel::Avx2 => INT_COLUMNS,
+        };
+        let mut packed = vec![0u32; count * quads * words];
+        // The scales and sums of the f32 columns stay 0: unread.
         let mut scale = vec![0.0f32; count * PANEL];
         let mut sums = vec![0.0f32; count * PANEL];
         for (o, row) in weights.chunks_exact(inputs).enumerate() {
-            let (panel, column) = (o / PANEL, o % PANEL);
+            if o % PANEL >= words {
+                continue;
+            }
             scale[o] = match kernel {
                 Kernel::Vnni => scale_of(row),
                 Kernel::Avx2 => pair_scale_of(row),
@@ -204,7 +229,7 @@ impl Linear {
                     .iter()
                     .enumerate()
                     .fold(0u32, |w, (k, &v)| w | (u32::from(v as i8 as u8) << (8 * k)));
-                packed[(panel * quads + p) * PANEL + column] = word;
+                packed[word_at(quads, words, o, p)] = word;
             }
         }
         let floats = match kernel {
@@ -222,6 +247,7 @@ impl Linear {
             quads,
             outputs,
             panels: packed,
+            words,
             scale,
             sums,
             bias,
@@ -233,7 +259,7 @@ impl Linear {
     /// each panel) rather than as int8 products.
     #[cfg(test)]
     fn in_floats(&self, o: usize) -> bool {
-        self.kernel == Kernel::Avx2 && o % PANEL >= PANEL - FLOAT_COLUMNS
+        o % PANEL >= self.words
     }
 
     /// The weight of input `i` in f32 column `o`, as the kernel takes it
@@ -241,10 +267,16 @@ impl Linear {
     #[cfg(all(test, target_arch = "x86_64"))]
     fn float_weight(&self, o: usize, i: usize) -> f32 {
         use std::arch::x86_64::*;
-        let (panel, column) = (o / PANEL, o % PANEL - (PANEL - FLOAT_COLUMNS));
-        let half = self.floats[(panel * self.quads * 4 + i) * FLOAT_COLUMNS + column];
+        let half = self.floats[float_at(self.quads, o, i)];
         // SAFETY: packed for the AVX2 kernel, on a CPU with F16C.
         unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(half as i16))) }
+    }
+
+    /// The rounded int8 weight of input `i` in int8 column `o`.
+    #[cfg(test)]
+    fn int_weight(&self, o: usize, i: usize) -> f32 {
+        let word = self.panels[word_at(self.quads, self.words, o, i / 4)];
+        f32::from(word.to_le_bytes()[i % 4] as i8)
     }
 
     #[cfg(not(target_arch = "x86_64"))]
@@ -311,7 +343,7 @@ impl Linear {
     }
 
     /// One panel's columns of every row on AVX2, a row at a time. The
-    /// panel's first 40 columns are int8 products: `vpmaddubsw` then
+    /// panel's first [`INT_COLUMNS`] (40) are int8 products: `vpmaddubsw` then
     /// `vpmaddwd`, both on the one vector pipe that multiplies integers on
     /// AMD's Zen 2, which caps them at 16 products a cycle (a probe: eight
     /// of either take eight cycles, mixed or not). Its last
@@ -329,46 +361,37 @@ impl Linear {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn panel_avx2(&self, input: &Rows, panel: usize, out: Out) {
         use std::arch::x86_64::*;
-        const ROWS: usize = 1;
-        const INTS: usize = (PANEL - FLOAT_COLUMNS) / 8;
-        const FLOATS: usize = FLOAT_COLUMNS / 8;
-        let (xs, rows) = (input.bytes, input.count);
+        const INTS: usize = INT_COLUMNS / 8;
         let (quads, inputs) = (self.quads, self.inputs);
-        let w = self.panels.as_ptr().add(panel * quads * PANEL);
+        let w = self.panels.as_ptr().add(panel * quads * INT_COLUMNS);
         let wf = self.floats.as_ptr().add(panel * quads * 4 * FLOAT_COLUMNS);
         let ones = _mm256_set1_epi16(1);
         // Whole quads of values; the last, part one is taken apart.
         let whole = inputs / 4;
-        for first in (0..rows).step_by(ROWS) {
-            let x = xs.as_ptr().add(first * quads);
-            let v: [*const f32; ROWS] =
-                std::array::from_fn(|r| input.values.as_ptr().add((first + r) * inputs));
-            let mut acc = [[_mm256_setzero_si256(); INTS]; ROWS];
-            // Two f32 sums a row, the quad's even and odd inputs: chains of
-            // two FMAs a quad.
-            let mut accf = [[[_mm256_setzero_ps(); FLOATS]; 2]; ROWS];
+        for row in 0..input.count {
+            let x = input.bytes.as_ptr().add(row * quads);
+            let v = input.values.as_ptr().add(row * inputs);
+            let mut acc = [_mm256_setzero_si256(); INTS];
+            // The f32 sums of the quad's even inputs and of its odd ones:
+            // chains of two FMAs a quad.
+            let mut accf = [_mm256_setzero_ps(); 2];
             // A quad's products: `values` of its four inputs in f32 (4 but
             // in a last, part quad).
             let mut quad = |p: usize, values: usize| {
-                let wp = w.add(p * PANEL);
+                let wp = w.add(p * INT_COLUMNS);
+                let xv = _mm256_set1_epi32(*x.add(p) as i32);
+                for (l, acc) in acc.iter_mut().enumerate() {
+                    let ws = _mm256_loadu_si256(wp.add(8 * l).cast());
+                    // Each pair of weights is within 128 (`pair_scale_of`):
+                    // no i16 sum saturates.
+                    let pairs = _mm256_maddubs_epi16(xv, ws);
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
+                }
                 let wq = wf.add(p * 4 * FLOAT_COLUMNS);
-                for (r, (acc, accf)) in acc.iter_mut().zip(accf.iter_mut()).enumerate() {
-                    let xv = _mm256_set1_epi32(*x.add(r * quads + p) as i32);
-                    for (l, acc) in acc.iter_mut().enumerate() {
-                        let ws = _mm256_loadu_si256(wp.add(8 * l).cast());
-                        // Each pair of weights is within 128 (`pair_scale_of`):
-                        // no i16 sum saturates.
-                        let pairs = _mm256_maddubs_epi16(xv, ws);
-                        *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(pairs, ones));
-                    }
-                    for k in 0..values {
-                        let xf = _mm256_set1_ps(*v[r].add(4 * p + k));
-                        for (f, accf) in accf[k % 2].iter_mut().enumerate() {
-                            let at = wq.add(k * FLOAT_COLUMNS + 8 * f);
-                            let ws = _mm256_cvtph_ps(_mm_loadu_si128(at.cast()));
-                            *accf = _mm256_fmadd_ps(xf, ws, *accf);
-                        }
-                    }
+                for k in 0..values {
+                    let xf = _mm256_set1_ps(*v.add(4 * p + k));
+                    let ws = _mm256_cvtph_ps(_mm_loadu_si128(wq.add(k * FLOAT_COLUMNS).cast()));
+                    accf[k % 2] = _mm256_fmadd_ps(xf, ws, accf[k % 2]);
                 }
             };
             for p in 0..whole {
@@ -377,36 +400,33 @@ impl Linear {
             if whole < quads {
                 quad(whole, inputs - 4 * whole);
             }
-            for r in 0..ROWS.min(rows - first) {
-                let step = _mm256_set1_ps(f32::from_bits(input.steps[first + r]));
-                let zero = _mm256_set1_ps(input.zeros[first + r] as f32);
-                let lanes = acc[r].iter().map(|acc| (_mm256_cvtepi32_ps(*acc), true));
-                let floats =
-                    (0..FLOATS).map(|f| (_mm256_add_ps(accf[r][0][f], accf[r][1][f]), false));
-                for (l, (sum, ints)) in lanes.chain(floats).enumerate() {
-                    let column = panel * PANEL + 8 * l;
-                    if column >= self.outputs {
-                        break;
-                    }
-                    let bias = _mm256_loadu_ps(self.bias.as_ptr().add(column));
-                    let v = if ints {
-                        let weights = _mm256_loadu_ps(self.sums.as_ptr().add(column));
-                        let sums = _mm256_fnmadd_ps(zero, weights, sum);
-                        let scale =
-                            _mm256_mul_ps(step, _mm256_loadu_ps(self.scale.as_ptr().add(column)));
-                        _mm256_fmadd_ps(sums, scale, bias)
-                    } else {
-                        _mm256_add_ps(sum, bias)
-                    };
-                    let at = out.0.add((first + r) * self.outputs + column);
-                    let n = (self.outputs - column).min(8);
-                    if n == 8 {
-                        _mm256_storeu_ps(at, v);
-                    } else {
-                        let mut part = [0.0f32; 8];
-                        _mm256_storeu_ps(part.as_mut_ptr(), v);
-                        std::ptr::copy_nonoverlapping(part.as_ptr(), at, n);
-                    }
+            let step = _mm256_set1_ps(f32::from_bits(input.steps[row]));
+            let zero = _mm256_set1_ps(input.zeros[row] as f32);
+            let ints = acc.iter().map(|acc| (_mm256_cvtepi32_ps(*acc), true));
+            let floats = std::iter::once((_mm256_add_ps(accf[0], accf[1]), false));
+            for (l, (sum, int8)) in ints.chain(floats).enumerate() {
+                let column = panel * PANEL + 8 * l;
+                if column >= self.outputs {
+                    break;
+                }
+                let bias = _mm256_loadu_ps(self.bias.as_ptr().add(column));
+                let v = if int8 {
+                    let weights = _mm256_loadu_ps(self.sums.as_ptr().add(column));
+                    let sums = _mm256_fnmadd_ps(zero, weights, sum);
+                    let scale =
+                        _mm256_mul_ps(step, _mm256_loadu_ps(self.scale.as_ptr().add(column)));
+                    _mm256_fmadd_ps(sums, scale, bias)
+                } else {
+                    _mm256_add_ps(sum, bias)
+                };
+                let at = out.0.add(row * self.outputs + column);
+                let n = (self.outputs - column).min(8);
+                if n == 8 {
+                    _mm256_storeu_ps(at, v);
+                } else {
+                    let mut part = [0.0f32; 8];
+                    _mm256_storeu_ps(part.as_mut_ptr(), v);
+                    std::ptr::copy_nonoverlapping(part.as_ptr(), at, n);
                 }
             }
         }
@@ -688,12 +708,9 @@ mod tests {
         for kernel in kernels() {
             let layer = Linear::packed(kernel, &w, &b).expect("whole rows");
             // The rounded weights, from the packing.
-            let q = |o: usize, i: usize| {
-                let word = layer.panels[((o / PANEL) * layer.quads + i / 4) * PANEL + o % PANEL];
-                f32::from(word.to_le_bytes()[i % 4] as i8)
-            };
+            let q = |o: usize, i: usize| layer.int_weight(o, i);
             if kernel == Kernel::Avx2 {
-                for o in 0..2 * outputs {
+                for o in (0..2 * outputs).filter(|&o| !layer.in_floats(o)) {
                     for i in (0..inputs).step_by(2) {
                         let pair = q(o, i).abs() + q(o, i + 1).abs();
                         assert!(pair <= 128.0, "column {o}, inputs {i}–: {pair}");
