@@ -47,10 +47,9 @@ pub struct Linear {
     outputs: usize,
     /// Per panel, per quad of inputs, the quad's four i8 weights of each of
     /// the panel's int8 columns as one word (lowest byte the first input):
-    /// all [`PANEL`] of them for VNNI, the first [`INT_COLUMNS`] for AVX2.
+    /// all [`PANEL`] of them for VNNI, the first [`INT_COLUMNS`] for AVX2
+    /// ([`Kernel::words`]).
     panels: Vec<u32>,
-    /// The int8 columns of a panel (the words a quad of `panels`).
-    words: usize,
     /// Per column (zero-padded to whole panels): the weights' scale, and
     /// the sum of its rounded weights.
     scale: Vec<f32>,
@@ -93,6 +92,16 @@ pub enum Kernel {
     /// AVX2's `vpmaddubsw` and `vpmaddwd`, with weights scaled so that no
     /// pair of products saturates.
     Avx2,
+}
+
+impl Kernel {
+    /// The int8 columns of a panel: the words a quad of [`Linear::panels`].
+    fn words(self) -> usize {
+        match self {
+            Kernel::Vnni => PANEL,
+            Kernel::Avx2 => INT_COLUMNS,
+        }
+    }
 }
 
 /// The kernel this CPU runs: VNNI where it can, else AVX2 (with FMA), else
@@ -206,10 +215,7 @@ impl Linear {
     fn packed(kernel: Kernel, weights: &[f32], bias: &[f32]) -> Option<Linear> {
         let (inputs, outputs, count) = panels::shape(weights, bias)?;
         let quads = inputs.div_ceil(4);
-        let words = match kernel {
-            Kernel::Vnni => PANEL,
-            Kernel::Avx2 => INT_COLUMNS,
-        };
+        let words = kernel.words();
         let mut packed = vec![0u32; count * quads * words];
         // The scales and sums of the f32 columns stay 0: unread.
         let mut scale = vec![0.0f32; count * PANEL];
@@ -247,7 +253,6 @@ impl Linear {
             quads,
             outputs,
             panels: packed,
-            words,
             scale,
             sums,
             bias,
@@ -259,7 +264,7 @@ impl Linear {
     /// each panel) rather than as int8 products.
     #[cfg(test)]
     fn in_floats(&self, o: usize) -> bool {
-        o % PANEL >= self.words
+        o % PANEL >= self.kernel.words()
     }
 
     /// The weight of input `i` in f32 column `o`, as the kernel takes it
@@ -275,7 +280,7 @@ impl Linear {
     /// The rounded int8 weight of input `i` in int8 column `o`.
     #[cfg(test)]
     fn int_weight(&self, o: usize, i: usize) -> f32 {
-        let word = self.panels[word_at(self.quads, self.words, o, i / 4)];
+        let word = self.panels[word_at(self.quads, self.kernel.words(), o, i / 4)];
         f32::from(word.to_le_bytes()[i % 4] as i8)
     }
 
