@@ -297,6 +297,9 @@ pub struct StreamVectors {
     max_norm: f32,
     max_err: f32,
     dim: usize,
+    /// The codes' largest magnitude: the CPU's fastest for the scan
+    /// ([`crate::core::vector::scan_top`]); the bounds follow the codes.
+    top: i8,
 }
 
 /// Added to every error bound: the rounding of the f32 sums themselves.
@@ -323,6 +326,7 @@ impl StreamVectors {
                     max_norm: 0.0,
                     max_err: 0.0,
                     dim: v.len(),
+                    top: crate::core::vector::scan_top(),
                 });
             if v.len() == g.dim {
                 g.push(i, v);
@@ -335,7 +339,7 @@ impl StreamVectors {
         let at = self.codes.len();
         self.codes.resize(at + v.len(), 0);
         let code = &mut self.codes[at..];
-        let scale = crate::core::vector::quantize_i8(v, code);
+        let scale = crate::core::vector::quantize_i8_within(v, code, self.top);
         let (mut err, mut norm, mut code_norm) = (0.0f32, 0.0f32, 0.0f32);
         for (x, c) in v.iter().zip(code.iter()) {
             let y = scale * f32::from(*c);
@@ -508,6 +512,7 @@ impl StreamVectors {
                 &self.codes[p0 * d..(p0 + 4) * d],
                 &self.codes[..p0 * d],
                 &mut shared,
+                self.top,
             );
             for k in 0..4 {
                 // ...and each against those of the four before it.
