@@ -114,9 +114,9 @@ fn quantize_lanes(v: &[f32], out: &mut [i8], top: i8) -> f32 {
 
 /// Each of `v` times `inv`, rounded half away from zero (as `f32::round`,
 /// without its library call per value: adding ±0.5 and truncating) and
-/// held within ±`top`, into `out`; a NaN becomes 0. The value is clamped first, so the truncation is
-/// a plain conversion rather than Rust's saturating cast, whose checks kept
-/// the loop from being vectorised (the whole coding of a 384-value vector
+/// held within ±`top`, into `out`; a NaN becomes 0. The value is clamped
+/// first, so the truncation is a plain conversion rather than Rust's
+/// saturating cast, whose checks kept the loop from being vectorised (the whole coding of a 384-value vector
 /// took three times as long: README, session 81).
 #[inline(always)]
 fn steps(v: &[f32], inv: f32, top: f32, out: &mut [i8]) {
@@ -191,8 +191,8 @@ pub fn dot_i8_rows4(qs: &[i8], rows: &[i8], out: &mut [i32], top: i8) {
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above); the codes are
-        // within NARROW_TOP when the narrow kernel is taken.
+        // SAFETY: the CPU supports AVX2 (checked just above). (Codes past
+        // `top` would give wrong sums in the narrow kernel, not unsafety.)
         return unsafe {
             if top <= NARROW_TOP {
                 dot_i8_rows4_narrow_avx2(qs, rows, out)
@@ -215,10 +215,11 @@ pub const NARROW_TOP: i8 = 63;
 const NARROW_STEPS: usize = 2;
 
 /// The top code a scan of many codes against many ([`dot_i8_rows4`]) is
-/// fastest with on this CPU: [`NARROW_TOP`] where AVX2 multiplies bytes on
-/// one pipe (half the widenings make up for the error bounds' doubling:
+/// fastest with on this CPU: [`NARROW_TOP`] where the AVX2 kernel is the
+/// one taken (the narrow kernel needs neither sign instructions nor a
+/// widening every step, which makes up for the error bounds' doubling:
 /// the scans recheck what the bounds leave in question), 127 elsewhere
-/// (AVX-512's `vpdpbusd` widens as it multiplies).
+/// (AVX-512's `vpdpbusd` widens as it multiplies, at any code).
 pub fn scan_top() -> i8 {
     #[cfg(target_arch = "x86_64")]
     if !has_vnni() && std::arch::is_x86_feature_detected!("avx2") {

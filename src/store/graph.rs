@@ -1429,11 +1429,50 @@ impl Dictionary {
     pub fn get(&self, key: &str) -> Option<&Arc<DictionaryEntry>> {
         self.by_key.get(key)
     }
+
+    /// Whether some key starts with `prefix`: one ordered lookup, where an
+    /// n-gram search would try each length.
+    pub fn has_key_starting(&self, prefix: &str) -> bool {
+        use std::ops::Bound;
+        self.by_key
+            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .next()
+            .is_some_and(|(key, _)| key.starts_with(prefix))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_is_found_only_where_some_key_starts_with_it() {
+        let entry = |name: &str, aliases: &[&str]| DictionaryEntry {
+            name: name.into(),
+            entity_type: "TOOL".into(),
+            category: None,
+            aliases: aliases.iter().map(|a| a.to_string()).collect(),
+        };
+        let d = Dictionary::new(vec![
+            entry("VS Code", &["Visual Studio Code"]),
+            entry("Vim", &[]),
+        ]);
+        for (prefix, expected) in [
+            ("vs", true),
+            ("vscode", true),
+            ("visualstudio", true),
+            ("vim", true),
+            ("v", true),
+            ("", true),
+            ("vscodex", false),
+            ("vi m", false),
+            ("a", false),
+            ("zed", false),
+        ] {
+            assert_eq!(d.has_key_starting(prefix), expected, "{prefix:?}");
+        }
+        assert!(!Dictionary::new(Vec::new()).has_key_starting(""));
+    }
 
     #[test]
     fn references_are_added_once_in_order_and_the_oldest_go_past_the_cap() {

@@ -207,11 +207,17 @@ impl ExtractEntities {
         // `entity_key`: the keys of its tokens and of the gaps between them
         // (empty unless a gap holds a letter or digit), put together in one
         // buffer, since `entity_key` keeps or drops each char alone.
+        // An n-gram's key starts with its first token's: a token no key
+        // starts with opens no n-gram of the dictionary.
         let (token_keys, gap_keys) = piece_keys(text, &tokens);
+        let opens: Vec<bool> = token_keys
+            .iter()
+            .map(|k| self.dictionary.has_key_starting(k))
+            .collect();
         let mut key = String::new();
         for n in (1..=self.dictionary.max_words.max(1)).rev() {
             for i in 0..tokens.len().saturating_sub(n - 1) {
-                if used[i..i + n].iter().any(|u| *u) {
+                if !opens[i] || used[i..i + n].iter().any(|u| *u) {
                     continue;
                 }
                 ngram_key(&mut key, &token_keys, &gap_keys, i, n);
