@@ -116,8 +116,9 @@ fn quantize_lanes(v: &[f32], out: &mut [i8], top: i8) -> f32 {
 /// without its library call per value: adding ±0.5 and truncating) and
 /// held within ±`top`, into `out`; a NaN becomes 0. The value is clamped
 /// first, so the truncation is a plain conversion rather than Rust's
-/// saturating cast, whose checks kept the loop from being vectorised (the whole coding of a 384-value vector
-/// took three times as long: README, session 81).
+/// saturating cast, whose checks kept the loop from being vectorised (the
+/// whole coding of a 384-value vector took three times as long: README,
+/// session 81).
 #[inline(always)]
 fn steps(v: &[f32], inv: f32, top: f32, out: &mut [i8]) {
     for (o, x) in out.iter_mut().zip(v) {
@@ -178,10 +179,11 @@ pub fn dot_i8_rows4(qs: &[i8], rows: &[i8], out: &mut [i32], top: i8) {
     let n = out.len() / 4;
     assert_eq!(out.len(), 4 * n, "four outputs per row");
     assert_eq!(rows.len(), d * n, "one code of {d} bytes per row");
+    // The four codes only: a scan's rows are its earlier codes, checked
+    // when they were the four, and reading every row again on each call
+    // would double a debug build's scan.
     debug_assert!(
-        qs.iter()
-            .chain(rows)
-            .all(|c| c.unsigned_abs() <= top.unsigned_abs()),
+        qs.iter().all(|c| c.unsigned_abs() <= top.unsigned_abs()),
         "codes within ±{top}"
     );
     #[cfg(target_arch = "x86_64")]
