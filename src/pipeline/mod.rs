@@ -378,20 +378,32 @@ impl StreamVectors {
         dots
     }
 
-    /// Row `p`'s approximate similarities to the rows before it, from
-    /// `dots` (its int8 dots with them). One plain loop, which the compiler
-    /// vectorises; the error bounds are computed only for the rows that the
-    /// widest of them leaves in question.
-    fn earlier(&self, p: usize, dots: &[i32]) -> Earlier<'_> {
+    /// Row `p` against the rows before it, from its int8 dots with them:
+    /// `head` with the first rows, `tail` with those after them (the two
+    /// parts of a four-row scan). The approximate similarities go to
+    /// `approx`, a buffer a scan reuses from row to row; one plain loop a
+    /// part, which the compiler vectorises.
+    fn earlier<'a>(
+        &'a self,
+        p: usize,
+        head: &[i32],
+        tail: &[i32],
+        approx: &'a mut Vec<f32>,
+    ) -> Earlier<'a> {
         let sp = self.scales[p];
-        let approx = dots
-            .iter()
-            .zip(&self.scales[..dots.len()])
-            .map(|(&dot, &sq)| sp * sq * dot as f32)
-            .collect();
+        let (sh, st) = self.scales[..head.len() + tail.len()].split_at(head.len());
+        approx.clear();
+        for (dots, scales) in [(head, sh), (tail, st)] {
+            approx.extend(
+                dots.iter()
+                    .zip(scales)
+                    .map(|(&dot, &sq)| sp * sq * dot as f32),
+            );
+        }
         Earlier {
             g: self,
             p,
+            top: highest(approx),
             approx,
             widest: self.bound(p, self.max_norm, self.max_err),
         }
@@ -402,6 +414,11 @@ impl StreamVectors {
     /// v_p·v_q − v̂_p·v̂_q = (v_p − v̂_p)·v_q + v̂_p·(v_q − v̂_q).
     fn bound(&self, p: usize, nq: f32, eq: f32) -> f32 {
         self.err[p] * nq + self.code_norm[p] * eq + ROUNDING_SLACK
+    }
+
+    /// Row `p` alone against the rows before it (`approx`: its buffer).
+    fn earlier_alone<'a>(&'a self, p: usize, approx: &'a mut Vec<f32>) -> Earlier<'a> {
+        self.earlier(p, &self.dots_of(p), &[], approx)
     }
 
     /// The first row before `p` (in batch order) more similar to it than
@@ -418,7 +435,7 @@ impl StreamVectors {
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
             None => self
-                .earlier(p, &self.dots_of(p))
+                .earlier_alone(p, &mut Vec::new())
                 .maybe_above(threshold)
                 .find(|&q| exact(q)),
         }
@@ -427,12 +444,12 @@ impl StreamVectors {
     /// For each row, the highest similarity to a row before it (0 when none
     /// is positive). Rows are scanned in parallel.
     pub fn max_earlier(&self) -> Vec<f32> {
-        self.per_row(|p, dots| self.earlier(p, dots).best().0)
+        self.per_row(|earlier| earlier.best().0)
     }
 
     /// Row `p`'s [`Self::max_earlier`] alone.
     pub fn max_earlier_of(&self, p: usize) -> f32 {
-        self.earlier(p, &self.dots_of(p)).best().0
+        self.earlier_alone(p, &mut Vec::new()).best().0
     }
 
     /// One scan for both of `dedupe`'s questions: for each row, the rows
@@ -442,8 +459,7 @@ impl StreamVectors {
     /// to a row before it with that row (None when the highest is 0), which
     /// `score_surprise` reuses.
     pub fn scan_earlier(&self, threshold: f32) -> Vec<ScannedRow> {
-        self.per_row(|p, dots| {
-            let earlier = self.earlier(p, dots);
+        self.per_row(|earlier| {
             let mut rows = earlier.maybe_above(threshold);
             let listed: Vec<usize> = rows.by_ref().take(NEAR_CAP).collect();
             let maybe = rows.next().is_none().then_some(listed);
@@ -451,12 +467,11 @@ impl StreamVectors {
         })
     }
 
-    /// `f(p, dots)` of every row `p`, in row order, where `dots` are row
-    /// `p`'s int8 dots with the rows before it. Rows are taken four at a
-    /// time, so the codes before them are streamed once for all four
-    /// ([`crate::core::vector::dot_i8_rows4`]); large groups spread over the
-    /// CPUs in interleaved blocks (row `p` costs `p` dot products).
-    fn per_row<T: Send>(&self, f: impl Fn(usize, &[i32]) -> T + Sync) -> Vec<T> {
+    /// `f` of every row against the rows before it, in row order. Rows are
+    /// taken four at a time, so the codes before them are streamed once for
+    /// all four ([`crate::core::vector::dot_i8_rows4`]); large groups spread
+    /// over the CPUs in interleaved blocks (row `p` costs `p` dot products).
+    fn per_row<T: Send>(&self, f: impl Fn(&Earlier<'_>) -> T + Sync) -> Vec<T> {
         let n = self.idx.len();
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(4));
         if n < PARALLEL_SCAN_ROWS || threads == 1 {
@@ -493,15 +508,15 @@ impl StreamVectors {
     fn scan<T>(
         &self,
         rows: std::ops::Range<usize>,
-        f: &impl Fn(usize, &[i32]) -> T,
+        f: &impl Fn(&Earlier<'_>) -> T,
         out: &mut Vec<(usize, T)>,
     ) {
         let d = self.dim;
         let mut p0 = rows.start;
-        let mut shared = Vec::new();
+        let (mut shared, mut approx, mut tail) = (Vec::new(), Vec::new(), [0i32; 3]);
         while p0 < rows.end {
             if p0 + 4 > rows.end {
-                out.push((p0, f(p0, &self.dots_of(p0))));
+                out.push((p0, f(&self.earlier_alone(p0, &mut approx))));
                 p0 += 1;
                 continue;
             }
@@ -517,15 +532,14 @@ impl StreamVectors {
             for k in 0..4 {
                 // ...and each against those of the four before it.
                 let p = p0 + k;
-                let mut dots = Vec::with_capacity(p);
-                dots.extend_from_slice(&shared[k * p0..(k + 1) * p0]);
-                dots.resize(p, 0);
+                let tail = &mut tail[..k];
                 crate::core::vector::dot_i8_rows(
                     &self.codes[p * d..(p + 1) * d],
                     &self.codes[p0 * d..p * d],
-                    &mut dots[p0..],
+                    tail,
                 );
-                out.push((p, f(p, &dots)));
+                let head = &shared[k * p0..(k + 1) * p0];
+                out.push((p, f(&self.earlier(p, head, tail, &mut approx))));
             }
             p0 += 4;
         }
@@ -538,13 +552,14 @@ impl StreamVectors {
 pub type ScannedRow = (Option<Vec<usize>>, (f32, Option<usize>));
 
 /// Row `p` of a group against the rows before it: their approximate
-/// similarities; the exact similarity to row `q` lies within
-/// `g.bound(p, norm[q], err[q])` of `approx[q]`, and within `widest` for
-/// every row.
+/// similarities and the highest of them; the exact similarity to row `q`
+/// lies within `g.bound(p, norm[q], err[q])` of `approx[q]`, and within
+/// `widest` for every row.
 struct Earlier<'a> {
     g: &'a StreamVectors,
     p: usize,
-    approx: Vec<f32>,
+    approx: &'a [f32],
+    top: f32,
     widest: f32,
 }
 
@@ -556,22 +571,19 @@ impl Earlier<'_> {
 
     /// The rows whose similarity may pass `threshold`, in order.
     fn maybe_above(&self, threshold: f32) -> impl Iterator<Item = usize> + '_ {
-        (0..self.approx.len())
-            .filter(move |&q| self.approx[q] + self.widest > threshold && self.upper(q) > threshold)
+        let widest = self.widest;
+        positions(self.approx, move |a| a + widest > threshold)
+            .filter(move |&q| self.upper(q) > threshold)
     }
 
     /// The highest similarity (0 when none is positive) and its first row.
     fn best(&self) -> (f32, Option<usize>) {
         // The exact maximum is at least the best approximate one less the
         // widest bound, so only rows whose upper bound reaches that can hold it.
-        let top = self
-            .approx
-            .iter()
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
-        let floor = (top - self.widest).max(0.0);
-        (0..self.approx.len())
-            .filter(|&q| self.approx[q] + self.widest >= floor && self.upper(q) >= floor)
+        let floor = (self.top - self.widest).max(0.0);
+        let widest = self.widest;
+        positions(self.approx, move |a| a + widest >= floor)
+            .filter(|&q| self.upper(q) >= floor)
             .map(|q| (self.g.sim(self.p, q), q))
             .fold(
                 (0.0f32, None),
@@ -585,6 +597,46 @@ impl Earlier<'_> {
             )
     }
 }
+
+/// The highest of `values` (−∞ for none), in eight lanes that the compiler
+/// keeps in one vector register: a fold of `f32::max` is one dependent
+/// instruction a value.
+fn highest(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let runs = values.chunks_exact(8);
+    let rest = runs.remainder();
+    for run in runs {
+        for (m, &v) in lanes.iter_mut().zip(run) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    rest.iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
+/// The positions of the values `keep` takes, in order. A scan's tests take
+/// few of them, so each run of 16 is first tested as a whole, which the
+/// compiler does in vector registers, and only a run with one is looked
+/// through.
+fn positions<'a>(
+    values: &'a [f32],
+    keep: impl Fn(f32) -> bool + Copy + 'a,
+) -> impl Iterator<Item = usize> + 'a {
+    values
+        .chunks(POSITION_RUN)
+        .enumerate()
+        .filter(move |(_, run)| run.iter().fold(false, |any, &v| any | keep(v)))
+        .flat_map(move |(r, run)| {
+            run.iter()
+                .enumerate()
+                .filter(move |&(_, &v)| keep(v))
+                .map(move |(i, _)| r * POSITION_RUN + i)
+        })
+}
+
+/// Values [`positions`] tests as a whole.
+const POSITION_RUN: usize = 16;
 
 /// Rows a within-batch scan keeps as maybe-near per row before it gives up
 /// and rescans that row when asked.
@@ -835,6 +887,29 @@ impl Pipelines {
 mod tests {
     use super::*;
     use crate::providers::embed::HashEmbedder;
+
+    /// The scan's vector-register helpers give what plain loops give, at
+    /// every length around their runs, wherever the values they pick lie.
+    #[test]
+    fn the_highest_and_the_positions_taken_are_the_plain_loops_answers() {
+        for n in 0..70usize {
+            // A few values stand out, in different runs for each length.
+            let values: Vec<f32> = (0..n)
+                .map(|i| match (i * 7 + n) % 23 {
+                    0 => 2.0 + i as f32,
+                    _ => ((i * 37 + n * 11) % 101) as f32 / 100.0 - 0.5,
+                })
+                .collect();
+            let plain = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(highest(&values), plain, "length {n}");
+            for cut in [-1.0, 0.0, 0.45, 1.5, 10.0] {
+                let want: Vec<usize> = (0..n).filter(|&i| values[i] > cut).collect();
+                let got: Vec<usize> = positions(&values, |v| v > cut).collect();
+                assert_eq!(got, want, "length {n}, cut {cut}");
+            }
+        }
+        assert_eq!(highest(&[]), f32::NEG_INFINITY);
+    }
 
     /// The int8 scans with their exact checks give the exact scan's answers.
     #[test]
