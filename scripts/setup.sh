@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install what loomem needs on a bare Debian machine with only the Rust toolchain:
-# protoc (lance's build), nats-server (the JetStream bus and the tests), just,
-# and the all-MiniLM-L6-v2 embedding model (the default embed provider).
+# protoc (lance's build), make (jemalloc's build), nats-server (the JetStream
+# bus and the tests), just, and the all-MiniLM-L6-v2 embedding model (the
+# default embed provider).
 # Idempotent: anything already present is left alone.
 set -euo pipefail
 
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 
