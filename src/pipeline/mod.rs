@@ -513,7 +513,7 @@ impl StreamVectors {
     ) {
         let d = self.dim;
         let mut p0 = rows.start;
-        let (mut shared, mut approx, mut tail) = (Vec::new(), Vec::new(), [0i32; 3]);
+        let (mut shared, mut approx, mut near) = (Vec::new(), Vec::new(), [0i32; 3]);
         while p0 < rows.end {
             if p0 + 4 > rows.end {
                 out.push((p0, f(&self.earlier_alone(p0, &mut approx))));
@@ -532,7 +532,7 @@ impl StreamVectors {
             for k in 0..4 {
                 // ...and each against those of the four before it.
                 let p = p0 + k;
-                let tail = &mut tail[..k];
+                let tail = &mut near[..k];
                 crate::core::vector::dot_i8_rows(
                     &self.codes[p * d..(p + 1) * d],
                     &self.codes[p0 * d..p * d],
