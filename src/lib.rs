@@ -23,6 +23,7 @@ pub mod store;
 /// batches, JSON, the pipeline's records). glibc's allocator took a fifth of
 /// a bulk import's busy CPU, much of it merging freed chunks; on jemalloc
 /// the same import ran about a quarter faster on a fifth less CPU (README,
-/// Benchmarks, session 88).
+/// Benchmarks, session 88). Its background threads (the crate's
+/// `background_threads` feature) return freed pages to the system.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
