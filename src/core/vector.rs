@@ -131,18 +131,33 @@ fn steps(v: &[f32], inv: f32, top: f32, out: &mut [i8]) {
     }
 }
 
-/// The largest magnitude in `v` (NaNs skipped), in sixteen lanes: one running
-/// maximum cannot be vectorised.
+/// The largest magnitude in `v` (NaNs skipped).
 #[inline(always)]
 fn max_abs(v: &[f32]) -> f32 {
+    lanes_max(v, 0.0, f32::abs)
+}
+
+/// The highest value in `v` (−∞ for none; NaNs skipped).
+#[inline(always)]
+pub fn highest(v: &[f32]) -> f32 {
+    lanes_max(v, f32::NEG_INFINITY, |x| x)
+}
+
+/// The highest `f(x)` over `v`, and at least `floor` (NaNs skipped), in
+/// sixteen lanes: one running maximum is one dependent instruction a value
+/// and cannot be vectorised. Each lane keeps a value only when it is
+/// greater, which a NaN never is: one `maxps` a step.
+#[inline(always)]
+fn lanes_max(v: &[f32], floor: f32, f: impl Fn(f32) -> f32) -> f32 {
+    let greater = |m: f32, x: f32| if x > m { x } else { m };
     let (lanes, rest) = v.as_chunks::<16>();
-    let mut acc = [0.0f32; 16];
+    let mut acc = [floor; 16];
     for x in lanes {
         for k in 0..16 {
-            acc[k] = acc[k].max(x[k].abs());
+            acc[k] = greater(acc[k], f(x[k]));
         }
     }
-    rest.iter().chain(&acc).fold(0.0f32, |m, x| m.max(x.abs()))
+    rest.iter().map(|&x| f(x)).chain(acc).fold(floor, greater)
 }
 
 /// `q`'s int8 dot product (exact; with the scales of [`quantize_i8`] it
@@ -778,6 +793,23 @@ mod tests {
                 v[2] = f32::NAN;
                 v[n - 1] = -1e9;
                 assert_eq!(max_abs(&v), 1e9, "n = {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn highest_is_the_plain_maximum_for_any_length_and_skips_nans() {
+        assert_eq!(highest(&[]), f32::NEG_INFINITY);
+        for n in (1usize..70).chain([384, 1000]) {
+            let mut v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() - 2.0).collect();
+            let plain = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(highest(&v), plain, "n = {n}");
+            // The highest in the last (partial) run, then a NaN beside it.
+            v[n - 1] = 5.0;
+            assert_eq!(highest(&v), 5.0, "n = {n}");
+            if n > 3 {
+                v[2] = f32::NAN;
+                assert_eq!(highest(&v), 5.0, "n = {n}");
             }
         }
     }

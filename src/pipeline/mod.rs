@@ -403,7 +403,7 @@ impl StreamVectors {
         Earlier {
             g: self,
             p,
-            top: highest(approx),
+            top: crate::core::vector::highest(approx),
             approx,
             widest: self.bound(p, self.max_norm, self.max_err),
         }
@@ -596,23 +596,6 @@ impl Earlier<'_> {
                 },
             )
     }
-}
-
-/// The highest of `values` (−∞ for none), in eight lanes that the compiler
-/// keeps in one vector register: a fold of `f32::max` is one dependent
-/// instruction a value.
-fn highest(values: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let runs = values.chunks_exact(8);
-    let rest = runs.remainder();
-    for run in runs {
-        for (m, &v) in lanes.iter_mut().zip(run) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    rest.iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
 }
 
 /// The positions of the values `keep` takes, in order. A scan's tests take
@@ -888,10 +871,10 @@ mod tests {
     use super::*;
     use crate::providers::embed::HashEmbedder;
 
-    /// The scan's vector-register helpers give what plain loops give, at
-    /// every length around their runs, wherever the values they pick lie.
+    /// The scan's run-at-a-time test gives what a plain loop gives, at
+    /// every length around its runs, wherever the values it picks lie.
     #[test]
-    fn the_highest_and_the_positions_taken_are_the_plain_loops_answers() {
+    fn the_positions_taken_are_the_plain_loops_answers() {
         for n in 0..70usize {
             // A few values stand out, in different runs for each length.
             let values: Vec<f32> = (0..n)
@@ -900,15 +883,12 @@ mod tests {
                     _ => ((i * 37 + n * 11) % 101) as f32 / 100.0 - 0.5,
                 })
                 .collect();
-            let plain = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            assert_eq!(highest(&values), plain, "length {n}");
             for cut in [-1.0, 0.0, 0.45, 1.5, 10.0] {
                 let want: Vec<usize> = (0..n).filter(|&i| values[i] > cut).collect();
                 let got: Vec<usize> = positions(&values, |v| v > cut).collect();
                 assert_eq!(got, want, "length {n}, cut {cut}");
             }
         }
-        assert_eq!(highest(&[]), f32::NEG_INFINITY);
     }
 
     /// The int8 scans with their exact checks give the exact scan's answers.
