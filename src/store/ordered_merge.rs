@@ -49,8 +49,14 @@ use lancedb::Table;
 /// `lo..hi` rows packed in order into groups of up to `cap` rows: each group
 /// that filled (the next fragment would not fit, or it holds exactly `cap`)
 /// and holds two or more fragments. The last group, still filling, waits for
-/// more.
-pub(super) fn plan(rows: &[usize], lo: usize, hi: usize, cap: usize) -> Vec<Vec<usize>> {
+/// more, unless `last` (then it too is kept if it holds two or more).
+pub(super) fn plan(
+    rows: &[usize],
+    lo: usize,
+    hi: usize,
+    cap: usize,
+    last: bool,
+) -> Vec<Vec<usize>> {
     let mut groups = Vec::new();
     let (mut group, mut sum) = (Vec::new(), 0);
     // A filled group is kept if it merges anything, and a new one started.
@@ -74,6 +80,9 @@ pub(super) fn plan(rows: &[usize], lo: usize, hi: usize, cap: usize) -> Vec<Vec<
             close(&mut groups, &mut group, &mut sum);
         }
     }
+    if last {
+        close(&mut groups, &mut group, &mut sum);
+    }
     groups
 }
 
@@ -81,11 +90,15 @@ pub(super) fn plan(rows: &[usize], lo: usize, hi: usize, cap: usize) -> Vec<Vec<
 /// Lance refuses a rewrite whose old fragments an index covers only in
 /// part (the new fragment would be half indexed). Fragments written since
 /// a segment was built wait until the writer's refreshes merge the
-/// segments; those no index covers merge among themselves.
+/// segments; those no index covers merge among themselves. With `settle`,
+/// the last group of a set some index covers is merged too, full or not:
+/// no new fragment joins that set (the newest lie in the set none covers)
+/// until the segments covering it merge.
 fn plan_by_coverage(
     fragments: &[lance::table::format::Fragment],
     indices: &[lance::table::format::IndexMetadata],
     tier: Tier,
+    settle: bool,
 ) -> Vec<Vec<usize>> {
     let mut classes: std::collections::BTreeMap<Vec<usize>, Vec<usize>> = Default::default();
     for (at, f) in fragments.iter().enumerate() {
@@ -102,9 +115,10 @@ fn plan_by_coverage(
         classes.entry(covering).or_default().push(at);
     }
     let mut groups = Vec::new();
-    for members in classes.values() {
+    for (covering, members) in &classes {
         let rows: Vec<usize> = members.iter().map(|&at| rows_of(&fragments[at])).collect();
-        for group in plan(&rows, tier.lo, tier.hi, tier.cap) {
+        let last = settle && !covering.is_empty();
+        for group in plan(&rows, tier.lo, tier.hi, tier.cap, last) {
             groups.push(group.into_iter().map(|k| members[k]).collect());
         }
     }
@@ -116,6 +130,15 @@ fn plan_by_coverage(
 /// them).
 pub(super) fn rows_of(f: &lance::table::format::Fragment) -> usize {
     f.physical_rows.unwrap_or_else(|| f.num_rows().unwrap_or(0))
+}
+
+/// The newest of `fragments` that a merge made while the writer writes
+/// leaves alone (see [`super::claims::newest`]).
+pub(super) fn newest(
+    fragments: &[lance::table::format::Fragment],
+    target_rows: usize,
+) -> std::collections::HashSet<u64> {
+    super::claims::newest(fragments.iter().map(|f| (f.id, rows_of(f))), target_rows)
 }
 
 /// How many fragments of `tier` `table` holds; `None` where the ordered
@@ -152,8 +175,11 @@ pub(super) struct Tier {
 }
 
 /// The ordered tiers above fragments of `target_rows`: the second merges
-/// `fan` of those into one of `fan × target_rows`, the third `fan` of the
-/// second's into one of `fan² × target_rows`, and so on, `tiers` of them.
+/// `fan` of those into one of `fan × target_rows` (and, while the writer
+/// writes, the fair fragments of bulk commits, which skip the routine
+/// merge: its fragments start at [`super::maintain::fair_rows`]), the third
+/// `fan` of the second's into one of `fan² × target_rows`, and so on,
+/// `tiers` of them.
 /// A merged fragment counts for the next tier once it holds 7/8 of its cap
 /// (a group closes early when its next fragment would not fit, and the rows
 /// deleted since leave with the merge); one below that merges again in its
@@ -163,7 +189,11 @@ pub(super) fn tiers(target_rows: usize, fan: usize, tiers: usize) -> Vec<Tier> {
     let full = |k: u32| cap(k) / 8 * 7;
     (1..=tiers as u32)
         .map(|k| Tier {
-            lo: if k == 1 { target_rows } else { full(k - 1) },
+            lo: if k == 1 {
+                super::maintain::fair_rows(target_rows)
+            } else {
+                full(k - 1)
+            },
             hi: full(k),
             cap: cap(k),
             ordered: k > 1,
@@ -182,6 +212,7 @@ pub(super) async fn merge_ordered(
     tier: Tier,
     give_way: Option<&tokio::sync::Notify>,
     claims: Option<&super::claims::Claims>,
+    spare: Option<usize>,
 ) -> lancedb::Result<Option<usize>> {
     let Some(handle) = table.dataset() else {
         return Ok(Some(0));
@@ -189,11 +220,11 @@ pub(super) async fn merge_ordered(
     handle.ensure_mutable()?;
     let ds = handle.get().await?;
     let prepared = match give_way {
-        None => prepare(ds, key, tier, claims).await?,
+        None => prepare(ds, key, tier, claims, spare).await?,
         Some(notify) => tokio::select! {
             biased;
             _ = notify.notified() => return Ok(None),
-            prepared = prepare(ds, key, tier, claims) => prepared?,
+            prepared = prepare(ds, key, tier, claims, spare) => prepared?,
         },
     };
     let Some((reserved, swap, merged)) = prepared else {
@@ -206,16 +237,27 @@ pub(super) async fn merge_ordered(
 
 /// Everything of [`merge_ordered`] but its commit: the dataset with the new
 /// fragments' ids reserved, the `Rewrite` to commit on it, and the number
-/// of fragments it merges (`None`: nothing to merge).
+/// of fragments it merges (`None`: nothing to merge). With `spare`, the
+/// newest fragments holding that many rows are left out ([`newest`]): the
+/// writer writes, and its next batch may supersede their rows.
 async fn prepare(
     ds: Arc<Dataset>,
     key: &str,
     tier: Tier,
     claims: Option<&super::claims::Claims>,
+    spare: Option<usize>,
 ) -> lancedb::Result<Option<(Dataset, Transaction, usize)>> {
-    let fragments = ds.manifest.fragments.as_ref().clone();
+    let mut fragments = ds.manifest.fragments.as_ref().clone();
+    if let Some(rows) = spare {
+        let spared = newest(&fragments, rows);
+        fragments.retain(|f| !spared.contains(&f.id));
+    }
     let indices = ds.load_indices().await?;
-    let mut groups = plan_by_coverage(&fragments, &indices, tier);
+    // While the writer writes, the first tier takes the bulk commits'
+    // fragments as they are (see `maintain::merge_small_fragments_claimed`):
+    // each set the indexes cover is merged as far as it goes.
+    let settle = spare.is_some() && !tier.ordered;
+    let mut groups = plan_by_coverage(&fragments, &indices, tier, settle);
     if let Some(claims) = claims {
         groups = claims.for_merge(groups, |g| g.iter().map(|&i| fragments[i].id).collect());
     }
@@ -520,17 +562,28 @@ mod tests {
         // Eight fragments of 4 fill a group of 32; small and large ones are
         // left out; the ninth waits for more.
         let rows = [4, 4, 1, 4, 4, 4, 40, 4, 4, 4, 4];
-        assert_eq!(plan(&rows, 4, 32, 32), vec![vec![0, 1, 3, 4, 5, 7, 8, 9]]);
+        assert_eq!(
+            plan(&rows, 4, 32, 32, false),
+            vec![vec![0, 1, 3, 4, 5, 7, 8, 9]]
+        );
         // Fragments over the target: six fit under the cap, the seventh
         // starts the next group, which waits.
         let rows = [5; 8];
-        assert_eq!(plan(&rows, 4, 32, 32), vec![vec![0, 1, 2, 3, 4, 5]]);
+        assert_eq!(plan(&rows, 4, 32, 32, false), vec![vec![0, 1, 2, 3, 4, 5]]);
         // A lone fragment is never rewritten by itself.
-        assert_eq!(plan(&[20, 20], 4, 32, 32), Vec::<Vec<usize>>::new());
+        assert_eq!(plan(&[20, 20], 4, 32, 32, false), Vec::<Vec<usize>>::new());
         assert_eq!(
-            plan(&[20, 12, 20, 12], 4, 32, 32),
+            plan(&[20, 12, 20, 12], 4, 32, 32, false),
             vec![vec![0, 1], vec![2, 3]]
         );
+        // With `last`, the group still filling is kept too, if it merges
+        // anything.
+        assert_eq!(
+            plan(&[20, 12, 5, 6, 40], 4, 32, 32, true),
+            vec![vec![0, 1], vec![2, 3]]
+        );
+        assert_eq!(plan(&[20, 12, 5], 4, 32, 32, true), vec![vec![0, 1]]);
+        assert!(plan(&[5, 6], 4, 32, 32, false).is_empty());
     }
 
     #[test]
@@ -545,7 +598,7 @@ mod tests {
         assert_eq!(
             t,
             [
-                tier(8192, 57_344, 65_536, false),
+                tier(256, 57_344, 65_536, false),
                 tier(57_344, 458_752, 524_288, true),
                 tier(458_752, 3_670_016, 4_194_304, true),
             ]
@@ -553,20 +606,20 @@ mod tests {
         // A merge of eight full fragments, or of seven with a few rows
         // deleted, goes up a tier; one of six merges again in its own.
         let second = t[0];
-        let merged = |n: usize| plan(&[n, n], second.lo, second.hi, second.cap);
+        let merged = |n: usize| plan(&[n, n], second.lo, second.hi, second.cap, false);
         assert!(merged(65_536 - 100).is_empty());
         assert!(
             merged(6 * 8192).is_empty(),
             "two of 49,152 rows exceed the cap"
         );
         assert_eq!(
-            plan(&[6 * 8192, 8192, 8192], 8192, 57_344, 65_536),
+            plan(&[6 * 8192, 8192, 8192], 8192, 57_344, 65_536, false),
             vec![vec![0, 1, 2]]
         );
         let third = t[1];
         let rows = [65_536; 9];
         assert_eq!(
-            plan(&rows, third.lo, third.hi, third.cap),
+            plan(&rows, third.lo, third.hi, third.cap, false),
             vec![(0..8).collect::<Vec<_>>()]
         );
     }

@@ -262,16 +262,14 @@ impl ChunkWriter {
 /// bulk one.
 const BIG_COMMIT_WEIGHT: usize = 8;
 
-/// A commit of at least this share of `target_rows_per_fragment` (256 of
-/// 8,192 rows) leaves a fair fragment, and counts as a bulk one. A bulk
-/// import's batches are taken as they arrive, 100 to 2,500 rows each: when
-/// those under a quarter of a target fragment counted in full, a 300,000-row
-/// import was merged every few dozen commits, and the merges on `id` that
-/// supersede stored memories waited for each (README, Benchmarks: "Fuller
-/// batches, and fragments merged when the writer rests"). A bar of 64 rows
-/// was slower still: the few merges the smallest batches call for pay for
-/// themselves.
-const FAIR_FRAGMENT_SHARE: usize = 32;
+// A commit that leaves a fair fragment (`maintain::fair_rows`: 256 of
+// 8,192 rows) counts as a bulk one. A bulk import's batches are taken as
+// they arrive, 100 to 2,500 rows each: when those under a quarter of a
+// target fragment counted in full, a 300,000-row import was merged every
+// few dozen commits, and the merges on `id` that supersede stored memories
+// waited for each (README, Benchmarks: "Fuller batches, and fragments
+// merged when the writer rests"). A bar of 64 rows was slower still: the
+// few merges the smallest batches call for pay for themselves.
 
 /// Rows written since the last index refresh that start the next one (rows
 /// the indexes do not cover are searched and joined flat: a merge on `id`
@@ -418,7 +416,7 @@ async fn run(
     // more, already a fair fragment) an eighth, so bulk loads are not slowed
     // by merges they barely need; what they leave is merged once the writer
     // is idle.
-    let small = (maintenance.target_rows_per_fragment / FAIR_FRAGMENT_SHARE).max(1);
+    let small = super::maintain::fair_rows(maintenance.target_rows_per_fragment);
     let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
     let mut merger = Merger::default();
@@ -667,7 +665,7 @@ impl Merger {
         self.give_way = Arc::default();
         let (give_way, climb) = (self.give_way.clone(), self.climb.clone());
         let claims = self.claims.clone();
-        self.running = Beside(Some(tokio::spawn(async move {
+        let merge = async move {
             let started = std::time::Instant::now();
             let (_rewrite, _gate, _taken) = (rewrite, gate, claims.merge());
             let reach = if rested {
@@ -693,7 +691,11 @@ impl Merger {
                 }
             };
             climb.store(due, std::sync::atomic::Ordering::Relaxed);
-        })));
+        };
+        self.running = Beside(Some(match super::maintain::merge_runtime() {
+            Some(rt) => rt.spawn(merge),
+            None => tokio::spawn(merge),
+        }));
         true
     }
 
