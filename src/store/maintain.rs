@@ -195,17 +195,13 @@ async fn merge_small_fragments_claimed(
         let mut ds = (*handle.get().await?).clone();
         let mut options = compaction(target_rows);
         let fragments = &ds.manifest.fragments;
-        // Fair fragments below the target, left to the second tier.
-        let mut passed = false;
         if spare {
             let fair = fair_rows(target_rows);
-            for f in fragments.iter() {
-                let rows = super::ordered_merge::rows_of(f);
-                if rows >= fair {
-                    options.excluded_fragment_ids.push(f.id as u32);
-                    passed |= rows < target_rows;
-                }
-            }
+            options.excluded_fragment_ids = fragments
+                .iter()
+                .filter(|f| super::ordered_merge::rows_of(f) >= fair)
+                .map(|f| f.id as u32)
+                .collect();
         }
         let mut plan = lance::dataset::optimize::plan_compaction(&ds, &options).await?;
         let spared = match spare {
@@ -229,7 +225,7 @@ async fn merge_small_fragments_claimed(
             })
             .collect();
         plan.tasks = claims.for_merge(tasks, |t| t.fragments.iter().map(|f| f.id).collect());
-        let left = trimmed || passed || plan.tasks.len() < planned;
+        let left = trimmed || plan.tasks.len() < planned;
         if plan.tasks.is_empty() {
             return Ok((None, left));
         }
@@ -314,7 +310,12 @@ pub(super) async fn merge_in_tiers(
     let writing = claims.is_some() && matches!(reach, Reach::Second);
     let spare = writing.then_some(target_rows);
     let left = match claims {
-        Some(claims) => merge_small_fragments_claimed(table, target_rows, claims, writing).await?,
+        // The second tier spares the newest fragments too, and takes a bulk
+        // commit's only once they fill a group: a merge once the writer
+        // rests is owed whenever one ran while it wrote.
+        Some(claims) => {
+            merge_small_fragments_claimed(table, target_rows, claims, writing).await? || writing
+        }
         None => {
             merge_small_fragments(table, target_rows).await?;
             false
