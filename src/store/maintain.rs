@@ -204,9 +204,10 @@ async fn merge_small_fragments_claimed(
                 .collect();
         }
         let mut plan = lance::dataset::optimize::plan_compaction(&ds, &options).await?;
-        let spared = match spare {
-            true => super::ordered_merge::newest(fragments, target_rows),
-            false => Default::default(),
+        let spared = if spare {
+            super::ordered_merge::newest(fragments, target_rows)
+        } else {
+            Default::default()
         };
         // A group is a run of neighbouring fragments, so the newest are at
         // the end of the last: they are cut off it (a run left with one
@@ -258,12 +259,12 @@ pub const ORDERED_TIERS: usize = 3;
 
 /// [`merge_small_fragments`], then the ordered tiers, lowest first: once
 /// `TIER_FAN` fragments of a tier are full (the second tier's hold
-/// `target_rows` rows or more, or are fair ones a bulk commit left, a
-/// higher tier's 7/8 of the tier below's size), they are rewritten in groups of up to `TIER_FAN` times their
-/// size, each group as one fragment whose rows are ordered by `key` (a
-/// stream's rows together), the indexes remapped to the moved rows
-/// ([`super::ordered_merge`]). The small fragments at the tail are left to
-/// the routine merges.
+/// `target_rows` rows or more, or are fair ones a bulk commit left; a
+/// higher tier's 7/8 of the tier below's size), they are rewritten in
+/// groups of up to `TIER_FAN` times their size, each group as one
+/// fragment whose rows are ordered by `key` (a stream's rows together),
+/// the indexes remapped to the moved rows ([`super::ordered_merge`]). The
+/// small fragments at the tail are left to the routine merges.
 ///
 /// Every read pays for each fragment a stream's rows lie in, and for rows
 /// scattered through a fragment: rows stored by writers into many streams
@@ -716,7 +717,7 @@ where
 /// the caller's). Not the index refreshes: a refresh opens the scalar
 /// indexes the writer's merges on `id` read through afterwards, and those
 /// reads would wait on a thread that yields to everything else.
-pub fn merge_runtime() -> Option<&'static tokio::runtime::Runtime> {
+pub(super) fn merge_runtime() -> Option<&'static tokio::runtime::Runtime> {
     static MERGES: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     one_thread(&MERGES, "loomem-merge", MERGE_NICENESS).ok()
 }
@@ -724,10 +725,10 @@ pub fn merge_runtime() -> Option<&'static tokio::runtime::Runtime> {
 /// The nice value of the merges' thread. A merge is work the writer can
 /// leave for later, and on a busy machine it took CPU from the pipeline's
 /// stages and commits, which every record waits for: with the merges at
-/// nice 10 a 1M-record hash import ran 19,346 records/s against 18,809
-/// with them at the process's own (README, Benchmarks: "Merges at a lower
-/// priority"). Lance's encoding of the merged rows still runs on its own
-/// pool, at the process's priority.
+/// nice 10 a 1M-record hash import ran 19,094 and 19,597 records/s against
+/// 18,470 and 19,147 with them at the process's own, alternated (README,
+/// Benchmarks: "Merges at a lower priority"). Lance's encoding of the
+/// merged rows still runs on its own pool, at the process's priority.
 const MERGE_NICENESS: i32 = 10;
 
 /// Drop every version of `table` but the latest that no tag holds (a
