@@ -262,15 +262,6 @@ impl ChunkWriter {
 /// bulk one.
 const BIG_COMMIT_WEIGHT: usize = 8;
 
-// A commit that leaves a fair fragment (`maintain::fair_rows`: 256 of
-// 8,192 rows) counts as a bulk one. A bulk import's batches are taken as
-// they arrive, 100 to 2,500 rows each: when those under a quarter of a
-// target fragment counted in full, a 300,000-row import was merged every
-// few dozen commits, and the merges on `id` that supersede stored memories
-// waited for each (README, Benchmarks: "Fuller batches, and fragments
-// merged when the writer rests"). A bar of 64 rows was slower still: the
-// few merges the smallest batches call for pay for themselves.
-
 /// Rows written since the last index refresh that start the next one (rows
 /// the indexes do not cover are searched and joined flat: a merge on `id`
 /// reads every column of every row the `id` index does not cover, so a bulk
@@ -413,9 +404,16 @@ async fn run(
     let mut refresher = Refresher::default();
     // Commits weigh by the fragment they leave: a small one (an agent's store)
     // counts in full, a bulk one (an import batch of a few hundred rows or
-    // more, already a fair fragment) an eighth, so bulk loads are not slowed
-    // by merges they barely need; what they leave is merged once the writer
-    // is idle.
+    // more, already a fair fragment: `maintain::fair_rows`, 256 of 8,192
+    // rows) an eighth, so bulk loads are not slowed by merges they barely
+    // need; what they leave is merged once the writer is idle. A bulk
+    // import's batches are taken as they arrive, 100 to 2,500 rows each:
+    // when those under a quarter of a target fragment counted in full, a
+    // 300,000-row import was merged every few dozen commits, and the merges
+    // on `id` that supersede stored memories waited for each (README,
+    // Benchmarks: "Fuller batches, and fragments merged when the writer
+    // rests"). A bar of 64 rows was slower still: the few merges the
+    // smallest batches call for pay for themselves.
     let small = super::maintain::fair_rows(maintenance.target_rows_per_fragment);
     let weight = |rows: usize| if rows < small { BIG_COMMIT_WEIGHT } else { 1 };
     let mut since_compact = 0usize;
