@@ -119,13 +119,27 @@ impl Chunk {
 
     /// Merge a JSON object into `extraction_meta` under `key`.
     pub fn annotate(&mut self, key: &str, value: serde_json::Value) {
+        self.annotate_with(key, &value);
+    }
+
+    /// [`Chunk::annotate`] with any serialisable value. A memory with no
+    /// annotation yet (most of them, as a pipeline scores them) has its one
+    /// key written straight, with no JSON tree built, parsed or copied:
+    /// the same text the tree would print.
+    pub fn annotate_with(&mut self, key: &str, value: &impl serde::Serialize) {
+        if self.extraction_meta.is_none() {
+            if let Some(alone) = single_entry(key, value) {
+                self.extraction_meta = Some(alone);
+                return;
+            }
+        }
         let mut meta = self
             .extraction_meta
             .as_deref()
             .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .filter(serde_json::Value::is_object)
             .unwrap_or_else(|| serde_json::json!({}));
-        meta[key] = value;
+        meta[key] = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);
         self.extraction_meta = Some(meta.to_string());
     }
 
@@ -154,6 +168,18 @@ impl Chunk {
         }
         removed
     }
+}
+
+/// `{"key": value}` as JSON text; None when `value` does not serialise.
+fn single_entry(key: &str, value: &impl serde::Serialize) -> Option<String> {
+    use serde::ser::{SerializeMap, Serializer};
+    let mut out = Vec::with_capacity(96);
+    let mut ser = serde_json::Serializer::new(&mut out);
+    let mut map = ser.serialize_map(Some(1)).ok()?;
+    map.serialize_entry(key, value).ok()?;
+    map.end().ok()?;
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).ok()
 }
 
 /// `word` lower-cased onto `out`, as `str::to_lowercase` would (which knows
@@ -604,6 +630,40 @@ mod tests {
             assert_eq!(content_hash(text), first_version(text), "{text:?}");
         }
         assert_eq!(content_hash("Likes tea"), content_hash("likes   TEA"));
+    }
+
+    /// A memory's first annotation, written straight, reads as the one
+    /// written into an annotation tree; later ones merge as before.
+    #[test]
+    fn a_first_annotation_is_written_as_the_tree_writes_it() {
+        let values = [
+            serde_json::json!({"novelty": 0.3f32, "base_importance": 1.0, "importance": f32::NAN}),
+            serde_json::json!(0.5),
+            serde_json::json!("say \"hi\"\n"),
+            serde_json::json!([1, {"b": null, "a": [true]}]),
+        ];
+        for value in values {
+            for key in ["surprise", "odd \"key\""] {
+                let mut straight = Chunk::new("a".into(), "s".into(), "t".into(), 0);
+                let mut tree = straight.clone();
+                tree.extraction_meta = Some("{}".into());
+                straight.annotate(key, value.clone());
+                tree.annotate(key, value.clone());
+                assert_eq!(
+                    straight.extraction_meta, tree.extraction_meta,
+                    "{key} {value}"
+                );
+                assert_eq!(straight.annotation(key), Some(value.clone()));
+            }
+        }
+        let mut c = Chunk::new("a".into(), "s".into(), "t".into(), 0);
+        c.annotate_with("one", &1);
+        c.annotate_with("two", &[2]);
+        c.annotate_with("one", &"again");
+        assert_eq!(
+            c.extraction_meta.as_deref(),
+            Some(r#"{"one":"again","two":[2]}"#)
+        );
     }
 
     #[test]

@@ -423,7 +423,9 @@ impl StreamVectors {
 
     /// The first row before `p` (in batch order) more similar to it than
     /// `threshold` that `accept` takes; `maybe` is the row's list from
-    /// [`Self::scan_earlier`] for the same threshold.
+    /// [`Self::scan_earlier`] for the same threshold. `accept` is asked
+    /// first: a cheap test spares the exact similarity of the rows it
+    /// refuses.
     pub fn first_earlier_above(
         &self,
         p: usize,
@@ -431,7 +433,7 @@ impl StreamVectors {
         maybe: Option<&[usize]>,
         mut accept: impl FnMut(usize) -> bool,
     ) -> Option<usize> {
-        let mut exact = |q: usize| self.sim(p, q) > threshold && accept(q);
+        let mut exact = |q: usize| accept(q) && self.sim(p, q) > threshold;
         match maybe {
             Some(rows) => rows.iter().copied().find(|&q| exact(q)),
             None => self

@@ -113,6 +113,19 @@ fn same_numbers(a: &str, b: &str) -> bool {
     numbers(a).eq(numbers(b))
 }
 
+/// A key of a text's numbers: texts with the same numbers have the same
+/// key, so a batch of texts that differ only in a number ("note 17", "note
+/// 18") tells them apart by key, before any similarity is computed or texts
+/// are compared.
+fn numbers_key(text: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    for n in numbers(text) {
+        n.hash(&mut h);
+    }
+    h.finish()
+}
+
 impl Dedupe {
     async fn exact_in_store(
         &self,
@@ -296,6 +309,13 @@ impl Stage for Dedupe {
                     let groups = StreamVectors::of(batch);
                     mark_scanned(batch, scan(groups, near), near);
                 }
+                let keys: Vec<u64> = batch
+                    .iter()
+                    .map(|r| match &r.scanned {
+                        Some(_) => numbers_key(&r.chunk.content),
+                        None => 0,
+                    })
+                    .collect();
                 // In batch order: each group's rows in order.
                 for i in 0..batch.len() {
                     let Some(s) = batch[i].scanned.take() else {
@@ -308,7 +328,8 @@ impl Stage for Dedupe {
                     let earlier =
                         g.first_earlier_above(s.position, near, s.maybe.as_deref(), |q| {
                             let j = g.idx[q];
-                            batch[j].is_kept()
+                            keys[j] == keys[i]
+                                && batch[j].is_kept()
                                 && batch[j].chunk.id != batch[i].chunk.id
                                 && same_numbers(&batch[j].chunk.content, &batch[i].chunk.content)
                         });

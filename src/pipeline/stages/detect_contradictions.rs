@@ -167,6 +167,16 @@ pub struct Update {
     pub slot: Option<String>,
 }
 
+/// Subjects alike but for case, as `str::to_lowercase` has them; ASCII
+/// ones without lower-cased copies.
+fn same_subject(a: &str, b: &str) -> bool {
+    if a.is_ascii() && b.is_ascii() {
+        a.eq_ignore_ascii_case(b)
+    } else {
+        a.to_lowercase() == b.to_lowercase()
+    }
+}
+
 fn excerpt(s: &str) -> String {
     let mut t: String = s.chars().take(120).collect();
     if t.len() < s.len() {
@@ -228,14 +238,18 @@ impl DetectContradictions {
 
     /// May `new` supersede `old` at all: another live, mutable, not newer
     /// memory of the same stream and subject.
+    /// The flags and times first: a batch asks this of every earlier record
+    /// of the subject, and most were superseded already.
     fn may_replace(&self, new: &Chunk, old: &Chunk) -> bool {
-        old.id != new.id
-            && old.stream == new.stream
-            && old.superseded_by.is_none()
+        old.superseded_by.is_none()
             && !old.immutable
             && old.created_at <= new.created_at
-            && old.subject.as_deref().map(str::to_lowercase)
-                == new.subject.as_deref().map(str::to_lowercase)
+            && old.id != new.id
+            && old.stream == new.stream
+            && match (old.subject.as_deref(), new.subject.as_deref()) {
+                (Some(a), Some(b)) => same_subject(a, b),
+                (a, b) => a == b,
+            }
     }
 
     /// Does `old` hold what `update` (from `new`) replaces?

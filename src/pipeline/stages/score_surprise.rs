@@ -94,6 +94,20 @@ fn most_similar_earlier(batch: &[Record]) -> Vec<f32> {
     in_batch
 }
 
+/// What a scored memory keeps in `extraction_meta.surprise` (as
+/// `serde_json::json!` would write it: each score widened to f64, a score
+/// that is not finite as null), written without a JSON tree on the way.
+#[derive(serde::Serialize)]
+struct Scored {
+    novelty: Option<serde_json::Number>,
+    base_importance: Option<serde_json::Number>,
+    importance: Option<serde_json::Number>,
+}
+
+fn number(x: f32) -> Option<serde_json::Number> {
+    serde_json::Number::from_f64(f64::from(x))
+}
+
 pub struct ScoreSurprise {
     cfg: ScoreSurpriseConfig,
     store: Arc<Store>,
@@ -133,14 +147,12 @@ impl Stage for ScoreSurprise {
                 } else {
                     base * (1.0 - self.cfg.weight / 2.0 + self.cfg.weight * novelty)
                 };
-                c.annotate(
-                    "surprise",
-                    serde_json::json!({
-                        "novelty": novelty,
-                        "base_importance": base,
-                        "importance": c.importance,
-                    }),
-                );
+                let scored = Scored {
+                    novelty: number(novelty),
+                    base_importance: number(base),
+                    importance: number(c.importance),
+                };
+                c.annotate_with("surprise", &scored);
             }
             Ok(())
         })
@@ -153,6 +165,24 @@ mod tests {
     use crate::core::model::Chunk;
     use crate::pipeline::stages::dedupe::DedupeConfig;
     use crate::providers::embed::HashEmbedder;
+
+    /// The scores are kept as the JSON tree of the first versions wrote them.
+    #[test]
+    fn scores_are_written_as_the_json_tree_wrote_them() {
+        for (novelty, base, importance) in [(0.3f32, 1.0f32, 0.96f32), (0.0, f32::NAN, 2.0)] {
+            let scored = Scored {
+                novelty: number(novelty),
+                base_importance: number(base),
+                importance: number(importance),
+            };
+            let tree = serde_json::json!({
+                "novelty": novelty,
+                "base_importance": base,
+                "importance": importance,
+            });
+            assert_eq!(serde_json::to_string(&scored).unwrap(), tree.to_string());
+        }
+    }
 
     /// `texts` (each with its stream's number) through dedupe and score_surprise,
     /// and through score_surprise again without what dedupe's scan left:
