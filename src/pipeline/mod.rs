@@ -302,6 +302,31 @@ pub struct StreamVectors {
     top: i8,
 }
 
+/// The squared lengths of `v − scale·code`, of `v` and of `scale·code`, in
+/// eight lanes the compiler keeps in one vector register each (a single
+/// running sum each is a chain of dependent adds it may not reorder).
+fn error_terms(v: &[f32], code: &[i8], scale: f32) -> [f32; 3] {
+    const LANES: usize = 8;
+    let mut sums = [[0.0f32; LANES]; 3];
+    let (vs, cs) = (v.chunks_exact(LANES), code.chunks_exact(LANES));
+    let (v_rest, c_rest) = (vs.remainder(), cs.remainder());
+    for (x, c) in vs.zip(cs) {
+        for l in 0..LANES {
+            let y = scale * f32::from(c[l]);
+            sums[0][l] += (x[l] - y) * (x[l] - y);
+            sums[1][l] += x[l] * x[l];
+            sums[2][l] += y * y;
+        }
+    }
+    for (x, c) in v_rest.iter().zip(c_rest) {
+        let y = scale * f32::from(*c);
+        sums[0][0] += (x - y) * (x - y);
+        sums[1][0] += x * x;
+        sums[2][0] += y * y;
+    }
+    sums.map(|lanes| lanes.iter().sum())
+}
+
 /// Added to every error bound: the rounding of the f32 sums themselves.
 const ROUNDING_SLACK: f32 = 1e-3;
 
@@ -340,13 +365,7 @@ impl StreamVectors {
         self.codes.resize(at + v.len(), 0);
         let code = &mut self.codes[at..];
         let scale = crate::core::vector::quantize_i8_within(v, code, self.top);
-        let (mut err, mut norm, mut code_norm) = (0.0f32, 0.0f32, 0.0f32);
-        for (x, c) in v.iter().zip(code.iter()) {
-            let y = scale * f32::from(*c);
-            err += (x - y) * (x - y);
-            norm += x * x;
-            code_norm += y * y;
-        }
+        let [err, norm, code_norm] = error_terms(v, code, scale);
         self.idx.push(i);
         self.flat.extend_from_slice(v);
         self.scales.push(scale);
