@@ -73,6 +73,17 @@ impl Chunk {
     /// A fresh level-0 memory with defaults for everything but identity and text.
     pub fn new(id: String, stream: String, content: String, created_at: Micros) -> Chunk {
         let content_hash = content_hash(&content);
+        Chunk::hashed(id, stream, content, content_hash, created_at)
+    }
+
+    /// [`Chunk::new`] with the content's hash given, not computed.
+    fn hashed(
+        id: String,
+        stream: String,
+        content: String,
+        content_hash: String,
+        created_at: Micros,
+    ) -> Chunk {
         Chunk {
             id,
             stream,
@@ -109,6 +120,18 @@ impl Chunk {
             access_count: 0,
             last_accessed_at: None,
         }
+    }
+
+    /// What is left of a memory whose row moved into a write: its id and
+    /// stream (and time), no text and no hash.
+    pub fn husk(&self) -> Chunk {
+        Chunk::hashed(
+            self.id.clone(),
+            self.stream.clone(),
+            String::new(),
+            String::new(),
+            self.created_at,
+        )
     }
 
     /// Replace the text and keep `content_hash` in step with it.

@@ -177,12 +177,12 @@ fn same_subject(a: &str, b: &str) -> bool {
     }
 }
 
+/// The first 120 chars of `s`, and an ellipsis when there were more.
 fn excerpt(s: &str) -> String {
-    let mut t: String = s.chars().take(120).collect();
-    if t.len() < s.len() {
-        t.push('…');
+    match s.char_indices().nth(120) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_string(),
     }
-    t
 }
 
 impl DetectContradictions {
@@ -521,6 +521,14 @@ impl Stage for DetectContradictions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_excerpt_is_the_first_120_chars() {
+        let short = "é".repeat(120);
+        assert_eq!(excerpt(&short), short);
+        assert_eq!(excerpt(&format!("{short}x")), format!("{short}…"));
+        assert_eq!(excerpt(""), "");
+    }
 
     async fn stage() -> (DetectContradictions, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();

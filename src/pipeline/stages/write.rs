@@ -79,8 +79,7 @@ fn plan(batch: &mut [Record]) -> (WriteBatch, Vec<usize>) {
         .flat_map(|r| r.history.iter().cloned())
         .collect();
     let mut take = |i: usize| {
-        let c = &batch[i].chunk;
-        let left = Chunk::new(c.id.clone(), c.stream.clone(), String::new(), c.created_at);
+        let left = batch[i].chunk.husk();
         std::mem::replace(&mut batch[i].chunk, left)
     };
     let write = WriteBatch {

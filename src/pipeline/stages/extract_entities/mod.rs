@@ -71,7 +71,7 @@ impl ExtractEntitiesConfig {
             )
             .expect("static regex"),
             project: Regex::new(r"\b[Pp]roject ([A-Z][\w-]+)|\b(?:the|our|my) ([A-Za-z][\w-]+) project\b").expect("static regex"),
-            first_person: Regex::new(r"(?i)^(?:user\b|i\b|i'm\b|i've\b|my\b|me\b)|\b(?:i|my|me|i'm|i've|myself)\b").expect("static regex"),
+            first_person: Regex::new(FIRST_PERSON).expect("static regex"),
         })
     }
 }
@@ -95,6 +95,28 @@ pub struct ExtractEntities {
     date: Regex,
     project: Regex,
     first_person: Regex,
+}
+
+/// Text that speaks of its writer in the first person.
+const FIRST_PERSON: &str =
+    r"(?i)^(?:user\b|i\b|i'm\b|i've\b|my\b|me\b)|\b(?:i|my|me|i'm|i've|myself)\b";
+
+/// `first_person`'s answer for an ASCII text, from its words (runs of
+/// `\w`, which in ASCII is letters, digits and `_`): it starts with the
+/// word "user", or one of its words is "i", "my", "me" or "myself" ("i'm"
+/// and "i've" start with the word "i"), in any case. The pattern's
+/// prefilter stops at every "i" of a text, and most texts hold many.
+fn first_person_ascii(text: &str) -> bool {
+    let mut words = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .enumerate()
+        .filter(|(_, w)| !w.is_empty());
+    words.any(|(at, w)| {
+        (at == 0 && w.eq_ignore_ascii_case("user"))
+            || ["i", "my", "me", "myself"]
+                .iter()
+                .any(|p| w.eq_ignore_ascii_case(p))
+    })
 }
 
 /// One entity found in a text.
@@ -336,7 +358,10 @@ impl ExtractEntities {
     }
 
     fn is_first_person(&self, text: &str) -> bool {
-        self.first_person.is_match(text)
+        if !text.is_ascii() {
+            return self.first_person.is_match(text);
+        }
+        first_person_ascii(text)
     }
 
     /// Relations between the found entities (and the user, for first-person text).
@@ -535,6 +560,31 @@ impl Stage for ExtractEntities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The word test answers as the pattern does, over every ASCII text of
+    /// up to three of these pieces.
+    #[test]
+    fn first_person_words_answer_as_the_pattern_does() {
+        let pattern = Regex::new(FIRST_PERSON).unwrap();
+        let pieces = [
+            "i", "I", "my", "Me", "mE", "myself", "MySelf", "user", "User", "users", "mine", "i'm",
+            "I've", "_", "9", " ", "'", "-", "x", "ii", "emy",
+        ];
+        let (mut texts, mut yes, mut all) = (vec![String::new()], 0, 0);
+        for _ in 0..3 {
+            texts = texts
+                .iter()
+                .flat_map(|t| pieces.iter().map(move |p| format!("{t}{p}")))
+                .collect();
+            for t in &texts {
+                let want = pattern.is_match(t);
+                assert_eq!(first_person_ascii(t), want, "{t:?}");
+                yes += usize::from(want);
+                all += 1;
+            }
+        }
+        assert!(yes > 1000 && all - yes > 1000, "{yes} of {all}");
+    }
 
     async fn stage() -> (ExtractEntities, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
