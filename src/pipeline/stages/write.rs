@@ -12,7 +12,6 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 
 use super::parse_params;
-use crate::core::model::Chunk;
 use crate::pipeline::{BuildContext, Disposition, PipelineError, Record, Stage};
 use crate::store::{Owner, Store, StoreError, WriteBatch};
 
@@ -186,6 +185,7 @@ impl Stage for Write {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::model::Chunk;
 
     fn memory(id: &str, stream: &str, text: &str) -> Chunk {
         let mut c = Chunk::new(id.into(), stream.into(), text.into(), 1);
