@@ -142,27 +142,40 @@ impl Chunk {
 
     /// Merge a JSON object into `extraction_meta` under `key`.
     pub fn annotate(&mut self, key: &str, value: serde_json::Value) {
-        self.annotate_with(key, &value);
+        if !self.annotate_first(key, &value) {
+            self.annotate_tree(key, value);
+        }
     }
 
-    /// [`Chunk::annotate`] with any serialisable value. A memory with no
-    /// annotation yet (most of them, as a pipeline scores them) has its one
-    /// key written straight, with no JSON tree built, parsed or copied:
-    /// the same text the tree would print.
+    /// [`Chunk::annotate`] with any serialisable value.
     pub fn annotate_with(&mut self, key: &str, value: &impl serde::Serialize) {
-        if self.extraction_meta.is_none() {
-            if let Some(alone) = single_entry(key, value) {
-                self.extraction_meta = Some(alone);
-                return;
-            }
+        if !self.annotate_first(key, value) {
+            let value = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);
+            self.annotate_tree(key, value);
         }
+    }
+
+    /// A memory with no annotation yet (most of them, as a pipeline scores
+    /// them) has its one key written straight, with no JSON tree built,
+    /// parsed or copied: the same text the tree would print. Whether it
+    /// was written so.
+    fn annotate_first(&mut self, key: &str, value: &impl serde::Serialize) -> bool {
+        if self.extraction_meta.is_some() {
+            return false;
+        }
+        self.extraction_meta = single_entry(key, value);
+        self.extraction_meta.is_some()
+    }
+
+    /// `value` merged under `key` into the annotations, read as a JSON tree.
+    fn annotate_tree(&mut self, key: &str, value: serde_json::Value) {
         let mut meta = self
             .extraction_meta
             .as_deref()
             .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .filter(serde_json::Value::is_object)
             .unwrap_or_else(|| serde_json::json!({}));
-        meta[key] = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);
+        meta[key] = value;
         self.extraction_meta = Some(meta.to_string());
     }
 

@@ -238,6 +238,7 @@ impl DetectContradictions {
 
     /// May `new` supersede `old` at all: another live, mutable, not newer
     /// memory of the same stream and subject.
+    ///
     /// The flags and times first: a batch asks this of every earlier record
     /// of the subject, and most were superseded already.
     fn may_replace(&self, new: &Chunk, old: &Chunk) -> bool {

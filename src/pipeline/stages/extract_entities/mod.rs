@@ -65,7 +65,7 @@ impl ExtractEntitiesConfig {
             populate_graph: self.populate_graph,
             max_cooccurrence: self.max_cooccurrence,
             ner: None,
-            word: Regex::new(r"[\p{L}\p{N}][\p{L}\p{N}'’.\-+#]*").expect("static regex"),
+            word: Regex::new(WORD).expect("static regex"),
             date: Regex::new(
                 r"(?i)\b\d{4}-\d{2}-\d{2}\b|\b(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.? \d{1,2}(?:st|nd|rd|th)?(?:,? \d{4})?\b|\b\d{1,2}(?:st|nd|rd|th)? (?:of )?(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)(?:,? \d{4})?\b",
             )
@@ -97,6 +97,9 @@ pub struct ExtractEntities {
     first_person: Regex,
 }
 
+/// A word: a letter or a digit, then letters, digits and `'’.-+#`.
+const WORD: &str = r"[\p{L}\p{N}][\p{L}\p{N}'’.\-+#]*";
+
 /// Text that speaks of its writer in the first person.
 const FIRST_PERSON: &str =
     r"(?i)^(?:user\b|i\b|i'm\b|i've\b|my\b|me\b)|\b(?:i|my|me|i'm|i've|myself)\b";
@@ -116,6 +119,23 @@ fn first_person_ascii(text: &str) -> bool {
             || ["i", "my", "me", "myself"]
                 .iter()
                 .any(|p| w.eq_ignore_ascii_case(p))
+    })
+}
+
+/// Where the `word` pattern's matches lie in an ASCII text: a letter or a
+/// digit, then letters, digits and `'.-+#`. The pattern's searches ran
+/// forwards and back for every word.
+fn ascii_words(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let start = at + bytes[at..].iter().position(u8::is_ascii_alphanumeric)?;
+        let len = bytes[start..]
+            .iter()
+            .position(|b| !(b.is_ascii_alphanumeric() || b"'.-+#".contains(b)))
+            .unwrap_or(bytes.len() - start);
+        at = start + len;
+        Some((start, at))
     })
 }
 
@@ -177,17 +197,24 @@ impl ExtractEntities {
     fn tokens<'a>(&self, text: &'a str) -> Vec<Token<'a>> {
         let mut out = Vec::new();
         let mut last_end = 0;
-        for m in self.word.find_iter(text) {
-            let gap = &text[last_end..m.start()];
+        let mut push = |(start, end): (usize, usize)| {
+            let gap = &text[last_end..start];
             let sentence_start = out.is_empty() || gap.contains(['.', '!', '?', '\n', ':']);
-            let t = m.as_str().trim_end_matches(['.', '\'', '’', '-']);
+            let t = text[start..end].trim_end_matches(['.', '\'', '’', '-']);
             out.push(Token {
                 text: t,
-                start: m.start(),
-                end: m.start() + t.len(),
+                start,
+                end: start + t.len(),
                 sentence_start,
             });
-            last_end = m.end();
+            last_end = end;
+        };
+        if text.is_ascii() {
+            ascii_words(text).for_each(&mut push);
+        } else {
+            self.word
+                .find_iter(text)
+                .for_each(|m| push((m.start(), m.end())));
         }
         out
     }
@@ -560,6 +587,28 @@ impl Stage for ExtractEntities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The words of an ASCII text lie where the pattern finds them, over
+    /// every text of up to five of these characters.
+    #[test]
+    fn ascii_words_lie_where_the_pattern_finds_them() {
+        let word = Regex::new(WORD).unwrap();
+        let chars = ['a', 'Z', '9', ' ', '\'', '.', '-', '+', '#', '!', '\n'];
+        let (mut texts, mut words) = (vec![String::new()], 0);
+        for _ in 0..5 {
+            texts = texts
+                .iter()
+                .flat_map(|t| chars.iter().map(move |c| format!("{t}{c}")))
+                .collect();
+            for t in &texts {
+                let want: Vec<(usize, usize)> =
+                    word.find_iter(t).map(|m| (m.start(), m.end())).collect();
+                assert_eq!(ascii_words(t).collect::<Vec<_>>(), want, "{t:?}");
+                words += want.len();
+            }
+        }
+        assert!(words > 100_000, "{words}");
+    }
 
     /// The word test answers as the pattern does, over every ASCII text of
     /// up to three of these pieces.
