@@ -327,6 +327,23 @@ fn error_terms(v: &[f32], code: &[i8], scale: f32) -> [f32; 3] {
     sums.map(|lanes| lanes.iter().sum())
 }
 
+/// Every text of up to `most` of `pieces`, one after another (the empty one
+/// first): the inputs a stage's fast path is checked on against its
+/// general one.
+#[cfg(test)]
+pub(crate) fn every_text(pieces: &[&str], most: usize) -> Vec<String> {
+    let mut all = vec![String::new()];
+    let mut last = all.clone();
+    for _ in 0..most {
+        last = last
+            .iter()
+            .flat_map(|t| pieces.iter().map(move |p| format!("{t}{p}")))
+            .collect();
+        all.extend(last.iter().cloned());
+    }
+    all
+}
+
 /// Added to every error bound: the rounding of the f32 sums themselves.
 const ROUNDING_SLACK: f32 = 1e-3;
 
