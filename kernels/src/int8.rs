@@ -31,6 +31,13 @@
 //! rows as they are and of the weights rounded to halves, far finer than
 //! the int8 columns' steps).
 //!
+//! Where the CPU also has AMX (Intel's Xeons since Sapphire Rapids) and
+//! Linux lets the process use its tiles, a layer whose inputs are whole
+//! tiles (a multiple of 64) runs on `tdpbusd` instead: one instruction
+//! multiplies a tile of 16 rows of 64 bytes by one of 64 × 16 weights,
+//! 16,384 products, on the same bytes, weights and packing as VNNI, so its
+//! sums are the same integers ([`Kernel::Amx`]).
+//!
 //! Only x86-64 CPUs with AVX-512 F, BW and VNNI, or with AVX2, run it;
 //! elsewhere [`Linear::new`] returns None.
 
@@ -49,7 +56,7 @@ pub struct Linear {
     /// the panel's int8 columns as one word (lowest byte the first input):
     /// all [`PANEL`] of them for VNNI, the first [`INT_COLUMNS`] for AVX2
     /// ([`Kernel::words`]).
-    panels: Vec<u32>,
+    panels: Lines,
     /// Per column (zero-padded to whole panels): the weights' scale, and
     /// the sum of its rounded weights.
     scale: Vec<f32>,
@@ -78,6 +85,32 @@ fn float_at(quads: usize, o: usize, i: usize) -> usize {
     ((o / PANEL) * quads * 4 + i) * FLOAT_COLUMNS + o % PANEL - INT_COLUMNS
 }
 
+/// Words of a cache line.
+const LINE_WORDS: usize = 16;
+
+/// Words that start on a cache line: a tile of AMX's reads its 16 rows of
+/// 64 bytes at half the speed when each straddles two lines.
+struct Lines(Vec<Line>);
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; LINE_WORDS]);
+
+impl Lines {
+    fn of(words: &[u32]) -> Lines {
+        let mut lines = vec![Line([0; LINE_WORDS]); words.len().div_ceil(LINE_WORDS)];
+        for (line, chunk) in lines.iter_mut().zip(words.chunks(LINE_WORDS)) {
+            line.0[..chunk.len()].copy_from_slice(chunk);
+        }
+        Lines(lines)
+    }
+
+    fn words(&self) -> &[u32] {
+        // SAFETY: `Line` is `LINE_WORDS` u32s with no padding.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr().cast(), self.0.len() * LINE_WORDS) }
+    }
+}
+
 /// Where [`Linear::panels`] keeps the word of quad `p` of column `o`, one of
 /// a panel's first `words` columns, for a layer of `quads` quads of inputs.
 fn word_at(quads: usize, words: usize, o: usize, p: usize) -> usize {
@@ -87,6 +120,8 @@ fn word_at(quads: usize, words: usize, o: usize, p: usize) -> usize {
 /// Which of the int8 kernels this CPU runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
+    /// AMX's `tdpbusd` on tiles, the epilogue in AVX-512 (see [`amx`]).
+    Amx,
     /// AVX-512 VNNI's `vpdpbusd`.
     Vnni,
     /// AVX2's `vpmaddubsw` and `vpmaddwd`, with weights scaled so that no
@@ -98,22 +133,50 @@ impl Kernel {
     /// The int8 columns of a panel: the words a quad of [`Linear::panels`].
     fn words(self) -> usize {
         match self {
-            Kernel::Vnni => PANEL,
+            Kernel::Amx | Kernel::Vnni => PANEL,
             Kernel::Avx2 => INT_COLUMNS,
+        }
+    }
+
+    /// The rows a pass pads its input to: whole tiles of the kernel.
+    fn tile_rows(self) -> usize {
+        match self {
+            Kernel::Amx => amx::TILE,
+            Kernel::Vnni | Kernel::Avx2 => TILE_ROWS,
         }
     }
 }
 
-/// The kernel this CPU runs: VNNI where it can, else AVX2 (with FMA), else
-/// none.
+/// The kernel this CPU runs: AMX where it can (for layers of whole tiles,
+/// [`Linear::new`]), else VNNI, else AVX2 (with FMA), else none.
+/// `LOOMEM_INT8_KERNEL=vnni` keeps a CPU with AMX on VNNI, `avx2` any on
+/// AVX2 (to compare them, or to step around a CPU or hypervisor that
+/// misbehaves).
 pub fn kernel() -> Option<Kernel> {
+    static KERNEL: std::sync::OnceLock<Option<Kernel>> = std::sync::OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        let best = fastest()?;
+        // Every CPU with AVX-512 has AVX2, FMA and F16C.
+        Some(match std::env::var("LOOMEM_INT8_KERNEL").as_deref() {
+            Ok("avx2") => Kernel::Avx2,
+            Ok("vnni") if best == Kernel::Amx => Kernel::Vnni,
+            _ => best,
+        })
+    })
+}
+
+/// The fastest kernel this CPU runs.
+fn fastest() -> Option<Kernel> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
         {
-            return Some(Kernel::Vnni);
+            return Some(match amx::usable() {
+                true => Kernel::Amx,
+                false => Kernel::Vnni,
+            });
         }
         // The AVX2 kernel's epilogue, its f32 columns and the row
         // quantisation use FMA too, and its f32 columns' weights are halves
@@ -210,10 +273,15 @@ impl Linear {
         Linear::packed(kernel()?, weights, bias)
     }
 
-    /// [`Linear::new`] for a given kernel (the tests run both where VNNI
-    /// runs).
+    /// [`Linear::new`] for a given kernel (the tests run each this CPU
+    /// runs). AMX takes the inputs a tile's width (64) at a time: a layer
+    /// of other inputs runs on VNNI.
     fn packed(kernel: Kernel, weights: &[f32], bias: &[f32]) -> Option<Linear> {
         let (inputs, outputs, count) = panels::shape(weights, bias)?;
+        let kernel = match kernel {
+            Kernel::Amx if inputs % (4 * amx::QUADS) != 0 => Kernel::Vnni,
+            kernel => kernel,
+        };
         let quads = inputs.div_ceil(4);
         let words = kernel.words();
         let mut packed = vec![0u32; count * quads * words];
@@ -225,7 +293,7 @@ impl Linear {
                 continue;
             }
             scale[o] = match kernel {
-                Kernel::Vnni => scale_of(row),
+                Kernel::Amx | Kernel::Vnni => scale_of(row),
                 Kernel::Avx2 => pair_scale_of(row),
             };
             let q: Vec<i32> = row.iter().map(|&w| round_to_i8(w, scale[o])).collect();
@@ -252,7 +320,7 @@ impl Linear {
             inputs,
             quads,
             outputs,
-            panels: packed,
+            panels: Lines::of(&packed),
             scale,
             sums,
             bias,
@@ -280,7 +348,7 @@ impl Linear {
     /// The rounded int8 weight of input `i` in int8 column `o`.
     #[cfg(test)]
     fn int_weight(&self, o: usize, i: usize) -> f32 {
-        let word = self.panels[word_at(self.quads, self.kernel.words(), o, i / 4)];
+        let word = self.panels.words()[word_at(self.quads, self.kernel.words(), o, i / 4)];
         f32::from(word.to_le_bytes()[i % 4] as i8)
     }
 
@@ -292,6 +360,7 @@ impl Linear {
     #[cfg(target_arch = "x86_64")]
     unsafe fn panel(&self, input: &Rows, panel: usize, out: Out) {
         match self.kernel {
+            Kernel::Amx => amx::panel(self, input, panel, out),
             Kernel::Vnni => self.panel_vnni(input, panel, out),
             Kernel::Avx2 => self.panel_avx2(input, panel, out),
         }
@@ -304,7 +373,7 @@ impl Linear {
         use std::arch::x86_64::*;
         let (xs, rows) = (input.bytes, input.count);
         let quads = self.quads;
-        let w = self.panels.as_ptr().add(panel * quads * PANEL);
+        let w = self.panels.words().as_ptr().add(panel * quads * PANEL);
         for first in (0..rows).step_by(TILE_ROWS) {
             let x = xs.as_ptr().add(first * quads);
             let mut acc = [[_mm512_setzero_si512(); LANES]; TILE_ROWS];
@@ -325,25 +394,40 @@ impl Linear {
             // count known only at run time, `acc` lived in memory, zeroed
             // by a `memset` call every tile (5% of a pass's time).
             for (r, acc) in acc.iter().enumerate() {
-                // Below `padded`: `steps` and `zeros` hold a value for each
-                // row of every whole tile.
-                let row = first + r;
-                let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row)));
-                let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row) as f32);
-                for (l, acc) in acc.iter().enumerate() {
-                    // The weights' sums, scales and biases are whole panels
-                    // (0 past the outputs); no lane past them is stored.
-                    let column = panel * PANEL + 16 * l;
-                    let weights = _mm512_loadu_ps(self.sums.as_ptr().add(column));
-                    let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(*acc));
-                    let scale =
-                        _mm512_mul_ps(step, _mm512_loadu_ps(self.scale.as_ptr().add(column)));
-                    let bias = _mm512_loadu_ps(self.bias.as_ptr().add(column));
-                    let v = _mm512_fmadd_ps(sums, scale, bias);
-                    let mask = panels::first_lanes(self.outputs.saturating_sub(column));
-                    _mm512_mask_storeu_ps(out.0.add(row * self.outputs + column), mask, v);
-                }
+                self.store_row(input, first + r, panel, acc, out);
             }
+        }
+    }
+
+    /// One row's sums of one panel's columns scaled, shifted by the row's
+    /// zero point and biased into `out` (the VNNI and AMX kernels' end).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn store_row(
+        &self,
+        input: &Rows,
+        row: usize,
+        panel: usize,
+        acc: &[std::arch::x86_64::__m512i; LANES],
+        out: Out,
+    ) {
+        use std::arch::x86_64::*;
+        // Below `padded`: `steps` and `zeros` hold a value for each row of
+        // every whole tile.
+        let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row)));
+        let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row) as f32);
+        for (l, acc) in acc.iter().enumerate() {
+            // The weights' sums, scales and biases are whole panels (0 past
+            // the outputs); no lane past them is stored.
+            let column = panel * PANEL + 16 * l;
+            let weights = _mm512_loadu_ps(self.sums.as_ptr().add(column));
+            let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(*acc));
+            let scale = _mm512_mul_ps(step, _mm512_loadu_ps(self.scale.as_ptr().add(column)));
+            let bias = _mm512_loadu_ps(self.bias.as_ptr().add(column));
+            let v = _mm512_fmadd_ps(sums, scale, bias);
+            let mask = panels::first_lanes(self.outputs.saturating_sub(column));
+            _mm512_mask_storeu_ps(out.0.add(row * self.outputs + column), mask, v);
         }
     }
 
@@ -368,7 +452,11 @@ impl Linear {
         use std::arch::x86_64::*;
         const INTS: usize = INT_COLUMNS / 8;
         let (quads, inputs) = (self.quads, self.inputs);
-        let w = self.panels.as_ptr().add(panel * quads * INT_COLUMNS);
+        let w = self
+            .panels
+            .words()
+            .as_ptr()
+            .add(panel * quads * INT_COLUMNS);
         let wf = self.floats.as_ptr().add(panel * quads * 4 * FLOAT_COLUMNS);
         let ones = _mm256_set1_epi16(1);
         // Whole quads of values; the last, part one is taken apart.
@@ -441,10 +529,14 @@ impl Linear {
 impl Dense for Linear {
     fn forward_into(&self, x: &[f32], out: &mut Vec<f32>, xs: &mut Vec<u32>) {
         // Rows padded to whole tiles (their results are not stored).
-        let (rows, padded) = panels::rows_of(x, self.inputs);
+        let (rows, _) = panels::rows_of(x, self.inputs);
+        let padded = rows.div_ceil(self.kernel.tile_rows()) * self.kernel.tile_rows();
         let words = padded * self.quads;
-        xs.resize(words + 2 * padded, 0);
-        let (bytes, rest) = xs.split_at_mut(words);
+        // The bytes start on a cache line (AMX's tile loads take twice as
+        // long across lines; rows of whole tiles are whole lines).
+        xs.resize(words + 2 * padded + LINE_WORDS - 1, 0);
+        let lead = xs.as_ptr().align_offset(4 * LINE_WORDS).min(LINE_WORDS - 1);
+        let (bytes, rest) = xs[lead..].split_at_mut(words);
         let (steps, zeros) = rest.split_at_mut(padded);
         for (r, (row, dst)) in x
             .chunks_exact(self.inputs)
@@ -453,8 +545,8 @@ impl Dense for Linear {
         {
             let (step, zero) = match self.kernel {
                 // SAFETY: the CPU ran AVX-512 VNNI when the layer was
-                // packed; `dst` holds `row`'s quads.
-                Kernel::Vnni => unsafe { quantize(row, dst) },
+                // packed (AMX's CPUs run it too); `dst` holds `row`'s quads.
+                Kernel::Amx | Kernel::Vnni => unsafe { quantize(row, dst) },
                 // SAFETY: the CPU ran AVX2 and FMA when the layer was
                 // packed; `dst` holds `row`'s quads.
                 Kernel::Avx2 => unsafe { quantize_avx2(row, dst) },
@@ -465,8 +557,8 @@ impl Dense for Linear {
         // before left there).
         steps[rows..].fill(0);
         zeros[rows..].fill(0);
-        // Whole tiles while the panels run (the VNNI kernel stores the
-        // padding rows too), the real rows after.
+        // Whole tiles while the panels run (the VNNI and AMX kernels store
+        // the padding rows too), the real rows after.
         out.resize(padded * self.outputs, 0.0);
         let dst = Out(out.as_mut_ptr());
         let rows_of = Rows {
@@ -600,14 +692,188 @@ unsafe fn quantize_avx2(_: &[f32], _: &mut [u32]) -> (f32, i32) {
     unreachable!("packed only where AVX2 and FMA run")
 }
 
+/// AMX: whether the CPU and Linux let this process use the tiles, and the
+/// panel kernel on them. Rust's AMX intrinsics are not stable, so the
+/// instructions are written out (`asm!`), on fixed tile registers.
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use super::{Linear, Rows, LANES, PANEL};
+    use crate::panels::Out;
+    use std::arch::asm;
+
+    /// Rows of a tile; each holds 64 bytes: 16 quads of a row's bytes, 16
+    /// words of a panel's weights, or 16 i32 sums.
+    pub(super) const TILE: usize = 16;
+    pub(super) const QUADS: usize = 16;
+
+    /// Whether the CPU has AMX's tiles and int8 products (CPUID leaf 7:
+    /// EDX bits 24 and 25) and Linux grants this process the tiles' state,
+    /// which it hands out only to a process that asks
+    /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); asked once.
+    pub(super) fn usable() -> bool {
+        static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *USABLE.get_or_init(|| {
+            // SAFETY: CPUID leaf 7 exists on every CPU with AVX-512, the
+            // only caller's condition.
+            #[allow(unused_unsafe)]
+            let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+            edx & (3 << 24) == 3 << 24 && granted()
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn granted() -> bool {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: the request only asks for a permission; it touches no
+        // memory of ours.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn granted() -> bool {
+        false
+    }
+
+    /// The tiles' shapes (`ldtilecfg`'s 64 bytes, palette 1): tiles 0–2
+    /// the sums of a panel's three groups of 16 columns, tile 3 the input's
+    /// 16 rows of 16 quads, tiles 4–6 the weights of those quads for each
+    /// group; every tile 16 rows of 64 bytes.
+    #[repr(C, align(64))]
+    struct Config {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        bytes: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    const CONFIG: Config = {
+        let mut c = Config {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            bytes: [0; 16],
+            rows: [0; 16],
+        };
+        let mut t = 0;
+        while t < 7 {
+            c.bytes[t] = 64;
+            c.rows[t] = TILE as u8;
+            t += 1;
+        }
+        c
+    };
+
+    /// The sums of one tile of rows and a panel's columns, as stored from
+    /// the tiles.
+    #[repr(C, align(64))]
+    struct Sums([[i32; PANEL]; TILE]);
+
+    /// One panel's columns of every row (padded to whole tiles), a tile of
+    /// 16 rows at a time: per 16 quads of inputs, one tile of the rows'
+    /// bytes and the panel's three tiles of weights, read as VNNI's packing
+    /// lays them (a quad's words of the panel's 48 columns side by side: a
+    /// tile's rows 192 bytes apart), and three `tdpbusd`.
+    ///
+    /// # Safety
+    /// The CPU runs AMX-INT8 and AVX-512 and the process was granted the
+    /// tiles ([`usable`]); the layer's inputs are whole tiles (a multiple
+    /// of 64) and `input` holds whole tiles of rows.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn panel(layer: &Linear, input: &Rows, panel: usize, out: Out) {
+        use std::arch::x86_64::*;
+        let quads = layer.quads;
+        debug_assert_eq!(quads % QUADS, 0);
+        let padded = input.bytes.len() / quads;
+        debug_assert_eq!(padded % TILE, 0);
+        let w = layer.panels.words().as_ptr().add(panel * quads * PANEL);
+        let mut sums = Sums([[0; PANEL]; TILE]);
+        // Per group of 16 columns: the weights' sums, scales and biases
+        // (whole panels, 0 past the outputs), and the mask of the lanes
+        // within the outputs.
+        let columns: [(__m512, __m512, __m512, __mmask16); LANES] = std::array::from_fn(|l| {
+            let column = panel * PANEL + 16 * l;
+            (
+                _mm512_loadu_ps(layer.sums.as_ptr().add(column)),
+                _mm512_loadu_ps(layer.scale.as_ptr().add(column)),
+                _mm512_loadu_ps(layer.bias.as_ptr().add(column)),
+                crate::panels::first_lanes(layer.outputs.saturating_sub(column)),
+            )
+        });
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
+        for first in (0..padded).step_by(TILE) {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                options(nomem, nostack)
+            );
+            let x = input.bytes.as_ptr().add(first * quads);
+            for p in (0..quads).step_by(QUADS) {
+                asm!(
+                    "tileloadd tmm3, [{x} + {xs}*1]",
+                    "tileloadd tmm4, [{w} + {ws}*1]",
+                    "tileloadd tmm5, [{w} + {ws}*1 + 64]",
+                    "tileloadd tmm6, [{w} + {ws}*1 + 128]",
+                    "tdpbusd tmm0, tmm3, tmm4",
+                    "tdpbusd tmm1, tmm3, tmm5",
+                    "tdpbusd tmm2, tmm3, tmm6",
+                    x = in(reg) x.add(p),
+                    xs = in(reg) quads * 4,
+                    w = in(reg) w.add(p * PANEL),
+                    ws = in(reg) PANEL * 4,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{s} + {ss}*1], tmm0",
+                "tilestored [{s} + {ss}*1 + 64], tmm1",
+                "tilestored [{s} + {ss}*1 + 128], tmm2",
+                s = in(reg) sums.0.as_mut_ptr(),
+                ss = in(reg) PANEL * 4,
+                options(nostack)
+            );
+            for (r, row) in sums.0.iter().enumerate() {
+                // As `Linear::store_row`, with the panel's columns' sums,
+                // scales, biases and masks in registers for every row.
+                let row_at = first + r;
+                let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row_at)));
+                let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row_at) as f32);
+                for l in 0..LANES {
+                    let acc = _mm512_load_si512(row.as_ptr().add(16 * l).cast());
+                    let sums = _mm512_fnmadd_ps(zero, columns[l].0, _mm512_cvtepi32_ps(acc));
+                    let v = _mm512_fmadd_ps(sums, _mm512_mul_ps(step, columns[l].1), columns[l].2);
+                    let at = out.0.add(row_at * layer.outputs + panel * PANEL + 16 * l);
+                    _mm512_mask_storeu_ps(at, columns[l].3, v);
+                }
+            }
+        }
+        asm!("tilerelease", options(nomem, nostack));
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod amx {
+    pub(super) const TILE: usize = 16;
+    pub(super) const QUADS: usize = 16;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::values;
 
-    /// The kernels this CPU runs: VNNI's CPUs run AVX2 too.
+    /// The kernels this CPU runs: AMX's CPUs run VNNI too, VNNI's AVX2.
     fn kernels() -> Vec<Kernel> {
         match kernel() {
+            Some(Kernel::Amx) => vec![Kernel::Amx, Kernel::Vnni, Kernel::Avx2],
             Some(Kernel::Vnni) => vec![Kernel::Vnni, Kernel::Avx2],
             Some(Kernel::Avx2) => vec![Kernel::Avx2],
             None => Vec::new(),
@@ -625,7 +891,7 @@ mod tests {
                 let mut got = vec![0u32; len.div_ceil(4)];
                 let (step, zero) = match kernel {
                     // SAFETY: the CPU runs AVX-512 VNNI (`kernels()`).
-                    Kernel::Vnni => unsafe { quantize(&row, &mut got) },
+                    Kernel::Amx | Kernel::Vnni => unsafe { quantize(&row, &mut got) },
                     // SAFETY: the CPU runs AVX2 and FMA (`kernels()`).
                     Kernel::Avx2 => unsafe { quantize_avx2(&row, &mut got) },
                 };
@@ -637,6 +903,44 @@ mod tests {
                 assert_eq!(got, want, "{kernel:?}, {len} values");
             }
         }
+    }
+
+    /// AMX multiplies the same bytes by the same weights as VNNI, so a
+    /// layer of whole tiles gives VNNI's results to the bit: part tiles
+    /// of rows, a part panel, inputs of one tile and of many, one thread
+    /// and two; a layer of other inputs runs on VNNI.
+    #[test]
+    fn amx_gives_vnnis_results() {
+        let amx = kernels().contains(&Kernel::Amx);
+        assert_eq!(
+            amx,
+            cfg!(target_arch = "x86_64") && amx::usable() && kernel() == Some(Kernel::Amx)
+        );
+        if !amx {
+            return;
+        }
+        let (mut xs, mut out) = (Vec::new(), Vec::new());
+        for (rows, inputs, outputs) in
+            [(1, 384, 384), (17, 64, 50), (40, 384, 1536), (3, 1536, 384)]
+        {
+            let x = values(rows * inputs, 7);
+            let (w, b) = (values(outputs * inputs, 8), values(outputs, 9));
+            let tiles = Linear::packed(Kernel::Amx, &w, &b).expect("whole rows");
+            assert_eq!(tiles.kernel, Kernel::Amx);
+            let vnni = Linear::packed(Kernel::Vnni, &w, &b)
+                .expect("whole rows")
+                .forward(&x);
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| tiles.forward_into(&x, &mut out, &mut xs));
+                assert_eq!(out, vnni, "{rows}×{inputs}→{outputs}, {threads} threads");
+            }
+        }
+        let odd = Linear::packed(Kernel::Amx, &values(3 * 70, 1), &[0.0; 3]).expect("whole rows");
+        assert_eq!(odd.kernel, Kernel::Vnni);
     }
 
     /// Odd sizes: a last quad with fewer than four values, a part panel, a
