@@ -722,7 +722,7 @@ unsafe fn quantize_avx2(_: &[f32], _: &mut [u32]) -> (f32, i32) {
 /// instructions are written out (`asm!`), on fixed tile registers.
 #[cfg(target_arch = "x86_64")]
 mod amx {
-    use super::{Linear, Rows, LANES, PANEL};
+    use super::{Line, Linear, Rows, LANES, LINE_WORDS, PANEL};
     use crate::panels::Out;
     use std::arch::asm;
 
@@ -796,6 +796,17 @@ mod amx {
         c
     };
 
+    /// Quads of inputs a pass over the tiles of rows takes at most: a
+    /// panel's weights for them (18 KiB) stay in the core's first cache
+    /// while every tile of rows reads them (the 73 KiB of a layer of 1,536
+    /// inputs came from the second for every tile).
+    const BLOCK_QUADS: usize = 96;
+
+    thread_local! {
+        /// The sums kept between blocks, kept from pass to pass.
+        static PARTIAL: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
+    }
+
     /// The sums of one tile of rows and a panel's columns, as stored from
     /// the tiles.
     #[repr(C, align(64))]
@@ -805,7 +816,8 @@ mod amx {
     /// 16 rows at a time: per 16 quads of inputs, one tile of the rows'
     /// bytes and the panel's three tiles of weights, read as VNNI's packing
     /// lays them (a quad's words of the panel's 48 columns side by side: a
-    /// tile's rows 192 bytes apart), and three `tdpbusd`.
+    /// tile's rows 192 bytes apart), and three `tdpbusd`; the inputs in
+    /// blocks of [`BLOCK_QUADS`] quads.
     ///
     /// # Safety
     /// The CPU runs AMX-INT8 and AVX-512 and the process was granted the
@@ -832,55 +844,90 @@ mod amx {
                 crate::panels::first_lanes(layer.outputs.saturating_sub(column)),
             )
         });
+        // A layer of more inputs than a block takes them a block at a
+        // time, each over every tile of rows, the sums kept between blocks
+        // in `partial` (whole tiles of rows by the panel's columns).
+        let blocks = quads.div_ceil(BLOCK_QUADS);
+        let mut partial = Vec::new();
+        if blocks > 1 {
+            partial = PARTIAL.take();
+            partial.resize(padded * PANEL / LINE_WORDS, Line([0; LINE_WORDS]));
+        }
         asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
-        for first in (0..padded).step_by(TILE) {
-            asm!(
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                options(nomem, nostack)
-            );
-            let x = input.bytes.as_ptr().add(first * quads);
-            for p in (0..quads).step_by(QUADS) {
+        for block in 0..blocks {
+            let (from, to) = (block * BLOCK_QUADS, ((block + 1) * BLOCK_QUADS).min(quads));
+            for first in (0..padded).step_by(TILE) {
+                // (Unread with one block, when `partial` is empty.)
+                let kept = partial
+                    .as_mut_ptr()
+                    .wrapping_add(first * PANEL / LINE_WORDS);
+                if block == 0 {
+                    asm!(
+                        "tilezero tmm0",
+                        "tilezero tmm1",
+                        "tilezero tmm2",
+                        options(nomem, nostack)
+                    );
+                } else {
+                    asm!(
+                        "tileloadd tmm0, [{s} + {ss}*1]",
+                        "tileloadd tmm1, [{s} + {ss}*1 + 64]",
+                        "tileloadd tmm2, [{s} + {ss}*1 + 128]",
+                        s = in(reg) kept,
+                        ss = in(reg) PANEL * 4,
+                        options(nostack, readonly)
+                    );
+                }
+                let x = input.bytes.as_ptr().add(first * quads);
+                for p in (from..to).step_by(QUADS) {
+                    asm!(
+                        "tileloadd tmm3, [{x} + {xs}*1]",
+                        "tileloadd tmm4, [{w} + {ws}*1]",
+                        "tileloadd tmm5, [{w} + {ws}*1 + 64]",
+                        "tileloadd tmm6, [{w} + {ws}*1 + 128]",
+                        "tdpbusd tmm0, tmm3, tmm4",
+                        "tdpbusd tmm1, tmm3, tmm5",
+                        "tdpbusd tmm2, tmm3, tmm6",
+                        x = in(reg) x.add(p),
+                        xs = in(reg) quads * 4,
+                        w = in(reg) w.add(p * PANEL),
+                        ws = in(reg) PANEL * 4,
+                        options(nostack, readonly)
+                    );
+                }
+                let last = block + 1 == blocks;
                 asm!(
-                    "tileloadd tmm3, [{x} + {xs}*1]",
-                    "tileloadd tmm4, [{w} + {ws}*1]",
-                    "tileloadd tmm5, [{w} + {ws}*1 + 64]",
-                    "tileloadd tmm6, [{w} + {ws}*1 + 128]",
-                    "tdpbusd tmm0, tmm3, tmm4",
-                    "tdpbusd tmm1, tmm3, tmm5",
-                    "tdpbusd tmm2, tmm3, tmm6",
-                    x = in(reg) x.add(p),
-                    xs = in(reg) quads * 4,
-                    w = in(reg) w.add(p * PANEL),
-                    ws = in(reg) PANEL * 4,
-                    options(nostack, readonly)
+                    "tilestored [{s} + {ss}*1], tmm0",
+                    "tilestored [{s} + {ss}*1 + 64], tmm1",
+                    "tilestored [{s} + {ss}*1 + 128], tmm2",
+                    s = in(reg) if last { sums.0.as_mut_ptr().cast::<Line>() } else { kept },
+                    ss = in(reg) PANEL * 4,
+                    options(nostack)
                 );
-            }
-            asm!(
-                "tilestored [{s} + {ss}*1], tmm0",
-                "tilestored [{s} + {ss}*1 + 64], tmm1",
-                "tilestored [{s} + {ss}*1 + 128], tmm2",
-                s = in(reg) sums.0.as_mut_ptr(),
-                ss = in(reg) PANEL * 4,
-                options(nostack)
-            );
-            for (r, row) in sums.0.iter().enumerate() {
-                // As `Linear::store_row`, with the panel's columns' sums,
-                // scales, biases and masks in registers for every row.
-                let row_at = first + r;
-                let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row_at)));
-                let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row_at) as f32);
-                for l in 0..LANES {
-                    let acc = _mm512_load_si512(row.as_ptr().add(16 * l).cast());
-                    let sums = _mm512_fnmadd_ps(zero, columns[l].0, _mm512_cvtepi32_ps(acc));
-                    let v = _mm512_fmadd_ps(sums, _mm512_mul_ps(step, columns[l].1), columns[l].2);
-                    let at = out.0.add(row_at * layer.outputs + panel * PANEL + 16 * l);
-                    _mm512_mask_storeu_ps(at, columns[l].3, v);
+                if !last {
+                    continue;
+                }
+                for (r, row) in sums.0.iter().enumerate() {
+                    // As `Linear::store_row`, with the panel's columns' sums,
+                    // scales, biases and masks in registers for every row.
+                    let row_at = first + r;
+                    let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row_at)));
+                    let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row_at) as f32);
+                    for l in 0..LANES {
+                        let acc = _mm512_load_si512(row.as_ptr().add(16 * l).cast());
+                        let sums = _mm512_fnmadd_ps(zero, columns[l].0, _mm512_cvtepi32_ps(acc));
+                        let v =
+                            _mm512_fmadd_ps(sums, _mm512_mul_ps(step, columns[l].1), columns[l].2);
+                        let at = out.0.add(row_at * layer.outputs + panel * PANEL + 16 * l);
+                        _mm512_mask_storeu_ps(at, columns[l].3, v);
+                    }
                 }
             }
         }
         asm!("tilerelease", options(nomem, nostack));
+        if blocks > 1 {
+            PARTIAL.set(partial);
+        }
     }
 }
 
