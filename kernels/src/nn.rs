@@ -352,17 +352,16 @@ impl Scratch {
         use std::arch::x86_64::*;
         let wide = len.next_multiple_of(LANES);
         let (keys, scores) = (self.keys_t.as_ptr(), self.scores.as_mut_ptr());
-        for block in 0..wide / LANES {
-            let mut acc = [_mm512_setzero_ps(); QUERIES];
-            for d in 0..D {
-                let k = _mm512_loadu_ps(keys.add(d * wide + block * LANES));
-                for (acc, q) in acc.iter_mut().zip(q) {
-                    *acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), k, *acc);
-                }
-            }
-            for (r, acc) in acc.iter().enumerate() {
-                _mm512_storeu_ps(scores.add(r * wide + block * LANES), *acc);
-            }
+        // Two blocks of 16 keys at a time: eight chains of fused
+        // multiply-adds, enough to keep both FMA pipes busy through each
+        // one's latency (four chains, one block, kept them half idle);
+        // each score still sums its products in the same order.
+        let blocks = wide / LANES;
+        for block in (0..blocks - blocks % 2).step_by(2) {
+            scores_of::<D, 2>(keys, wide, block, q, scores);
+        }
+        if blocks % 2 == 1 {
+            scores_of::<D, 1>(keys, wide, blocks - 1, q, scores);
         }
         let norm = self.softmax::<D>(len);
         // Up to four registers of 16 values per query (heads of 64).
@@ -462,6 +461,38 @@ impl Scratch {
                     *o += p * v;
                 }
             }
+        }
+    }
+}
+
+/// The raw scores of the [`QUERIES`] queries `q` against `B` blocks of 16
+/// keys from block `first` of `keys` (transposed, rows `wide` apart) into
+/// `scores` (a row of `wide` per query).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scores_of<const D: usize, const B: usize>(
+    keys: *const f32,
+    wide: usize,
+    first: usize,
+    q: &[[f32; D]; QUERIES],
+    scores: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); QUERIES]; B];
+    for d in 0..D {
+        let k: [__m512; B] =
+            std::array::from_fn(|b| _mm512_loadu_ps(keys.add(d * wide + (first + b) * LANES)));
+        for (r, q) in q.iter().enumerate() {
+            let qd = _mm512_set1_ps(q[d]);
+            for b in 0..B {
+                acc[b][r] = _mm512_fmadd_ps(qd, k[b], acc[b][r]);
+            }
+        }
+    }
+    for (b, acc) in acc.iter().enumerate() {
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(scores.add(r * wide + (first + b) * LANES), *acc);
         }
     }
 }
