@@ -3,6 +3,10 @@
 //! (~200 tokens) texts, and the latency of one short query; the same for the
 //! static embedder distilled from it.
 //!
+//! `kernels/…`: MiniLM's four dense layers alone on the int8 kernel this CPU
+//! runs (`LOOMEM_INT8_KERNEL=vnni` or `avx2` in the environment to compare
+//! the kernels), and its attention, on one thread.
+//!
 //! `cargo bench --bench embed` (the model must be installed: `just setup`).
 
 use std::collections::HashMap;
@@ -84,5 +88,59 @@ fn bench_model(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, mode
     });
 }
 
-criterion_group!(benches, bench);
+/// `n` values in [-0.5, 0.5), the same for the same `seed`.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// One pass of 208 tokens (four texts of 52) through each of MiniLM's dense
+/// layers and its attention, on one thread as a sub-batch runs.
+fn kernels(c: &mut Criterion) {
+    use loomem_kernels::{int8, nn, Dense};
+    let Some(kernel) = int8::kernel() else {
+        return;
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (texts, len) = (4, 52);
+    let rows = texts * len;
+    let mut group = c.benchmark_group("kernels");
+    group.throughput(Throughput::Elements(rows as u64));
+    println!("kernels: int8 on {kernel:?}");
+    for (name, inputs, outputs) in [
+        ("qkv", 384, 1152),
+        ("attn_out", 384, 384),
+        ("intermediate", 384, 1536),
+        ("out", 1536, 384),
+    ] {
+        let layer = int8::Linear::new(&values(inputs * outputs, 1), &values(outputs, 2))
+            .expect("the kernel runs here");
+        let x = values(rows * inputs, 3);
+        let (mut out, mut xs) = (Vec::new(), Vec::new());
+        // The timing loop itself on the pool's one thread, as a sub-batch's
+        // pass runs (no hand-over to it each pass).
+        group.bench_function(format!("int8/{name}"), |b| {
+            pool.install(|| b.iter(|| layer.forward_into(&x, &mut out, &mut xs)))
+        });
+    }
+    let qkv = values(rows * 1152, 4);
+    let spans: Vec<_> = (0..texts).map(|t| t * len..(t + 1) * len).collect();
+    let mut out = vec![0.0f32; rows * 384];
+    group.bench_function(format!("attention/{texts}x{len}"), |b| {
+        b.iter(|| nn::attention(&qkv, 384, 12, &spans, &mut out))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, kernels);
 criterion_main!(benches);
