@@ -913,13 +913,12 @@ mod amx {
                     let row_at = first + r;
                     let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row_at)));
                     let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row_at) as f32);
-                    for l in 0..LANES {
+                    for (l, &(weights, scale, bias, mask)) in columns.iter().enumerate() {
                         let acc = _mm512_load_si512(row.as_ptr().add(16 * l).cast());
-                        let sums = _mm512_fnmadd_ps(zero, columns[l].0, _mm512_cvtepi32_ps(acc));
-                        let v =
-                            _mm512_fmadd_ps(sums, _mm512_mul_ps(step, columns[l].1), columns[l].2);
+                        let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(acc));
+                        let v = _mm512_fmadd_ps(sums, _mm512_mul_ps(step, scale), bias);
                         let at = out.0.add(row_at * layer.outputs + panel * PANEL + 16 * l);
-                        _mm512_mask_storeu_ps(at, columns[l].3, v);
+                        _mm512_mask_storeu_ps(at, mask, v);
                     }
                 }
             }
