@@ -88,23 +88,10 @@ fn bench_model(c: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, mode
     });
 }
 
-/// `n` values in [-0.5, 0.5), the same for the same `seed`.
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
-
 /// One pass of 208 tokens (four texts of 52) through each of MiniLM's dense
 /// layers and its attention, on one thread as a sub-batch runs.
 fn kernels(c: &mut Criterion) {
-    use loomem_kernels::{int8, nn, Dense};
+    use loomem_kernels::{int8, nn, testing::values, Dense};
     let Some(kernel) = int8::kernel() else {
         return;
     };

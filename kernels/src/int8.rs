@@ -88,6 +88,11 @@ fn float_at(quads: usize, o: usize, i: usize) -> usize {
 /// Words of a cache line.
 const LINE_WORDS: usize = 16;
 
+/// Rows of an AMX tile, and the quads of inputs each of its rows of 64
+/// bytes holds.
+const AMX_ROWS: usize = 16;
+const AMX_QUADS: usize = 16;
+
 /// Words that start on a cache line: a tile of AMX's reads its 16 rows of
 /// 64 bytes at half the speed when each straddles two lines.
 struct Lines(Vec<Line>);
@@ -141,7 +146,7 @@ impl Kernel {
     /// The rows a pass pads its input to: whole tiles of the kernel.
     fn tile_rows(self) -> usize {
         match self {
-            Kernel::Amx => amx::TILE,
+            Kernel::Amx => AMX_ROWS,
             Kernel::Vnni | Kernel::Avx2 => TILE_ROWS,
         }
     }
@@ -279,7 +284,7 @@ impl Linear {
     fn packed(kernel: Kernel, weights: &[f32], bias: &[f32]) -> Option<Linear> {
         let (inputs, outputs, count) = panels::shape(weights, bias)?;
         let kernel = match kernel {
-            Kernel::Amx if inputs % (4 * amx::QUADS) != 0 => Kernel::Vnni,
+            Kernel::Amx if inputs % (4 * AMX_QUADS) != 0 => Kernel::Vnni,
             kernel => kernel,
         };
         let quads = inputs.div_ceil(4);
@@ -374,6 +379,7 @@ impl Linear {
         let (xs, rows) = (input.bytes, input.count);
         let quads = self.quads;
         let w = self.panels.words().as_ptr().add(panel * quads * PANEL);
+        let columns = self.columns(panel);
         for first in (0..rows).step_by(TILE_ROWS) {
             let x = xs.as_ptr().add(first * quads);
             let mut acc = [[_mm512_setzero_si512(); LANES]; TILE_ROWS];
@@ -394,9 +400,29 @@ impl Linear {
             // count known only at run time, `acc` lived in memory, zeroed
             // by a `memset` call every tile (5% of a pass's time).
             for (r, acc) in acc.iter().enumerate() {
-                self.store_row(input, first + r, panel, acc, out);
+                self.store_row(input, first + r, panel, acc, &columns, out);
             }
         }
+    }
+
+    /// Per group of 16 of `panel`'s columns: the weights' sums, scales and
+    /// biases (whole panels, 0 past the outputs), and the mask of the lanes
+    /// within the outputs (what [`Linear::store_row`] takes, read once a
+    /// panel).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn columns(&self, panel: usize) -> Columns {
+        use std::arch::x86_64::*;
+        std::array::from_fn(|l| {
+            let column = panel * PANEL + 16 * l;
+            (
+                _mm512_loadu_ps(self.sums.as_ptr().add(column)),
+                _mm512_loadu_ps(self.scale.as_ptr().add(column)),
+                _mm512_loadu_ps(self.bias.as_ptr().add(column)),
+                panels::first_lanes(self.outputs.saturating_sub(column)),
+            )
+        })
     }
 
     /// One row's sums of one panel's columns scaled, shifted by the row's
@@ -410,6 +436,7 @@ impl Linear {
         row: usize,
         panel: usize,
         acc: &[std::arch::x86_64::__m512i; LANES],
+        columns: &Columns,
         out: Out,
     ) {
         use std::arch::x86_64::*;
@@ -417,17 +444,11 @@ impl Linear {
         // every whole tile.
         let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row)));
         let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row) as f32);
-        for (l, acc) in acc.iter().enumerate() {
-            // The weights' sums, scales and biases are whole panels (0 past
-            // the outputs); no lane past them is stored.
-            let column = panel * PANEL + 16 * l;
-            let weights = _mm512_loadu_ps(self.sums.as_ptr().add(column));
+        for (l, (acc, &(weights, scale, bias, mask))) in acc.iter().zip(columns).enumerate() {
             let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(*acc));
-            let scale = _mm512_mul_ps(step, _mm512_loadu_ps(self.scale.as_ptr().add(column)));
-            let bias = _mm512_loadu_ps(self.bias.as_ptr().add(column));
-            let v = _mm512_fmadd_ps(sums, scale, bias);
-            let mask = panels::first_lanes(self.outputs.saturating_sub(column));
-            _mm512_mask_storeu_ps(out.0.add(row * self.outputs + column), mask, v);
+            let v = _mm512_fmadd_ps(sums, _mm512_mul_ps(step, scale), bias);
+            let at = out.0.add(row * self.outputs + panel * PANEL + 16 * l);
+            _mm512_mask_storeu_ps(at, mask, v);
         }
     }
 
@@ -578,6 +599,15 @@ impl Dense for Linear {
     }
 }
 
+/// See [`Linear::columns`].
+#[cfg(target_arch = "x86_64")]
+type Columns = [(
+    std::arch::x86_64::__m512,
+    std::arch::x86_64::__m512,
+    std::arch::x86_64::__m512,
+    std::arch::x86_64::__mmask16,
+); LANES];
+
 /// A pass's input rows as bytes, with each row's step and zero point.
 struct Rows<'a> {
     /// The rows as given (`count` of them, `inputs` values each).
@@ -722,28 +752,23 @@ unsafe fn quantize_avx2(_: &[f32], _: &mut [u32]) -> (f32, i32) {
 /// instructions are written out (`asm!`), on fixed tile registers.
 #[cfg(target_arch = "x86_64")]
 mod amx {
-    use super::{Line, Linear, Rows, LANES, LINE_WORDS, PANEL};
+    use super::{
+        Line, Linear, Rows, AMX_QUADS as QUADS, AMX_ROWS as TILE, LANES, LINE_WORDS, PANEL,
+    };
     use crate::panels::Out;
     use std::arch::asm;
-
-    /// Rows of a tile; each holds 64 bytes: 16 quads of a row's bytes, 16
-    /// words of a panel's weights, or 16 i32 sums.
-    pub(super) const TILE: usize = 16;
-    pub(super) const QUADS: usize = 16;
 
     /// Whether the CPU has AMX's tiles and int8 products (CPUID leaf 7:
     /// EDX bits 24 and 25) and Linux grants this process the tiles' state,
     /// which it hands out only to a process that asks
-    /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); asked once.
+    /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; asked once,
+    /// as [`super::kernel`] keeps its answer).
     pub(super) fn usable() -> bool {
-        static USABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *USABLE.get_or_init(|| {
-            // SAFETY: CPUID leaf 7 exists on every CPU with AVX-512, the
-            // only caller's condition.
-            #[allow(unused_unsafe)]
-            let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
-            edx & (3 << 24) == 3 << 24 && granted()
-        })
+        // SAFETY: CPUID leaf 7 exists on every CPU with AVX-512, the only
+        // caller's condition.
+        #[allow(unused_unsafe)]
+        let edx = unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx;
+        edx & (3 << 24) == 3 << 24 && granted()
     }
 
     #[cfg(target_os = "linux")]
@@ -832,18 +857,7 @@ mod amx {
         debug_assert_eq!(padded % TILE, 0);
         let w = layer.panels.words().as_ptr().add(panel * quads * PANEL);
         let mut sums = Sums([[0; PANEL]; TILE]);
-        // Per group of 16 columns: the weights' sums, scales and biases
-        // (whole panels, 0 past the outputs), and the mask of the lanes
-        // within the outputs.
-        let columns: [(__m512, __m512, __m512, __mmask16); LANES] = std::array::from_fn(|l| {
-            let column = panel * PANEL + 16 * l;
-            (
-                _mm512_loadu_ps(layer.sums.as_ptr().add(column)),
-                _mm512_loadu_ps(layer.scale.as_ptr().add(column)),
-                _mm512_loadu_ps(layer.bias.as_ptr().add(column)),
-                crate::panels::first_lanes(layer.outputs.saturating_sub(column)),
-            )
-        });
+        let columns = layer.columns(panel);
         // A layer of more inputs than a block takes them a block at a
         // time, each over every tile of rows, the sums kept between blocks
         // in `partial` (whole tiles of rows by the panel's columns).
@@ -908,18 +922,9 @@ mod amx {
                     continue;
                 }
                 for (r, row) in sums.0.iter().enumerate() {
-                    // As `Linear::store_row`, with the panel's columns' sums,
-                    // scales, biases and masks in registers for every row.
-                    let row_at = first + r;
-                    let step = _mm512_set1_ps(f32::from_bits(*input.steps.get_unchecked(row_at)));
-                    let zero = _mm512_set1_ps(*input.zeros.get_unchecked(row_at) as f32);
-                    for (l, &(weights, scale, bias, mask)) in columns.iter().enumerate() {
-                        let acc = _mm512_load_si512(row.as_ptr().add(16 * l).cast());
-                        let sums = _mm512_fnmadd_ps(zero, weights, _mm512_cvtepi32_ps(acc));
-                        let v = _mm512_fmadd_ps(sums, _mm512_mul_ps(step, scale), bias);
-                        let at = out.0.add(row_at * layer.outputs + panel * PANEL + 16 * l);
-                        _mm512_mask_storeu_ps(at, mask, v);
-                    }
+                    let acc: [__m512i; LANES] =
+                        std::array::from_fn(|l| _mm512_load_si512(row.as_ptr().add(16 * l).cast()));
+                    layer.store_row(input, first + r, panel, &acc, &columns, out);
                 }
             }
         }
@@ -928,12 +933,6 @@ mod amx {
             PARTIAL.set(partial);
         }
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-mod amx {
-    pub(super) const TILE: usize = 16;
-    pub(super) const QUADS: usize = 16;
 }
 
 #[cfg(test)]
@@ -983,10 +982,7 @@ mod tests {
     #[test]
     fn amx_gives_vnnis_results() {
         let amx = kernels().contains(&Kernel::Amx);
-        assert_eq!(
-            amx,
-            cfg!(target_arch = "x86_64") && amx::usable() && kernel() == Some(Kernel::Amx)
-        );
+        assert_eq!(amx, fastest() == Some(Kernel::Amx) && kernel() == fastest());
         if !amx {
             return;
         }

@@ -13,8 +13,9 @@ mod panels;
 
 pub use panels::Dense;
 
-#[cfg(test)]
-mod testing {
+/// Inputs for the tests and for the `embed` bench's `kernels/…` group.
+#[doc(hidden)]
+pub mod testing {
     /// `n` pseudo-random values in [-0.5, 0.5), the same for the same `seed`.
     pub fn values(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;
