@@ -17,12 +17,21 @@
 //! - the reader reads the fragment as its manifest entry was when opened
 //!   (its deletion vector), so it is opened again when the entry changes
 //!   (a delete, an update) or the table's schema does.
+//!
+//! A list column that holds no item anywhere in a fragment (`tags` where no
+//! memory is tagged, `entities` where none were found) is left out of that
+//! fragment's reads, and its rows come back with empty lists. Lance stores
+//! such a page as all null, with one repetition level a row, and finds a
+//! read's first row by walking the levels from the page's start: for a
+//! fragment of half a million rows that walk was a fifth of a small
+//! stream's load, every load (README, session 92). Whether a column is
+//! empty is learnt with the directory, from the same whole read.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_array::{Array, ListArray, RecordBatch, StringArray};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use lance::dataset::fragment::{FileFragment, FragReadConfig, FragmentReader};
@@ -41,6 +50,34 @@ const BATCH_ROWS: u32 = 8192;
 /// order, deleted rows included.
 type Directory = HashMap<Box<str>, Arc<[Range<u64>]>>;
 
+/// The list columns a fragment's reads leave out where they hold no item.
+const SPARSE_LISTS: [&str; 2] = ["tags", "entities"];
+
+/// What a fragment's rows hold, learnt once from its data files.
+#[derive(Debug, Default)]
+struct Contents {
+    directory: Directory,
+    /// The columns of [`SPARSE_LISTS`] with no item in any row (deleted rows
+    /// included): not read.
+    empty: Vec<&'static str>,
+}
+
+impl Contents {
+    /// `schema` without the columns not read.
+    fn projection(&self, schema: &Schema) -> lancedb::Result<Schema> {
+        if self.empty.is_empty() {
+            return Ok(schema.clone());
+        }
+        let read: Vec<&str> = schema
+            .fields
+            .iter()
+            .map(|f| f.name.as_str())
+            .filter(|n| !self.empty.contains(n))
+            .collect();
+        schema.project(&read).map_err(lancedb::Error::from)
+    }
+}
+
 /// How many fragments are kept open at most: each open reader holds its data
 /// files open. Past it (a table whose small fragments wait for their merge)
 /// a fragment is opened for each read, as lancedb's query does.
@@ -52,7 +89,7 @@ struct Opened {
     fragment: Fragment,
     /// None when [`MAX_OPEN`] others were open.
     reader: Option<Arc<FragmentReader>>,
-    directory: Arc<Directory>,
+    contents: Arc<Contents>,
 }
 
 /// The chunk table's fragments, open for loads (see the module's notes).
@@ -114,12 +151,12 @@ impl StreamReads {
         for file in ds.get_fragments() {
             let kept = cached.get(&(file.id() as u64));
             let opened = self.open(&ds, &file, kept).await?;
-            let Some(ranges) = opened.directory.get(stream) else {
+            let Some(ranges) = opened.contents.directory.get(stream) else {
                 continue;
             };
             let reader = match &opened.reader {
                 Some(reader) => Arc::clone(reader),
-                None => Arc::new(open_reader(&file, ds.schema()).await?),
+                None => Arc::new(open_reader(&file, &opened.contents, ds.schema()).await?),
             };
             let ranges = Arc::clone(ranges);
             reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
@@ -138,7 +175,7 @@ impl StreamReads {
 
     /// `file` ready for reads: `kept` when it was opened for the same
     /// manifest entry; else opened again (while fewer than [`MAX_OPEN`] are
-    /// open, or `kept` was), with `kept`'s directory while the data files
+    /// open, or `kept` was), with `kept`'s contents while the data files
     /// are the same.
     async fn open(
         &self,
@@ -153,9 +190,9 @@ impl StreamReads {
         let same_rows = |o: &&Arc<Opened>| {
             o.fragment.files == fragment.files && o.fragment.overlays == fragment.overlays
         };
-        let (directory, built) = match kept.filter(same_rows) {
-            Some(o) => (Arc::clone(&o.directory), false),
-            None => (Arc::new(directory(file, ds.schema()).await?), true),
+        let (contents, built) = match kept.filter(same_rows) {
+            Some(o) => (Arc::clone(&o.contents), false),
+            None => (Arc::new(contents(file, ds.schema()).await?), true),
         };
         let room = {
             let st = self.state.lock().expect("stream reads lock");
@@ -163,13 +200,13 @@ impl StreamReads {
             open.count() < self.max_open || kept.is_some_and(|o| o.reader.is_some())
         };
         let reader = match room {
-            true => Some(Arc::new(open_reader(file, ds.schema()).await?)),
+            true => Some(Arc::new(open_reader(file, &contents, ds.schema()).await?)),
             false => None,
         };
         let opened = Arc::new(Opened {
             fragment: fragment.clone(),
             reader,
-            directory,
+            contents,
         });
         let mut st = self.state.lock().expect("stream reads lock");
         st.built += usize::from(built);
@@ -193,19 +230,30 @@ impl StreamReads {
     }
 }
 
-/// `file` open for reads of every column of `schema`.
-async fn open_reader(file: &FileFragment, schema: &Schema) -> lancedb::Result<FragmentReader> {
-    file.open(schema, FragReadConfig::default())
+/// `file` open for reads of every column of `schema` that `contents` does
+/// not leave out.
+async fn open_reader(
+    file: &FileFragment,
+    contents: &Contents,
+    schema: &Schema,
+) -> lancedb::Result<FragmentReader> {
+    file.open(&contents.projection(schema)?, FragReadConfig::default())
         .await
         .map_err(lancedb::Error::from)
 }
 
-/// Where each stream's rows lie in `file`: its `stream` column read whole,
-/// deleted rows included, runs of one stream gathered into ranges.
-async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Directory> {
-    let projection = schema
-        .project(&[CHUNK_ORDER])
-        .map_err(lancedb::Error::from)?;
+/// What `file` holds: its `stream` column read whole, deleted rows
+/// included, runs of one stream gathered into ranges; and which of
+/// [`SPARSE_LISTS`] hold no item (read whole beside it).
+async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Contents> {
+    let lists: Vec<&'static str> = SPARSE_LISTS
+        .into_iter()
+        .filter(|n| schema.field(n).is_some())
+        .collect();
+    let columns: Vec<&str> = std::iter::once(CHUNK_ORDER)
+        .chain(lists.iter().copied())
+        .collect();
+    let projection = schema.project(&columns).map_err(lancedb::Error::from)?;
     let config = FragReadConfig {
         ignore_deletions: true,
         ..FragReadConfig::default()
@@ -222,11 +270,19 @@ async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Dire
     let mut out: HashMap<Box<str>, Vec<Range<u64>>> = HashMap::new();
     let mut at = 0u64;
     let mut run: Option<(Box<str>, u64)> = None;
+    let mut held = vec![false; lists.len()];
     while let Some(batch) = batches.try_next().await.map_err(lancedb::Error::from)? {
+        for (held, name) in held.iter_mut().zip(&lists) {
+            // Any item at all, or a column not of lists (read, then).
+            *held |= batch.column_by_name(name).is_none_or(|c| {
+                c.as_any()
+                    .downcast_ref::<ListArray>()
+                    .is_none_or(|l| !l.values().is_empty())
+            });
+        }
         let streams = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<StringArray>()
+            .column_by_name(CHUNK_ORDER)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
             .ok_or_else(|| lancedb::Error::Runtime {
                 message: "the stream column is not a string column".into(),
             })?;
@@ -247,7 +303,15 @@ async fn directory(file: &FileFragment, schema: &Schema) -> lancedb::Result<Dire
     if let Some((name, start)) = run {
         out.entry(name).or_default().push(start..at);
     }
-    Ok(out.into_iter().map(|(s, r)| (s, r.into())).collect())
+    Ok(Contents {
+        directory: out.into_iter().map(|(s, r)| (s, r.into())).collect(),
+        empty: lists
+            .into_iter()
+            .zip(held)
+            .filter(|(_, held)| !held)
+            .map(|(n, _)| n)
+            .collect(),
+    })
 }
 
 #[cfg(test)]
@@ -374,7 +438,8 @@ mod tests {
             st.fragments
                 .values()
                 .filter_map(|o| {
-                    o.directory
+                    o.contents
+                        .directory
                         .get("s1")
                         .map(|r| (r.len(), r[0].end - r[0].start))
                 })
@@ -410,6 +475,64 @@ mod tests {
             store.stream_reads.built(),
             built + 1,
             "an update builds the directory of its new fragment alone"
+        );
+    }
+
+    /// A list column with no item in a fragment is left out of that
+    /// fragment's reads, its rows read with empty lists; in a fragment where
+    /// a row holds an item, the column is read.
+    #[tokio::test]
+    async fn a_list_column_empty_in_a_fragment_is_not_read_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = committed(tmp.path(), 2).await;
+        let mut tagged = interleaved(8, 4);
+        for c in &mut tagged {
+            c.tags = vec![format!("tag of {}", c.id), "shared".into()];
+        }
+        tagged[1].entities = vec!["an entity".into()];
+        store.upsert(tagged).await.unwrap();
+        let batches: Vec<arrow_array::RecordBatch> = store
+            .stream_reads
+            .read(store.chunks_table(), "s1")
+            .await
+            .unwrap()
+            .expect("read directly")
+            .try_collect()
+            .await
+            .unwrap();
+        let mut rows: Vec<Chunk> = batches
+            .iter()
+            .flat_map(|b| batch_to_chunks(b).unwrap())
+            .collect();
+        let without = |name: &str| {
+            batches
+                .iter()
+                .filter(|b| b.column_by_name(name).is_none())
+                .count()
+        };
+        assert_eq!((without("tags"), without("entities")), (2, 2));
+        rows.sort_by_key(|c| c.id[2..].parse::<usize>().unwrap());
+        let ids: Vec<&str> = rows.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["id1", "id4", "id7", "id10"]);
+        for c in &rows {
+            let tags = match c.id.as_str() {
+                "id10" => vec!["tag of id10".to_string(), "shared".into()],
+                _ => vec![],
+            };
+            assert_eq!(c.tags, tags, "{}", c.id);
+            assert!(c.entities.is_empty(), "{}", c.id);
+        }
+        let mut empty: Vec<Vec<&str>> = {
+            let st = store.stream_reads.state.lock().unwrap();
+            st.fragments
+                .values()
+                .map(|o| o.contents.empty.clone())
+                .collect()
+        };
+        empty.sort();
+        assert_eq!(
+            empty,
+            [vec![], vec!["tags", "entities"], vec!["tags", "entities"]]
         );
     }
 
