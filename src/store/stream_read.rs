@@ -18,14 +18,18 @@
 //!   (its deletion vector), so it is opened again when the entry changes
 //!   (a delete, an update) or the table's schema does.
 //!
-//! A list column that holds no item anywhere in a fragment (`tags` where no
-//! memory is tagged, `entities` where none were found) is left out of that
-//! fragment's reads, and its rows come back with empty lists. Lance stores
-//! such a page as all null, with one repetition level a row, and finds a
-//! read's first row by walking the levels from the page's start: for a
-//! fragment of half a million rows that walk was a fifth of a small
-//! stream's load, every load (README, session 92). Whether a column is
-//! empty is learnt with the directory, from the same whole read.
+//! A column of [`SPARSE`] that holds nothing anywhere in a fragment (`tags`
+//! where no memory is tagged, `entities` where none were found, the
+//! optional fields no writer set) is left out of that fragment's reads, and
+//! its rows come back without it (empty lists, no values). Each column read
+//! costs Lance a decode scheduler and a read per fragment, whatever the
+//! rows; and a list column with no item is a page of nulls with one
+//! repetition level a row, whose first wanted row Lance finds by walking
+//! the levels from the page's start: for a fragment of half a million rows
+//! that walk was a fifth of a small stream's load, every load (README,
+//! session 92). Whether a column is empty is learnt with the directory,
+//! from the same whole read: [`SPARSE`] holds the columns often empty whose
+//! values are short (not `metadata`, nor `extraction_meta`).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -50,14 +54,31 @@ const BATCH_ROWS: u32 = 8192;
 /// order, deleted rows included.
 type Directory = HashMap<Box<str>, Arc<[Range<u64>]>>;
 
-/// The list columns a fragment's reads leave out where they hold no item.
-const SPARSE_LISTS: [&str; 2] = ["tags", "entities"];
+/// The columns a fragment's reads leave out where they hold nothing: no
+/// value, or for lists no item.
+const SPARSE: [&str; 15] = [
+    "title",
+    "subject",
+    "source",
+    "tags",
+    "entities",
+    "user_id",
+    "app_id",
+    "agent_id",
+    "session_id",
+    "expires_at",
+    "valid_from",
+    "valid_until",
+    "supersedes",
+    "superseded_by",
+    "last_accessed_at",
+];
 
 /// What a fragment's rows hold, learnt once from its data files.
 #[derive(Debug, Default)]
 struct Contents {
     directory: Directory,
-    /// The columns of [`SPARSE_LISTS`] with no item in any row (deleted rows
+    /// The columns of [`SPARSE`] with nothing in any row (deleted rows
     /// included): not read.
     empty: Vec<&'static str>,
 }
@@ -244,14 +265,14 @@ async fn open_reader(
 
 /// What `file` holds: its `stream` column read whole, deleted rows
 /// included, runs of one stream gathered into ranges; and which of
-/// [`SPARSE_LISTS`] hold no item (read whole beside it).
+/// [`SPARSE`] hold nothing (read whole beside it).
 async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Contents> {
-    let lists: Vec<&'static str> = SPARSE_LISTS
+    let sparse: Vec<&'static str> = SPARSE
         .into_iter()
         .filter(|n| schema.field(n).is_some())
         .collect();
     let columns: Vec<&str> = std::iter::once(CHUNK_ORDER)
-        .chain(lists.iter().copied())
+        .chain(sparse.iter().copied())
         .collect();
     let projection = schema.project(&columns).map_err(lancedb::Error::from)?;
     let config = FragReadConfig {
@@ -270,14 +291,14 @@ async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Conte
     let mut out: HashMap<Box<str>, Vec<Range<u64>>> = HashMap::new();
     let mut at = 0u64;
     let mut run: Option<(Box<str>, u64)> = None;
-    let mut held = vec![false; lists.len()];
+    let mut held = vec![false; sparse.len()];
     while let Some(batch) = batches.try_next().await.map_err(lancedb::Error::from)? {
-        for (held, name) in held.iter_mut().zip(&lists) {
-            // Any item at all, or a column not of lists (read, then).
+        for (held, name) in held.iter_mut().zip(&sparse) {
             *held |= batch.column_by_name(name).is_none_or(|c| {
-                c.as_any()
-                    .downcast_ref::<ListArray>()
-                    .is_none_or(|l| !l.values().is_empty())
+                match c.as_any().downcast_ref::<ListArray>() {
+                    Some(list) => !list.values().is_empty(),
+                    None => c.null_count() < c.len(),
+                }
             });
         }
         let streams = batch
@@ -305,7 +326,7 @@ async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Conte
     }
     Ok(Contents {
         directory: out.into_iter().map(|(s, r)| (s, r.into())).collect(),
-        empty: lists
+        empty: sparse
             .into_iter()
             .zip(held)
             .filter(|(_, held)| !held)
@@ -478,11 +499,11 @@ mod tests {
         );
     }
 
-    /// A list column with no item in a fragment is left out of that
-    /// fragment's reads, its rows read with empty lists; in a fragment where
-    /// a row holds an item, the column is read.
+    /// A column with nothing in a fragment (no item in a list, no value) is
+    /// left out of that fragment's reads, its rows read with empty lists and
+    /// no values; in a fragment where a row holds something, it is read.
     #[tokio::test]
-    async fn a_list_column_empty_in_a_fragment_is_not_read_there() {
+    async fn a_column_with_nothing_in_a_fragment_is_not_read_there() {
         let tmp = tempfile::tempdir().unwrap();
         let store = committed(tmp.path(), 2).await;
         let mut tagged = interleaved(8, 4);
@@ -490,6 +511,7 @@ mod tests {
             c.tags = vec![format!("tag of {}", c.id), "shared".into()];
         }
         tagged[1].entities = vec!["an entity".into()];
+        tagged[2].title = Some("a title".into());
         store.upsert(tagged).await.unwrap();
         let batches: Vec<arrow_array::RecordBatch> = store
             .stream_reads
@@ -521,19 +543,23 @@ mod tests {
             };
             assert_eq!(c.tags, tags, "{}", c.id);
             assert!(c.entities.is_empty(), "{}", c.id);
+            let title = (c.id == "id10").then(|| "a title".to_string());
+            assert_eq!(c.title, title, "{}", c.id);
         }
         let mut empty: Vec<Vec<&str>> = {
             let st = store.stream_reads.state.lock().unwrap();
             st.fragments
                 .values()
-                .map(|o| o.contents.empty.clone())
+                .map(|o| {
+                    let mut e = o.contents.empty.clone();
+                    e.retain(|c| ["title", "tags", "entities", "expires_at"].contains(c));
+                    e
+                })
                 .collect()
         };
         empty.sort();
-        assert_eq!(
-            empty,
-            [vec![], vec!["tags", "entities"], vec!["tags", "entities"]]
-        );
+        let all = vec!["title", "tags", "entities", "expires_at"];
+        assert_eq!(empty, [vec!["expires_at"], all.clone(), all]);
     }
 
     /// Past the fragments it keeps open, a read opens the others for
