@@ -75,7 +75,7 @@ const SPARSE: [&str; 15] = [
 ];
 
 /// What a fragment's rows hold, learnt once from its data files.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Contents {
     directory: Directory,
     /// The columns of [`SPARSE`] with nothing in any row (deleted rows
