@@ -19,6 +19,7 @@ pub mod maintain;
 mod moving;
 pub mod oauth;
 mod ordered_merge;
+mod pread;
 pub mod relations;
 mod stream_read;
 mod writer;

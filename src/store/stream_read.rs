@@ -33,7 +33,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow_array::{Array, ListArray, RecordBatch, StringArray};
 use futures::stream::BoxStream;
@@ -42,9 +42,11 @@ use lance::dataset::fragment::{FileFragment, FragReadConfig, FragmentReader};
 use lance::datatypes::Schema;
 use lance::table::format::Fragment;
 use lance::Dataset;
+use lance_io::scheduler::ScanScheduler;
 use lancedb::connection::LanceFileVersion;
 use lancedb::Table;
 
+use super::pread::{self, PreadStore};
 use super::CHUNK_ORDER;
 
 /// Rows a read decodes at once: Lance's own batches.
@@ -118,6 +120,15 @@ pub(super) struct StreamReads {
     state: Mutex<State>,
     /// [`MAX_OPEN`], but in tests.
     max_open: usize,
+    /// A local table's reads, made on the thread that awaits them
+    /// ([`super::pread`]); made on the first read of a local table.
+    local: OnceLock<Local>,
+}
+
+/// The scheduler a local table's readers read through, and its store.
+struct Local {
+    scheduler: Arc<ScanScheduler>,
+    store: Arc<PreadStore>,
 }
 
 impl Default for StreamReads {
@@ -125,6 +136,7 @@ impl Default for StreamReads {
         StreamReads {
             state: Mutex::default(),
             max_open: MAX_OPEN,
+            local: OnceLock::new(),
         }
     }
 }
@@ -168,16 +180,17 @@ impl StreamReads {
             st.fragments.retain(|id, _| live.contains(id));
             st.fragments.clone()
         };
+        let config = self.config(&ds).await?;
         let mut reads = Vec::new();
         for file in ds.get_fragments() {
             let kept = cached.get(&(file.id() as u64));
-            let opened = self.open(&ds, &file, kept).await?;
+            let opened = self.open(&ds, &file, kept, &config).await?;
             let Some(ranges) = opened.contents.directory.get(stream) else {
                 continue;
             };
             let reader = match &opened.reader {
                 Some(reader) => Arc::clone(reader),
-                None => Arc::new(open_reader(&file, &opened.contents, ds.schema()).await?),
+                None => Arc::new(open_reader(&file, &opened.contents, ds.schema(), &config).await?),
             };
             let ranges = Arc::clone(ranges);
             reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
@@ -203,6 +216,7 @@ impl StreamReads {
         ds: &Dataset,
         file: &FileFragment,
         kept: Option<&Arc<Opened>>,
+        config: &FragReadConfig,
     ) -> lancedb::Result<Arc<Opened>> {
         let fragment = file.metadata();
         if let Some(opened) = kept.filter(|o| o.fragment == *fragment) {
@@ -213,7 +227,7 @@ impl StreamReads {
         };
         let (contents, built) = match kept.filter(same_rows) {
             Some(o) => (Arc::clone(&o.contents), false),
-            None => (Arc::new(contents(file, ds.schema()).await?), true),
+            None => (Arc::new(contents(file, ds.schema(), config).await?), true),
         };
         let room = {
             let st = self.state.lock().expect("stream reads lock");
@@ -221,7 +235,9 @@ impl StreamReads {
             open.count() < self.max_open || kept.is_some_and(|o| o.reader.is_some())
         };
         let reader = match room {
-            true => Some(Arc::new(open_reader(file, &contents, ds.schema()).await?)),
+            true => Some(Arc::new(
+                open_reader(file, &contents, ds.schema(), config).await?,
+            )),
             false => None,
         };
         let opened = Arc::new(Opened {
@@ -233,6 +249,36 @@ impl StreamReads {
         st.built += usize::from(built);
         st.fragments.insert(opened.fragment.id, Arc::clone(&opened));
         Ok(opened)
+    }
+
+    /// How `ds`'s fragments are read: a local table's through
+    /// [`super::pread`], whose handles of files no fragment holds any more
+    /// are closed here; else as Lance reads them.
+    async fn config(&self, ds: &Dataset) -> lancedb::Result<FragReadConfig> {
+        if !ds.object_store(None).await?.is_local() {
+            return Ok(FragReadConfig::default());
+        }
+        let local = self.local.get_or_init(|| {
+            let (scheduler, store) = pread::scheduler();
+            Local { scheduler, store }
+        });
+        let live: HashSet<object_store::path::Path> = ds
+            .get_fragments()
+            .iter()
+            .flat_map(|f| {
+                f.metadata()
+                    .files
+                    .iter()
+                    .filter(|d| d.base_id.is_none())
+                    .map(|d| ds.data_dir().join(d.path.as_str()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        local.store.keep_only(&live);
+        Ok(FragReadConfig {
+            scan_scheduler: Some(Arc::clone(&local.scheduler)),
+            ..FragReadConfig::default()
+        })
     }
 
     /// Keeping at most `max_open` fragments open.
@@ -257,8 +303,9 @@ async fn open_reader(
     file: &FileFragment,
     contents: &Contents,
     schema: &Schema,
+    config: &FragReadConfig,
 ) -> lancedb::Result<FragmentReader> {
-    file.open(&contents.projection(schema)?, FragReadConfig::default())
+    file.open(&contents.projection(schema)?, config.clone())
         .await
         .map_err(lancedb::Error::from)
 }
@@ -266,7 +313,11 @@ async fn open_reader(
 /// What `file` holds: its `stream` column read whole, deleted rows
 /// included, runs of one stream gathered into ranges; and which of
 /// [`SPARSE`] hold nothing (read whole beside it).
-async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Contents> {
+async fn contents(
+    file: &FileFragment,
+    schema: &Schema,
+    config: &FragReadConfig,
+) -> lancedb::Result<Contents> {
     let sparse: Vec<&'static str> = SPARSE
         .into_iter()
         .filter(|n| schema.field(n).is_some())
@@ -277,7 +328,7 @@ async fn contents(file: &FileFragment, schema: &Schema) -> lancedb::Result<Conte
     let projection = schema.project(&columns).map_err(lancedb::Error::from)?;
     let config = FragReadConfig {
         ignore_deletions: true,
-        ..FragReadConfig::default()
+        ..config.clone()
     };
     let reader = file
         .open(&projection, config)
@@ -385,6 +436,16 @@ mod tests {
         (sorted(direct), sorted(query))
     }
 
+    /// How many data files `reads` holds open for `pread`s.
+    fn open_files(reads: &StreamReads) -> usize {
+        reads
+            .local
+            .get()
+            .expect("a local table is read through pread")
+            .store
+            .open_files()
+    }
+
     async fn agree(store: &Store, reads: &StreamReads, round: &str) {
         for s in ["s0", "s1", "s2", "nowhere"] {
             let (direct, query) = both_reads(store, reads, s).await;
@@ -434,6 +495,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = committed(tmp.path(), 24).await;
         agree(&store, &store.stream_reads, "24 commits").await;
+        // Every fragment's file was read through `pread`, and is held open.
+        assert_eq!(open_files(&store.stream_reads), 24);
         merge_fragments_in_tiers(store.chunks_table(), 4, CHUNK_ORDER)
             .await
             .unwrap();
@@ -453,6 +516,16 @@ mod tests {
             "the ordered merge and three commits",
         )
         .await;
+        // The merged fragments' files are closed: only the live ones stay.
+        let live: usize = {
+            let ds = store.chunks_table().dataset().unwrap().get().await.unwrap();
+            ds.get_fragments()
+                .iter()
+                .map(|f| f.metadata().files.len())
+                .sum()
+        };
+        assert!(live < 24, "the merge left {live} files");
+        assert_eq!(open_files(&store.stream_reads), live);
         // The ordered fragments hold each stream as one run.
         let runs = {
             let st = store.stream_reads.state.lock().unwrap();

@@ -1,0 +1,324 @@
+//! Reads of a local table's data files on the thread that asks for them,
+//! for the hot index's loads (`stream_read`).
+//!
+//! Lance reads a local file through a blocking-pool task a read: each of a
+//! load's reads (a column of a fragment, some 200 for a small stream of the
+//! 1M store) spawned a task, woke a thread and woke the decoder back, and
+//! those hand-offs took more of the load's CPU than the reads did. A read of
+//! a few kilobytes from the page cache takes microseconds, so here it is made
+//! where Lance's decoder asks for it: [`scheduler`] gives Lance an object
+//! store whose reads are `pread`s on the calling thread, under Lance's lite
+//! I/O scheduler (which polls a read only when its reader awaits it, instead
+//! of spawning a task for it).
+//!
+//! The store only reads: the writer and every other path keep Lance's own
+//! local store. Data files never change once written, so a file's handle is
+//! kept open while its fragment lives ([`PreadStore::keep_only`]).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::ops::Range;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use lance::io::ObjectStore as LanceStore;
+use lance_io::scheduler::{ScanScheduler, SchedulerConfig};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+/// Lance's reads of a local table's files under the lite scheduler, each a
+/// `pread` where it is awaited; the store, to prune its handles.
+pub(super) fn scheduler() -> (Arc<ScanScheduler>, Arc<PreadStore>) {
+    let store = Arc::new(PreadStore::default());
+    let location = url::Url::parse("loomem-pread:///").expect("a valid url");
+    let lance = Arc::new(LanceStore::new(
+        store.clone(),
+        location,
+        // The local store's block size: Lance joins reads closer than this.
+        Some(4096),
+        None,
+        false,
+        true,
+        IO_PARALLELISM,
+        0,
+        None,
+    ));
+    let config = SchedulerConfig::max_bandwidth(&lance).with_lite_scheduler();
+    (ScanScheduler::new(lance, config), store)
+}
+
+/// Reads a scheduler lets run at once (all of them run on the thread that
+/// awaits them).
+const IO_PARALLELISM: usize = 16;
+
+/// Local files read with `pread` on the calling thread; read-only.
+#[derive(Default)]
+pub(super) struct PreadStore {
+    files: Mutex<HashMap<Path, Arc<Opened>>>,
+    /// Maps a location to its file, as Lance's local store does.
+    local: LocalFileSystem,
+}
+
+/// A data file open for reads, with what its metadata said (it never
+/// changes).
+struct Opened {
+    file: File,
+    len: u64,
+    modified: chrono::DateTime<chrono::Utc>,
+}
+
+impl PreadStore {
+    /// `location`'s file, opened on its first read.
+    fn file(&self, location: &Path) -> object_store::Result<Arc<Opened>> {
+        if let Some(f) = self.files.lock().expect("pread files lock").get(location) {
+            return Ok(Arc::clone(f));
+        }
+        let path = self.local.path_to_filesystem(location)?;
+        let file = File::open(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => object_store::Error::NotFound {
+                path: path.display().to_string(),
+                source: e.into(),
+            },
+            _ => generic(e),
+        })?;
+        let meta = file.metadata().map_err(generic)?;
+        let file = Arc::new(Opened {
+            file,
+            len: meta.len(),
+            modified: meta.modified().map_err(generic)?.into(),
+        });
+        self.files
+            .lock()
+            .expect("pread files lock")
+            .insert(location.clone(), Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Closes the handles of every file but `live`'s (a merged or deleted
+    /// fragment's files are removed from disk once cleaned up; an open
+    /// handle would keep their space).
+    pub fn keep_only(&self, live: &HashSet<Path>) {
+        self.files
+            .lock()
+            .expect("pread files lock")
+            .retain(|p, _| live.contains(p));
+    }
+
+    /// How many files are open.
+    #[cfg(test)]
+    pub fn open_files(&self) -> usize {
+        self.files.lock().expect("pread files lock").len()
+    }
+}
+
+/// `range` of `file`, read into a buffer not zeroed first.
+fn read_at(file: &File, range: Range<u64>) -> std::io::Result<Vec<u8>> {
+    let len = (range.end - range.start) as usize;
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
+    let mut done = 0;
+    while done < len {
+        let free = buf.spare_capacity_mut();
+        // SAFETY: `free` is `len - done` writable bytes of `buf`'s
+        // allocation; `pread` writes at most that many, and `done` counts
+        // only the bytes it wrote.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                free.as_mut_ptr().cast(),
+                len - done,
+                (range.start + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            n if n > 0 => {
+                done += n as usize;
+                // SAFETY: `pread` initialised these `done` bytes.
+                unsafe { buf.set_len(done) };
+            }
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(buf)
+}
+
+fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "loomem-pread",
+        source: Box::new(e),
+    }
+}
+
+fn read_only(operation: &str) -> object_store::Error {
+    object_store::Error::NotImplemented {
+        operation: operation.into(),
+        implementer: "loomem-pread (read-only)".into(),
+    }
+}
+
+impl fmt::Display for PreadStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("loomem-pread")
+    }
+}
+
+impl fmt::Debug for PreadStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PreadStore")
+    }
+}
+
+#[async_trait]
+impl ObjectStore for PreadStore {
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let file = self.file(location)?;
+        let len = file.len;
+        let range = match &options.range {
+            Some(r) => r.as_range(len).map_err(generic)?,
+            None => 0..len,
+        };
+        let meta = ObjectMeta {
+            location: location.clone(),
+            last_modified: file.modified,
+            size: len,
+            e_tag: None,
+            version: None,
+        };
+        let bytes = match options.head {
+            true => Bytes::new(),
+            false => Bytes::from(read_at(&file.file, range.clone()).map_err(generic)?),
+        };
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(futures::stream::once(async { Ok(bytes) }).boxed()),
+            meta,
+            range,
+            attributes: Default::default(),
+            extensions: Default::default(),
+        })
+    }
+
+    async fn put_opts(
+        &self,
+        _: &Path,
+        _: PutPayload,
+        _: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        Err(read_only("put"))
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        _: &Path,
+        _: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        Err(read_only("put_multipart"))
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        locations.map(|_| Err(read_only("delete"))).boxed()
+    }
+
+    fn list(&self, _: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        futures::stream::once(async { Err(read_only("list")) }).boxed()
+    }
+
+    async fn list_with_delimiter(&self, _: Option<&Path>) -> object_store::Result<ListResult> {
+        Err(read_only("list"))
+    }
+
+    async fn copy_opts(&self, _: &Path, _: &Path, _: CopyOptions) -> object_store::Result<()> {
+        Err(read_only("copy"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
+
+    use super::PreadStore;
+
+    async fn get(store: &PreadStore, path: &object_store::path::Path, range: GetRange) -> Vec<u8> {
+        let options = GetOptions {
+            range: Some(range),
+            ..GetOptions::default()
+        };
+        let got = store.get_opts(path, options).await.unwrap();
+        assert_eq!(got.meta.size, 10_000);
+        got.bytes().await.unwrap().to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_read_is_the_files_bytes_in_its_range_and_a_closed_handle_reopens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("data.lance");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&file, &data).unwrap();
+        let path = object_store::path::Path::from_absolute_path(&file).unwrap();
+        let store = PreadStore::default();
+
+        assert_eq!(
+            get(&store, &path, GetRange::Bounded(100..4200)).await,
+            data[100..4200]
+        );
+        assert_eq!(
+            get(&store, &path, GetRange::Offset(9_000)).await,
+            data[9_000..]
+        );
+        assert_eq!(
+            get(&store, &path, GetRange::Suffix(16)).await,
+            data[10_000 - 16..]
+        );
+        // Past the end: the rest of the file, as object stores answer.
+        assert_eq!(
+            get(&store, &path, GetRange::Bounded(9_990..20_000)).await,
+            data[9_990..]
+        );
+        let whole = store.get_opts(&path, GetOptions::default()).await.unwrap();
+        assert_eq!(whole.bytes().await.unwrap().to_vec(), data);
+        assert_eq!(store.open_files(), 1);
+
+        // A read past its last byte is refused, and nothing else changes.
+        let past = GetOptions {
+            range: Some(GetRange::Bounded(10_000..10_010)),
+            ..GetOptions::default()
+        };
+        assert!(store.get_opts(&path, past).await.is_err());
+
+        store.keep_only(&Default::default());
+        assert_eq!(store.open_files(), 0);
+        assert_eq!(
+            get(&store, &path, GetRange::Bounded(0..10)).await,
+            data[..10]
+        );
+
+        let missing =
+            object_store::path::Path::from_absolute_path(tmp.path().join("gone")).unwrap();
+        match store.get_opts(&missing, GetOptions::default()).await {
+            Err(object_store::Error::NotFound { .. }) => {}
+            other => panic!("a missing file: {other:?}"),
+        }
+        assert!(store.delete(&path).await.is_err(), "the store only reads");
+        assert!(file.exists());
+    }
+}
