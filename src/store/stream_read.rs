@@ -35,7 +35,10 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use arrow_array::{Array, ListArray, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, Scalar, StringArray, UInt32Array};
+use arrow_ord::cmp::not_distinct;
+use arrow_schema::{ArrowError, DataType, Field, FieldRef, Schema as ArrowSchema};
+use arrow_select::take::take;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use lance::dataset::fragment::{FileFragment, FragReadConfig, FragmentReader};
@@ -76,6 +79,22 @@ const SPARSE: [&str; 15] = [
     "last_accessed_at",
 ];
 
+/// The columns a fragment's reads leave out where every row holds the same
+/// value: short values that most memories share (a new memory's defaults,
+/// the one embedding model), put back in each batch from that value.
+const UNIFORM: [&str; 10] = [
+    "level",
+    "memory_type",
+    "importance",
+    "confidence",
+    "surprise",
+    "pinned",
+    "immutable",
+    "version",
+    "embed_model",
+    "access_count",
+];
+
 /// What a fragment's rows hold, learnt once from its data files.
 #[derive(Debug)]
 struct Contents {
@@ -83,21 +102,45 @@ struct Contents {
     /// The columns of [`SPARSE`] with nothing in any row (deleted rows
     /// included): not read.
     empty: Vec<&'static str>,
+    /// The columns of [`UNIFORM`] with one value in every row (deleted rows
+    /// included), each with that value (one row): not read, put back.
+    uniform: Vec<(&'static str, ArrayRef)>,
 }
 
 impl Contents {
-    /// `schema` without the columns not read.
+    /// `schema` without the columns not read: the empty and uniform ones,
+    /// and `stream`, which every read knows (it reads one stream's rows).
     fn projection(&self, schema: &Schema) -> lancedb::Result<Schema> {
-        if self.empty.is_empty() {
-            return Ok(schema.clone());
-        }
         let read: Vec<&str> = schema
             .fields
             .iter()
             .map(|f| f.name.as_str())
-            .filter(|n| !self.empty.contains(n))
+            .filter(|n| {
+                *n != CHUNK_ORDER
+                    && !self.empty.contains(n)
+                    && !self.uniform.iter().any(|(u, _)| u == n)
+            })
             .collect();
         schema.project(&read).map_err(lancedb::Error::from)
+    }
+
+    /// A batch of `stream`'s rows read from the fragment, with the columns
+    /// the read left out but holding something put back: `stream`, and the
+    /// uniform columns' values.
+    fn fill(&self, batch: RecordBatch, stream: &str) -> Result<RecordBatch, ArrowError> {
+        let n = batch.num_rows();
+        let (schema, mut columns, _) = batch.into_parts();
+        let mut fields: Vec<FieldRef> = schema.fields().iter().cloned().collect();
+        let zeros = UInt32Array::from(vec![0u32; n]);
+        fields.push(Arc::new(Field::new(CHUNK_ORDER, DataType::Utf8, false)));
+        columns.push(Arc::new(StringArray::from_iter_values(
+            std::iter::repeat_n(stream, n),
+        )));
+        for (name, value) in &self.uniform {
+            fields.push(Arc::new(Field::new(*name, value.data_type().clone(), true)));
+            columns.push(take(value.as_ref(), &zeros, None)?);
+        }
+        RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)
     }
 }
 
@@ -193,17 +236,24 @@ impl StreamReads {
                 None => Arc::new(open_reader(&file, &opened.contents, ds.schema(), &config).await?),
             };
             let ranges = Arc::clone(ranges);
-            reads.push(async move { reader.read_ranges(ranges, BATCH_ROWS).await });
+            let contents = Arc::clone(&opened.contents);
+            reads.push(async move {
+                let batches = reader.read_ranges(ranges, BATCH_ROWS).await?;
+                lance::Result::Ok((batches, contents))
+            });
         }
         let streams = futures::future::try_join_all(reads).await?;
         // The batches are decoded where they are polled: decoding each on
         // a task of its own cost 16 searchers a quarter of their queries and
         // held more batches in memory at once (README, session 62).
-        let rows = futures::stream::select_all(
-            streams
-                .into_iter()
-                .map(|s| s.buffered(2).map_err(lancedb::Error::from)),
-        );
+        let stream: Arc<str> = stream.into();
+        let rows = futures::stream::select_all(streams.into_iter().map(|(s, contents)| {
+            let stream = Arc::clone(&stream);
+            s.buffered(2).map(move |batch| {
+                let batch = batch.map_err(lancedb::Error::from)?;
+                contents.fill(batch, &stream).map_err(lancedb::Error::from)
+            })
+        }));
         Ok(Some(rows.boxed()))
     }
 
@@ -322,8 +372,13 @@ async fn contents(
         .into_iter()
         .filter(|n| schema.field(n).is_some())
         .collect();
+    let uniform_names: Vec<&'static str> = UNIFORM
+        .into_iter()
+        .filter(|n| schema.field(n).is_some())
+        .collect();
     let columns: Vec<&str> = std::iter::once(CHUNK_ORDER)
         .chain(sparse.iter().copied())
+        .chain(uniform_names.iter().copied())
         .collect();
     let projection = schema.project(&columns).map_err(lancedb::Error::from)?;
     let config = FragReadConfig {
@@ -343,7 +398,30 @@ async fn contents(
     let mut at = 0u64;
     let mut run: Option<(Box<str>, u64)> = None;
     let mut held = vec![false; sparse.len()];
+    // Each uniform column's first value (one row), until a row differs.
+    let mut uniform: Vec<Option<ArrayRef>> = vec![None; uniform_names.len()];
+    let mut mixed = vec![false; uniform_names.len()];
     while let Some(batch) = batches.try_next().await.map_err(lancedb::Error::from)? {
+        for ((name, first), mixed) in uniform_names.iter().zip(&mut uniform).zip(&mut mixed) {
+            if *mixed || batch.num_rows() == 0 {
+                continue;
+            }
+            let Some(column) = batch.column_by_name(name) else {
+                *mixed = true;
+                continue;
+            };
+            let value = match first {
+                Some(v) => v,
+                // A copy, not a slice: the batch's buffers are not kept.
+                None => first.insert(
+                    take(column, &UInt32Array::from(vec![0u32]), None)
+                        .map_err(lancedb::Error::from)?,
+                ),
+            };
+            let same = not_distinct(column, &Scalar::new(Arc::clone(value)))
+                .map_err(lancedb::Error::from)?;
+            *mixed = same.true_count() != same.len();
+        }
         for (held, name) in held.iter_mut().zip(&sparse) {
             *held |= batch.column_by_name(name).is_none_or(|c| {
                 match c.as_any().downcast_ref::<ListArray>() {
@@ -383,6 +461,12 @@ async fn contents(
             .filter(|(_, held)| !held)
             .map(|(n, _)| n)
             .collect(),
+        uniform: uniform_names
+            .into_iter()
+            .zip(uniform)
+            .zip(mixed)
+            .filter_map(|((n, value), mixed)| Some((n, value.filter(|_| !mixed)?)))
+            .collect(),
     })
 }
 
@@ -391,7 +475,7 @@ mod tests {
     use futures::TryStreamExt;
     use lancedb::query::{ExecutableQuery, QueryBase};
 
-    use super::StreamReads;
+    use super::{StreamReads, UNIFORM};
     use crate::core::model::{batch_to_chunks, Chunk};
     use crate::store::maintain::{merge_fragments_in_tiers, Maintenance};
     use crate::store::{Filter, Location, Store, CHUNK_ORDER};
@@ -403,6 +487,14 @@ mod tests {
         reads: &StreamReads,
         stream: &str,
     ) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        let whole = |batches: &[arrow_array::RecordBatch]| {
+            let mut rows: Vec<Chunk> = batches
+                .iter()
+                .flat_map(|b| batch_to_chunks(b).unwrap())
+                .collect();
+            rows.sort_by(|a, b| a.id.cmp(&b.id));
+            rows
+        };
         let sorted = |batches: Vec<arrow_array::RecordBatch>| {
             let mut rows: Vec<(String, String)> = batches
                 .iter()
@@ -416,7 +508,7 @@ mod tests {
             rows
         };
         let table = store.chunks_table();
-        let direct = reads
+        let direct: Vec<arrow_array::RecordBatch> = reads
             .read(table, stream)
             .await
             .unwrap()
@@ -424,7 +516,7 @@ mod tests {
             .try_collect()
             .await
             .unwrap();
-        let query = table
+        let query: Vec<arrow_array::RecordBatch> = table
             .query()
             .only_if(Filter::new().stream(stream).predicate())
             .execute()
@@ -433,6 +525,9 @@ mod tests {
             .try_collect()
             .await
             .unwrap();
+        // Every column of every row, the ones a read left out and put
+        // back included.
+        assert_eq!(whole(&direct), whole(&query), "stream {stream}");
         (sorted(direct), sorted(query))
     }
 
@@ -633,6 +728,62 @@ mod tests {
         empty.sort();
         let all = vec!["title", "tags", "entities", "expires_at"];
         assert_eq!(empty, [vec!["expires_at"], all.clone(), all]);
+    }
+
+    /// A column with one value in all of a fragment's rows is not read
+    /// there but put back from that value; where the values differ it is
+    /// read.
+    #[tokio::test]
+    async fn a_column_with_one_value_in_a_fragment_is_put_back_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = committed(tmp.path(), 1).await;
+        // A fragment whose rows share values other than a new memory's.
+        let mut shared = interleaved(4, 6);
+        for c in &mut shared {
+            c.level = 2;
+            c.memory_type = "preference".into();
+            c.importance = 0.9;
+            c.confidence = 0.25;
+            c.surprise = 0.75;
+            c.pinned = true;
+            c.immutable = true;
+            c.version = 3;
+            c.embed_model = Some("another-model".into());
+            c.access_count = 7;
+        }
+        store.upsert(shared).await.unwrap();
+        // And one whose rows differ in some of them.
+        let mut mixed = interleaved(10, 6);
+        for (k, c) in mixed.iter_mut().enumerate() {
+            c.importance = 0.1 * k as f32;
+            c.memory_type = ["fact", "event"][k % 2].into();
+            c.embed_model = (k == 5).then(|| "m".to_string());
+        }
+        store.upsert(mixed).await.unwrap();
+        agree(&store, &store.stream_reads, "three fragments").await;
+        let mut uniform: Vec<(usize, Vec<&str>)> = {
+            let st = store.stream_reads.state.lock().unwrap();
+            st.fragments
+                .values()
+                .map(|o| {
+                    let rows = o.contents.directory.values().flat_map(|r| r.iter());
+                    let rows = rows.map(|r| (r.end - r.start) as usize).sum();
+                    let names = o.contents.uniform.iter().map(|(n, _)| *n).collect();
+                    (rows, names)
+                })
+                .collect()
+        };
+        uniform.sort();
+        let every = UNIFORM.to_vec();
+        let but_mixed: Vec<&str> = UNIFORM
+            .into_iter()
+            .filter(|n| !["importance", "memory_type", "embed_model"].contains(n))
+            .collect();
+        assert_eq!(
+            uniform,
+            [(4, every.clone()), (6, but_mixed), (6, every)],
+            "the fragments of 4, 6 and 6 rows"
+        );
     }
 
     /// Past the fragments it keeps open, a read opens the others for
