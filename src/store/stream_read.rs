@@ -30,6 +30,13 @@
 //! session 92). Whether a column is empty is learnt with the directory,
 //! from the same whole read: [`SPARSE`] holds the columns often empty whose
 //! values are short (not `metadata`, nor `extraction_meta`).
+//!
+//! Likewise a column of [`UNIFORM`] with one value in every row of a
+//! fragment (`pinned`, `embed_model`, a new memory's defaults) is left out
+//! of its reads and put back from that value, learnt in the same whole
+//! read; and `stream`, which every read knows, is never read. A local
+//! table's files are read with `pread` on the decoding thread
+//! ([`super::pread`]; README, session 93).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
