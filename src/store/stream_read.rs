@@ -319,17 +319,14 @@ impl StreamReads {
             let (scheduler, store) = pread::scheduler();
             Local { scheduler, store }
         });
+        let data = ds.data_dir();
         let live: HashSet<object_store::path::Path> = ds
-            .get_fragments()
+            .manifest
+            .fragments
             .iter()
-            .flat_map(|f| {
-                f.metadata()
-                    .files
-                    .iter()
-                    .filter(|d| d.base_id.is_none())
-                    .map(|d| ds.data_dir().join(d.path.as_str()))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|f| &f.files)
+            .filter(|d| d.base_id.is_none())
+            .map(|d| data.clone().join(d.path.as_str()))
             .collect();
         local.store.keep_only(&live);
         Ok(FragReadConfig {
