@@ -71,9 +71,80 @@ pub(super) struct PreadStore {
 /// A data file open for reads, with what its metadata said (it never
 /// changes).
 struct Opened {
-    file: File,
+    map: Mapped,
     len: u64,
     modified: chrono::DateTime<chrono::Utc>,
+}
+
+/// A file mapped whole, read-only (nothing when it is empty).
+struct Mapped {
+    at: *const u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and lives until `Mapped` is dropped;
+// reading it from any thread is sound.
+unsafe impl Send for Mapped {}
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    fn new(file: &File, len: u64) -> std::io::Result<Mapped> {
+        let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        if len == 0 {
+            return Ok(Mapped {
+                at: std::ptr::null(),
+                len,
+            });
+        }
+        // SAFETY: a fresh read-only shared mapping of `len` bytes of an
+        // open file; Lance never changes a data file once written (a
+        // cleaned-up file is unlinked, and its pages stay while mapped).
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapped { at: at.cast(), len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self.len {
+            0 => &[],
+            // SAFETY: `at` maps `len` readable bytes until `self` drops.
+            len => unsafe { std::slice::from_raw_parts(self.at, len) },
+        }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: `at` and `len` are the mapping made in `new`, and no
+            // slice of it outlives `self` (each holds its `Opened`).
+            unsafe { libc::munmap(self.at.cast_mut().cast(), self.len) };
+        }
+    }
+}
+
+/// A range of a mapped file, as the bytes a read returns: it holds the
+/// file's mapping open.
+struct Slice {
+    file: Arc<Opened>,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for Slice {
+    fn as_ref(&self) -> &[u8] {
+        &self.file.map.bytes()[self.range.clone()]
+    }
 }
 
 impl PreadStore {
@@ -92,7 +163,7 @@ impl PreadStore {
         })?;
         let meta = file.metadata().map_err(generic)?;
         let file = Arc::new(Opened {
-            file,
+            map: Mapped::new(&file, meta.len()).map_err(generic)?,
             len: meta.len(),
             modified: meta.modified().map_err(generic)?.into(),
         });
@@ -118,42 +189,6 @@ impl PreadStore {
     pub fn open_files(&self) -> usize {
         self.files.lock().expect("pread files lock").len()
     }
-}
-
-/// `range` of `file`, read into a buffer not zeroed first.
-fn read_at(file: &File, range: Range<u64>) -> std::io::Result<Vec<u8>> {
-    let len = (range.end - range.start) as usize;
-    let mut buf: Vec<u8> = Vec::with_capacity(len);
-    let mut done = 0;
-    while done < len {
-        let free = buf.spare_capacity_mut();
-        // SAFETY: `free` is `len - done` writable bytes of `buf`'s
-        // allocation; `pread` writes at most that many, and `done` counts
-        // only the bytes it wrote.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                free.as_mut_ptr().cast(),
-                len - done,
-                (range.start + done as u64) as libc::off_t,
-            )
-        };
-        match n {
-            n if n > 0 => {
-                done += n as usize;
-                // SAFETY: `pread` initialised these `done` bytes.
-                unsafe { buf.set_len(done) };
-            }
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            _ => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(buf)
 }
 
 fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
@@ -204,7 +239,10 @@ impl ObjectStore for PreadStore {
         };
         let bytes = match options.head {
             true => Bytes::new(),
-            false => Bytes::from(read_at(&file.file, range.clone()).map_err(generic)?),
+            false => Bytes::from_owner(Slice {
+                range: range.start as usize..range.end as usize,
+                file,
+            }),
         };
         Ok(GetResult {
             payload: GetResultPayload::Stream(futures::stream::once(async { Ok(bytes) }).boxed()),
@@ -305,12 +343,29 @@ mod tests {
         };
         assert!(store.get_opts(&path, past).await.is_err());
 
+        // Bytes read before a file is closed stay readable: they hold its
+        // mapping.
+        let held = store
+            .get_opts(&path, GetOptions::default())
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         store.keep_only(&Default::default());
         assert_eq!(store.open_files(), 0);
+        assert_eq!(held.to_vec(), data);
         assert_eq!(
             get(&store, &path, GetRange::Bounded(0..10)).await,
             data[..10]
         );
+
+        // An empty file reads as nothing.
+        let empty = tmp.path().join("empty.lance");
+        std::fs::write(&empty, b"").unwrap();
+        let empty = object_store::path::Path::from_absolute_path(&empty).unwrap();
+        let got = store.get_opts(&empty, GetOptions::default()).await.unwrap();
+        assert!(got.bytes().await.unwrap().is_empty());
 
         let missing =
             object_store::path::Path::from_absolute_path(tmp.path().join("gone")).unwrap();

@@ -52,6 +52,7 @@ use lance::dataset::fragment::{FileFragment, FragReadConfig, FragmentReader};
 use lance::datatypes::Schema;
 use lance::table::format::Fragment;
 use lance::Dataset;
+use lance_file::reader::FileReaderOptions;
 use lance_io::scheduler::ScanScheduler;
 use lancedb::connection::LanceFileVersion;
 use lancedb::Table;
@@ -331,6 +332,12 @@ impl StreamReads {
         local.store.keep_only(&live);
         Ok(FragReadConfig {
             scan_scheduler: Some(Arc::clone(&local.scheduler)),
+            // A read of a mapped file is a slice of it, however long: not
+            // split into Lance's 8 MiB parts and copied back together.
+            file_reader_options: Some(FileReaderOptions {
+                read_chunk_size: u64::MAX,
+                ..FileReaderOptions::default()
+            }),
             ..FragReadConfig::default()
         })
     }
