@@ -470,9 +470,14 @@ impl Col<'_, BooleanArray> {
     }
 }
 
-impl Col<'_, StringArray> {
+impl<'a> Col<'a, StringArray> {
     pub fn string(&self, row: usize) -> Option<String> {
-        self.valid(row).map(|a| a.value(row).to_string())
+        self.str(row).map(str::to_string)
+    }
+
+    /// A string where the column holds it, not copied.
+    pub fn str(&self, row: usize) -> Option<&'a str> {
+        self.valid(row).map(|a| a.value(row))
     }
 }
 
@@ -528,6 +533,12 @@ impl<'a> Columns<'a> {
             .ok_or_else(|| ModelError::Column(name.into()))
     }
 
+    /// A column the batch must hold, to read many rows of; the error
+    /// names it.
+    pub fn required_col<T: 'static>(&self, name: &str) -> Result<Col<'a, T>, ModelError> {
+        self.required(name).map(|a| Col(Some(a)))
+    }
+
     /// A column, to read many rows of.
     pub fn col<T: 'static>(&self, name: &str) -> Col<'a, T> {
         Col(self.get(name))
@@ -575,9 +586,9 @@ pub fn batch_to_chunks(batch: &RecordBatch) -> Result<Vec<Chunk>, ModelError> {
     let c = Columns::new(batch);
     // Fail early, with the column's name, when the batch is not a full chunk
     // batch. Each column is looked up once, not once a row.
-    let id = Col(Some(c.required::<StringArray>("id")?));
-    let content = Col(Some(c.required::<StringArray>("content")?));
-    let created_at = Col(Some(c.required::<TimestampMicrosecondArray>("created_at")?));
+    let id = c.required_col::<StringArray>("id")?;
+    let content = c.required_col::<StringArray>("content")?;
+    let created_at = c.required_col::<TimestampMicrosecondArray>("created_at")?;
     let s = |name: &str| c.col::<StringArray>(name);
     let f = |name: &str| c.col::<Float32Array>(name);
     let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);

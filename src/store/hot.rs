@@ -18,11 +18,15 @@
 //! 10k-memory stream in about a millisecond.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use arrow_array::{
+    FixedSizeListArray, Float32Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 
 use super::bm25::{free_each, Id, Map, TextIndex};
 use super::filter::Cond;
-use crate::core::model::{Chunk, Micros};
+use crate::core::model::{batch_to_chunks, Chunk, Col, Columns, Micros, ModelError};
 use crate::core::vector::{dot, dot_f16, dot_i8_rows, l2_normalize, quantize_i8, widen};
 use half::f16;
 
@@ -155,7 +159,7 @@ pub(super) struct StreamIndex {
     row_bytes: usize,
     /// Every memory of the stream, with or without a vector (without its
     /// embedding): what a search returns.
-    docs: Map<Id, Arc<Chunk>>,
+    docs: Map<Id, Doc>,
     /// The current memories by the hash of their text.
     current_by_hash: Map<String, Vec<Id>>,
     /// The postings of the memories' text, for the BM25 leg.
@@ -166,9 +170,139 @@ pub(super) struct StreamIndex {
 /// rows on two threads (a thread costs tens of microseconds to start).
 const SPLIT_LOAD_ROWS: usize = 512;
 
-/// A loaded row: the memory without its embedding, its filter columns and
-/// its vector where Lance's batch holds it.
-pub(super) type LoadRow<'a> = (Arc<Chunk>, Meta, Option<&'a [f32]>);
+/// A memory as the index holds it: a row of the batch a load read it in,
+/// made a [`Chunk`] the first time it is asked for (a load files thousands
+/// of rows of which a search returns ten; building every row's `Chunk`, a
+/// string a column, was a fifth of a load, and freeing them most of an
+/// eviction); or the `Chunk` a write applied.
+#[derive(Debug)]
+enum Doc {
+    Chunk(Arc<Chunk>),
+    Loaded {
+        rows: Arc<RecordBatch>,
+        row: u32,
+        chunk: OnceLock<Arc<Chunk>>,
+    },
+}
+
+impl Doc {
+    /// The memory (without its embedding).
+    fn chunk(&self) -> &Arc<Chunk> {
+        match self {
+            Doc::Chunk(c) => c,
+            Doc::Loaded { rows, row, chunk } => chunk.get_or_init(|| {
+                let one = rows.slice(*row as usize, 1);
+                let mut c = batch_to_chunks(&one).expect("a load checks its batch's columns");
+                Arc::new(c.pop().expect("a row of the batch"))
+            }),
+        }
+    }
+}
+
+/// A load's batch of rows, its columns looked up once: what each row
+/// gives the index ([`Loaded::row`]).
+pub(super) struct Loaded<'a> {
+    /// The batch without its embeddings, which the index holds apart.
+    rows: Arc<RecordBatch>,
+    id: Col<'a, StringArray>,
+    content: Col<'a, StringArray>,
+    created_at: Col<'a, TimestampMicrosecondArray>,
+    stream: Col<'a, StringArray>,
+    content_hash: Col<'a, StringArray>,
+    memory_type: Col<'a, StringArray>,
+    subject: Col<'a, StringArray>,
+    superseded_by: Col<'a, StringArray>,
+    embed_model: Col<'a, StringArray>,
+    expires_at: Col<'a, TimestampMicrosecondArray>,
+    valid_from: Col<'a, TimestampMicrosecondArray>,
+    valid_until: Col<'a, TimestampMicrosecondArray>,
+    confidence: Col<'a, Float32Array>,
+    vectors: Col<'a, FixedSizeListArray>,
+}
+
+/// A loaded row, as [`StreamIndex::put_all`] files it.
+pub(super) struct LoadRow<'a> {
+    id: Id,
+    doc: Doc,
+    content: &'a str,
+    content_hash: &'a str,
+    /// What its row costs ([`chunk_bytes`] of its `Chunk`).
+    bytes: usize,
+    meta: Meta,
+    /// Its vector where Lance's batch holds it; None when it has none or
+    /// it takes no part in vector reads.
+    vector: Option<&'a [f32]>,
+}
+
+impl<'a> Loaded<'a> {
+    /// `batch`, a read of every column of the chunk table (those a read
+    /// leaves out being empty); an error names a column it lacks.
+    pub fn new(batch: &'a RecordBatch) -> Result<Loaded<'a>, ModelError> {
+        let c = Columns::new(batch);
+        let mut rows = batch.clone();
+        if let Ok(i) = batch.schema().index_of("embedding") {
+            rows.remove_column(i);
+        }
+        let s = |name: &str| c.col::<StringArray>(name);
+        let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);
+        Ok(Loaded {
+            rows: Arc::new(rows),
+            id: c.required_col("id")?,
+            content: c.required_col("content")?,
+            created_at: c.required_col("created_at")?,
+            stream: s("stream"),
+            content_hash: s("content_hash"),
+            memory_type: s("memory_type"),
+            subject: s("subject"),
+            superseded_by: s("superseded_by"),
+            embed_model: s("embed_model"),
+            expires_at: t("expires_at"),
+            valid_from: t("valid_from"),
+            valid_until: t("valid_until"),
+            confidence: c.col("confidence"),
+            vectors: c.col("embedding"),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.num_rows()
+    }
+
+    /// Row `row`; its vector takes part in vector reads when `admitted`
+    /// says so of its embedding model.
+    pub fn row(&self, row: usize, admitted: impl Fn(Option<&str>) -> bool) -> LoadRow<'a> {
+        // As `batch_to_chunks` reads each column, nulls and all.
+        let id = self.id.str(row).unwrap_or_default();
+        let content = self.content.str(row).unwrap_or_default();
+        let stream = self.stream.str(row).unwrap_or_default();
+        let meta = Meta {
+            current: self.superseded_by.str(row).is_none(),
+            expires_at: self.expires_at.value(row),
+            created_at: self.created_at.value(row).unwrap_or(0),
+            valid_from: self.valid_from.value(row),
+            valid_until: self.valid_until.value(row),
+            memory_type: self.memory_type.str(row).unwrap_or_default().to_string(),
+            subject: self.subject.str(row).map(str::to_lowercase),
+            confidence: self.confidence.value(row).unwrap_or(1.0),
+        };
+        LoadRow {
+            id: Id::from(id),
+            doc: Doc::Loaded {
+                rows: Arc::clone(&self.rows),
+                row: row as u32,
+                chunk: OnceLock::new(),
+            },
+            content,
+            content_hash: self.content_hash.str(row).unwrap_or_default(),
+            bytes: CHUNK_BYTES + content.len() + id.len() + stream.len(),
+            meta,
+            vector: self
+                .vectors
+                .floats_in_place(row)
+                .filter(|_| admitted(self.embed_model.str(row))),
+        }
+    }
+}
 
 /// Bytes a memory's row costs beside its text.
 const CHUNK_BYTES: usize = 512;
@@ -222,7 +356,7 @@ impl StreamIndex {
 
     /// A memory of the stream (without its embedding) and its filter columns.
     pub fn get(&self, id: &str) -> Option<(&Arc<Chunk>, &Meta)> {
-        Some((self.docs.get(id)?, self.text.meta(id)?))
+        Some((self.docs.get(id)?.chunk(), self.text.meta(id)?))
     }
 
     /// The stream's memories (without their embeddings) that meet `conds`,
@@ -236,7 +370,7 @@ impl StreamIndex {
             .metas()
             .filter(move |(_, m)| m.may_meet(conds))
             .filter_map(move |(id, m)| {
-                let chunk = self.docs.get(id)?;
+                let chunk = self.docs.get(id)?.chunk();
                 m.meets_row(chunk, conds).then_some(chunk)
             })
     }
@@ -265,7 +399,13 @@ impl StreamIndex {
     pub fn touch(&mut self, id: &str, count: i64, at: Option<Micros>) -> bool {
         match self.docs.get_mut(id) {
             Some(doc) => {
-                let c = Arc::make_mut(doc);
+                if let Doc::Loaded { .. } = doc {
+                    *doc = Doc::Chunk(Arc::clone(doc.chunk()));
+                }
+                let Doc::Chunk(c) = doc else {
+                    unreachable!("made a chunk above")
+                };
+                let c = Arc::make_mut(c);
                 c.access_count = count;
                 c.last_accessed_at = at;
                 true
@@ -287,10 +427,14 @@ impl StreamIndex {
         // A row whose text is unchanged (an access count, a supersession)
         // keeps its postings.
         match self.docs.get(&id) {
-            Some(old) if old.content == chunk.content => self.text.set_meta(&id, meta.clone()),
+            Some(old) if old.chunk().content == chunk.content => {
+                self.text.set_meta(&id, meta.clone())
+            }
             _ => self.text.apply(id.clone(), &chunk.content, meta.clone()),
         }
-        self.put_rest(id, chunk, meta, vector);
+        let hash = chunk.content_hash.clone();
+        let bytes = chunk_bytes(&chunk);
+        self.put_rest(id, Doc::Chunk(chunk), &hash, bytes, meta, vector);
     }
 
     /// A load's rows, in order: [`StreamIndex::put`] for each, the postings
@@ -299,41 +443,58 @@ impl StreamIndex {
     /// about the longer half's time). Small loads stay on this thread.
     pub fn put_all(&mut self, rows: Vec<LoadRow<'_>>) {
         if rows.len() < SPLIT_LOAD_ROWS {
-            for (chunk, meta, vector) in rows {
-                self.put(chunk, meta, vector);
+            for row in rows {
+                self.put_loaded(row);
             }
             return;
         }
-        let rows: Vec<(Id, LoadRow<'_>)> = rows
-            .into_iter()
-            .map(|row| (Id::from(row.0.id.as_str()), row))
-            .collect();
-        let texts: Vec<(Id, Arc<Chunk>, Meta)> = rows
+        let texts: Vec<(Id, &str, Meta)> = rows
             .iter()
-            .map(|(id, (chunk, meta, _))| (id.clone(), chunk.clone(), meta.clone()))
+            .map(|r| (r.id.clone(), r.content, r.meta.clone()))
             .collect();
         let mut text = std::mem::take(&mut self.text);
         let rest = &mut *self;
         std::thread::scope(|s| {
             let filed = s.spawn(move || {
-                for (id, (chunk, meta, vector)) in rows {
-                    rest.put_rest(id, chunk, meta, vector);
+                for r in rows {
+                    rest.put_rest(r.id, r.doc, r.content_hash, r.bytes, r.meta, r.vector);
                 }
             });
             // Here, not on the new thread: the analyzer's word memo is
             // this thread's.
-            for (id, chunk, meta) in texts {
-                text.apply(id, &chunk.content, meta);
+            for (id, content, meta) in texts {
+                text.apply(id, content, meta);
             }
             filed.join().expect("the rows' thread does not panic");
         });
         self.text = text;
     }
 
-    /// [`StreamIndex::put`] but the postings.
-    fn put_rest(&mut self, id: Id, chunk: Arc<Chunk>, meta: Meta, vector: Option<&[f32]>) {
+    /// One loaded row: [`StreamIndex::put`] without a `Chunk`.
+    fn put_loaded(&mut self, r: LoadRow<'_>) {
+        match self.docs.get(&r.id) {
+            Some(old) if old.chunk().content == r.content => {
+                self.text.set_meta(&r.id, r.meta.clone())
+            }
+            _ => self.text.apply(r.id.clone(), r.content, r.meta.clone()),
+        }
+        self.put_rest(r.id, r.doc, r.content_hash, r.bytes, r.meta, r.vector);
+    }
+
+    /// [`StreamIndex::put`] but the postings: `doc`, whose text hashes to
+    /// `hash` and whose row costs `bytes`.
+    fn put_rest(
+        &mut self,
+        id: Id,
+        doc: Doc,
+        hash: &str,
+        bytes: usize,
+        meta: Meta,
+        vector: Option<&[f32]>,
+    ) {
         let old = self.docs.remove(&id);
         if let Some(old) = &old {
+            let old = old.chunk();
             self.row_bytes -= chunk_bytes(old);
             if let Some(ids) = self.current_by_hash.get_mut(&old.content_hash) {
                 ids.retain(|x| *x != id);
@@ -345,16 +506,16 @@ impl StreamIndex {
             self.id_bytes += id.len();
         }
         if meta.current {
-            match self.current_by_hash.get_mut(&chunk.content_hash) {
+            match self.current_by_hash.get_mut(hash) {
                 Some(ids) => ids.push(id.clone()),
                 None => {
                     self.current_by_hash
-                        .insert(chunk.content_hash.clone(), vec![id.clone()]);
+                        .insert(hash.to_string(), vec![id.clone()]);
                 }
             }
         }
-        self.row_bytes += chunk_bytes(&chunk);
-        self.docs.insert(id.clone(), chunk);
+        self.row_bytes += bytes;
+        self.docs.insert(id.clone(), doc);
         match vector {
             Some(v) if v.len() == self.dim => {
                 let d = self.dim;
@@ -1282,29 +1443,24 @@ mod tests {
         let mut again = chunks[7].clone();
         again.content = "coffee garden Paris".into();
         chunks.push(again);
-        let rows = || -> Vec<(Arc<Chunk>, Meta, Option<Vec<f32>>)> {
-            chunks
-                .iter()
-                .map(|c| {
-                    let mut c = c.clone();
-                    let v = c.embedding.take();
-                    (Arc::new(c.clone()), Meta::of(&c), v)
-                })
-                .collect()
-        };
         let mut one = StreamIndex::new(dim);
-        for (chunk, meta, v) in rows() {
-            one.put(chunk, meta, v.as_deref());
+        for c in &chunks {
+            let mut c = c.clone();
+            let v = c.embedding.take();
+            one.put(Arc::new(c.clone()), Meta::of(&c), v.as_deref());
         }
-        let rows = rows();
+        // The same rows as a load reads them: one batch.
+        let batch = crate::core::model::chunks_to_batch(&chunks, dim).unwrap();
+        let loaded = Loaded::new(&batch).unwrap();
         let mut two = StreamIndex::new(dim);
-        two.put_all(
-            rows.iter()
-                .map(|(c, m, v)| (c.clone(), m.clone(), v.as_deref()))
-                .collect(),
-        );
+        two.put_all((0..loaded.len()).map(|r| loaded.row(r, |_| true)).collect());
         assert_eq!(one.len(), two.len());
         assert_eq!(one.bytes(), two.bytes());
+        // Each row as the batch held it, made a `Chunk` when asked for.
+        for c in &chunks {
+            let (a, b) = (one.get(&c.id).unwrap(), two.get(&c.id).unwrap());
+            assert_eq!(a, b, "{}", c.id);
+        }
         let metas = |ix: &StreamIndex| -> Vec<(String, Meta)> {
             let mut m: Vec<_> = ix
                 .text()

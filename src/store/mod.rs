@@ -1325,29 +1325,15 @@ impl Store {
     }
 
     /// A loaded batch's rows, as the hot index takes them: the vectors
-    /// straight from Lance's batch into the index's matrix, the rows read
-    /// without them.
+    /// straight from Lance's batch into the index's matrix, the rows kept
+    /// as the batch holds them.
     fn load_rows<'a>(&self, batch: &'a RecordBatch, out: &mut Vec<hot::LoadRow<'a>>) -> Result<()> {
-        let vectors = crate::core::model::Columns::new(batch)
-            .col::<arrow_array::FixedSizeListArray>("embedding");
-        let mut rest = batch.clone();
-        if let Ok(i) = batch.schema().index_of("embedding") {
-            rest.remove_column(i);
-        }
-        out.extend(
-            batch_to_chunks(&rest)?
-                .into_iter()
-                .enumerate()
-                .map(|(row, chunk)| {
-                    let admitted = match &self.embed_model {
-                        Some(m) => chunk.embed_model.as_deref() == Some(m.as_str()),
-                        None => true,
-                    };
-                    let vector = vectors.floats_in_place(row).filter(|_| admitted);
-                    let meta = hot::Meta::of(&chunk);
-                    (std::sync::Arc::new(chunk), meta, vector)
-                }),
-        );
+        let loaded = hot::Loaded::new(batch)?;
+        let admitted = |model: Option<&str>| match &self.embed_model {
+            Some(m) => model == Some(m.as_str()),
+            None => true,
+        };
+        out.extend((0..loaded.len()).map(|row| loaded.row(row, admitted)));
         Ok(())
     }
 
