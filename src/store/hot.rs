@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use arrow_array::{
     FixedSizeListArray, Float32Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+    UInt32Array,
 };
+use arrow_select::take::take;
 
 use super::bm25::{free_each, Id, Map, TextIndex};
 use super::filter::Cond;
@@ -243,6 +245,18 @@ impl<'a> Loaded<'a> {
         if let Ok(i) = batch.schema().index_of("embedding") {
             rows.remove_column(i);
         }
+        // Copied into buffers of their own: a column Lance decodes may be
+        // a view of the bytes it read, which for a local table are the
+        // data file's mapping ([`super::mapped`]); kept, it would keep a
+        // merged-away file's disk space for as long as the stream stays
+        // loaded.
+        let all = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+        let columns = rows
+            .columns()
+            .iter()
+            .map(|col| take(col.as_ref(), &all, None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = RecordBatch::try_new(rows.schema(), columns)?;
         let s = |name: &str| c.col::<StringArray>(name);
         let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);
         Ok(Loaded {
@@ -2124,6 +2138,11 @@ mod against_lance {
         ];
         agree(&store, &filters, "loaded").await;
         assert_eq!(store.hot_usage().1, 2, "both streams are in memory");
+        // The loaded rows hold no data file's bytes: with the files closed,
+        // none stays mapped, and the rows read as before.
+        assert_eq!(store.stream_reads.mapped_after_closing(), 0);
+        agree(&store, &filters, "files closed").await;
+        assert_eq!(store.hot_usage().1, 2, "still in memory");
         // New memories, a supersession, a new vector, an expiry, another model.
         let mut writes: Vec<Chunk> = (120..160).map(|i| memory(i, "a", dim)).collect();
         let mut old = memory(2, "a", dim);

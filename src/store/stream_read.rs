@@ -35,8 +35,8 @@
 //! fragment (`pinned`, `embed_model`, a new memory's defaults) is left out
 //! of its reads and put back from that value, learnt in the same whole
 //! read; and `stream`, which every read knows, is never read. A local
-//! table's files are read with `pread` on the decoding thread
-//! ([`super::pread`]; README, session 93).
+//! table's files are read from their mappings on the decoding thread
+//! ([`super::mapped`]; README, session 93).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -57,7 +57,7 @@ use lance_io::scheduler::ScanScheduler;
 use lancedb::connection::LanceFileVersion;
 use lancedb::Table;
 
-use super::pread::{self, PreadStore};
+use super::mapped::{self, MappedStore};
 use super::CHUNK_ORDER;
 
 /// Rows a read decodes at once: Lance's own batches.
@@ -172,14 +172,14 @@ pub(super) struct StreamReads {
     /// [`MAX_OPEN`], but in tests.
     max_open: usize,
     /// A local table's reads, made on the thread that awaits them
-    /// ([`super::pread`]); made on the first read of a local table.
+    /// ([`super::mapped`]); made on the first read of a local table.
     local: OnceLock<Local>,
 }
 
 /// The scheduler a local table's readers read through, and its store.
 struct Local {
     scheduler: Arc<ScanScheduler>,
-    store: Arc<PreadStore>,
+    store: Arc<MappedStore>,
 }
 
 impl Default for StreamReads {
@@ -310,14 +310,14 @@ impl StreamReads {
     }
 
     /// How `ds`'s fragments are read: a local table's through
-    /// [`super::pread`], whose handles of files no fragment holds any more
+    /// [`super::mapped`], whose handles of files no fragment holds any more
     /// are closed here; else as Lance reads them.
     async fn config(&self, ds: &Dataset) -> lancedb::Result<FragReadConfig> {
         if !ds.object_store(None).await?.is_local() {
             return Ok(FragReadConfig::default());
         }
         let local = self.local.get_or_init(|| {
-            let (scheduler, store) = pread::scheduler();
+            let (scheduler, store) = mapped::scheduler();
             Local { scheduler, store }
         });
         let data = ds.data_dir();
@@ -349,6 +349,20 @@ impl StreamReads {
             max_open,
             ..StreamReads::default()
         }
+    }
+
+    /// How many data files stay mapped once every file is closed and every
+    /// fragment let go: those whose bytes something else still holds.
+    #[cfg(test)]
+    pub fn mapped_after_closing(&self) -> usize {
+        let local = self.local.get().expect("a local table is read mapped");
+        self.state
+            .lock()
+            .expect("stream reads lock")
+            .fragments
+            .clear();
+        local.store.keep_only(&HashSet::new());
+        local.store.mapped_files()
     }
 
     /// How many fragment directories have been built.
@@ -542,12 +556,12 @@ mod tests {
         (sorted(direct), sorted(query))
     }
 
-    /// How many data files `reads` holds open for `pread`s.
+    /// How many data files `reads` holds open and mapped.
     fn open_files(reads: &StreamReads) -> usize {
         reads
             .local
             .get()
-            .expect("a local table is read through pread")
+            .expect("a local table is read through its mapping")
             .store
             .open_files()
     }
@@ -601,7 +615,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = committed(tmp.path(), 24).await;
         agree(&store, &store.stream_reads, "24 commits").await;
-        // Every fragment's file was read through `pread`, and is held open.
+        // Every fragment's file was read through its mapping, and is held open.
         assert_eq!(open_files(&store.stream_reads), 24);
         merge_fragments_in_tiers(store.chunks_table(), 4, CHUNK_ORDER)
             .await

@@ -7,19 +7,31 @@
 //! those hand-offs took more of the load's CPU than the reads did. A read of
 //! a few kilobytes from the page cache takes microseconds, so here it is made
 //! where Lance's decoder asks for it: [`scheduler`] gives Lance an object
-//! store whose reads are `pread`s on the calling thread, under Lance's lite
-//! I/O scheduler (which polls a read only when its reader awaits it, instead
-//! of spawning a task for it).
+//! store whose reads are made on the calling thread, under Lance's lite I/O
+//! scheduler (which polls a read only when its reader awaits it, instead of
+//! spawning a task for it).
+//!
+//! A file is mapped whole when first read, and a read is a view of the
+//! mapping: Lance decodes straight from the page cache, where a `pread`
+//! first copied each read into a buffer of its own (a 4,000-memory stream
+//! of the 1M store reads some 6 MB of embeddings; the copy and the faults of
+//! its fresh buffers were a tenth of a load). A short read
+//! ([`COPY_BELOW`]) is copied out instead: Lance keeps some of what it reads
+//! (a page's chunk sizes, its dictionary) in its caches, and a view kept
+//! there would keep its whole file mapped, and a merged-away file's disk
+//! space taken, for as long as the cache holds it.
 //!
 //! The store only reads: the writer and every other path keep Lance's own
-//! local store. Data files never change once written, so a file's handle is
-//! kept open while its fragment lives ([`PreadStore::keep_only`]).
+//! local store. Data files never change once written, so a file stays open
+//! and mapped while its fragment lives ([`MappedStore::keep_only`]), and
+//! after that while a view of it is held.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -35,11 +47,12 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
-/// Lance's reads of a local table's files under the lite scheduler, each a
-/// `pread` where it is awaited; the store, to prune its handles.
-pub(super) fn scheduler() -> (Arc<ScanScheduler>, Arc<PreadStore>) {
-    let store = Arc::new(PreadStore::default());
-    let location = url::Url::parse("loomem-pread:///").expect("a valid url");
+/// Lance's reads of a local table's files under the lite scheduler, each
+/// made where it is awaited, from the file's mapping; the store, to prune
+/// its handles.
+pub(super) fn scheduler() -> (Arc<ScanScheduler>, Arc<MappedStore>) {
+    let store = Arc::new(MappedStore::default());
+    let location = url::Url::parse("loomem-mapped:///").expect("a valid url");
     let lance = Arc::new(LanceStore::new(
         store.clone(),
         location,
@@ -60,10 +73,13 @@ pub(super) fn scheduler() -> (Arc<ScanScheduler>, Arc<PreadStore>) {
 /// awaits them).
 const IO_PARALLELISM: usize = 16;
 
-/// Local files read with `pread` on the calling thread; read-only.
+/// Local files read from their mappings on the calling thread; read-only.
 #[derive(Default)]
-pub(super) struct PreadStore {
+pub(super) struct MappedStore {
     files: Mutex<HashMap<Path, Arc<Opened>>>,
+    /// How many files are mapped: those open, and those closed whose
+    /// bytes a reader still holds.
+    mapped: Arc<AtomicUsize>,
     /// Maps a location to its file, as Lance's local store does.
     local: LocalFileSystem,
 }
@@ -80,6 +96,8 @@ struct Opened {
 struct Mapped {
     at: *const u8,
     len: usize,
+    /// The store's count of mapped files.
+    count: Arc<AtomicUsize>,
 }
 
 // SAFETY: the mapping is read-only and lives until `Mapped` is dropped;
@@ -88,12 +106,15 @@ unsafe impl Send for Mapped {}
 unsafe impl Sync for Mapped {}
 
 impl Mapped {
-    fn new(file: &File, len: u64) -> std::io::Result<Mapped> {
+    fn new(file: &File, len: u64, count: &Arc<AtomicUsize>) -> std::io::Result<Mapped> {
         let len = usize::try_from(len).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+        count.fetch_add(1, Ordering::Relaxed);
+        let count = Arc::clone(count);
         if len == 0 {
             return Ok(Mapped {
                 at: std::ptr::null(),
                 len,
+                count,
             });
         }
         // SAFETY: a fresh read-only shared mapping of `len` bytes of an
@@ -110,9 +131,14 @@ impl Mapped {
             )
         };
         if at == libc::MAP_FAILED {
+            count.fetch_sub(1, Ordering::Relaxed);
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Mapped { at: at.cast(), len })
+        Ok(Mapped {
+            at: at.cast(),
+            len,
+            count,
+        })
     }
 
     fn bytes(&self) -> &[u8] {
@@ -126,6 +152,7 @@ impl Mapped {
 
 impl Drop for Mapped {
     fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
         if self.len > 0 {
             // SAFETY: `at` and `len` are the mapping made in `new`, and no
             // slice of it outlives `self` (each holds its `Opened`).
@@ -133,6 +160,11 @@ impl Drop for Mapped {
         }
     }
 }
+
+/// Reads shorter than this are copied out of the mapping: Lance keeps some
+/// of what it reads (a page's chunk sizes, dictionaries) in its caches, and
+/// a kept view would keep its whole file mapped.
+const COPY_BELOW: usize = 256 << 10;
 
 /// A range of a mapped file, as the bytes a read returns: it holds the
 /// file's mapping open.
@@ -147,10 +179,10 @@ impl AsRef<[u8]> for Slice {
     }
 }
 
-impl PreadStore {
+impl MappedStore {
     /// `location`'s file, opened on its first read.
     fn file(&self, location: &Path) -> object_store::Result<Arc<Opened>> {
-        if let Some(f) = self.files.lock().expect("pread files lock").get(location) {
+        if let Some(f) = self.files.lock().expect("mapped files lock").get(location) {
             return Ok(Arc::clone(f));
         }
         let path = self.local.path_to_filesystem(location)?;
@@ -163,13 +195,13 @@ impl PreadStore {
         })?;
         let meta = file.metadata().map_err(generic)?;
         let file = Arc::new(Opened {
-            map: Mapped::new(&file, meta.len()).map_err(generic)?,
+            map: Mapped::new(&file, meta.len(), &self.mapped).map_err(generic)?,
             len: meta.len(),
             modified: meta.modified().map_err(generic)?.into(),
         });
         self.files
             .lock()
-            .expect("pread files lock")
+            .expect("mapped files lock")
             .insert(location.clone(), Arc::clone(&file));
         Ok(file)
     }
@@ -180,20 +212,26 @@ impl PreadStore {
     pub fn keep_only(&self, live: &HashSet<Path>) {
         self.files
             .lock()
-            .expect("pread files lock")
+            .expect("mapped files lock")
             .retain(|p, _| live.contains(p));
     }
 
     /// How many files are open.
     #[cfg(test)]
     pub fn open_files(&self) -> usize {
-        self.files.lock().expect("pread files lock").len()
+        self.files.lock().expect("mapped files lock").len()
+    }
+
+    /// How many files are mapped: open, or closed but still held.
+    #[cfg(test)]
+    pub fn mapped_files(&self) -> usize {
+        self.mapped.load(Ordering::Relaxed)
     }
 }
 
 fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
     object_store::Error::Generic {
-        store: "loomem-pread",
+        store: "loomem-mapped",
         source: Box::new(e),
     }
 }
@@ -201,24 +239,24 @@ fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::E
 fn read_only(operation: &str) -> object_store::Error {
     object_store::Error::NotImplemented {
         operation: operation.into(),
-        implementer: "loomem-pread (read-only)".into(),
+        implementer: "loomem-mapped (read-only)".into(),
     }
 }
 
-impl fmt::Display for PreadStore {
+impl fmt::Display for MappedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("loomem-pread")
+        f.write_str("loomem-mapped")
     }
 }
 
-impl fmt::Debug for PreadStore {
+impl fmt::Debug for MappedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("PreadStore")
+        f.write_str("MappedStore")
     }
 }
 
 #[async_trait]
-impl ObjectStore for PreadStore {
+impl ObjectStore for MappedStore {
     async fn get_opts(
         &self,
         location: &Path,
@@ -237,10 +275,14 @@ impl ObjectStore for PreadStore {
             e_tag: None,
             version: None,
         };
+        let range_in = range.start as usize..range.end as usize;
         let bytes = match options.head {
             true => Bytes::new(),
+            false if range_in.len() < COPY_BELOW => {
+                Bytes::copy_from_slice(&file.map.bytes()[range_in])
+            }
             false => Bytes::from_owner(Slice {
-                range: range.start as usize..range.end as usize,
+                range: range_in,
                 file,
             }),
         };
@@ -294,15 +336,18 @@ impl ObjectStore for PreadStore {
 mod tests {
     use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 
-    use super::PreadStore;
+    use super::{MappedStore, COPY_BELOW};
 
-    async fn get(store: &PreadStore, path: &object_store::path::Path, range: GetRange) -> Vec<u8> {
+    /// The test file's length: reads of all of it are views of the mapping.
+    const LEN: usize = COPY_BELOW + 10_000;
+
+    async fn get(store: &MappedStore, path: &object_store::path::Path, range: GetRange) -> Vec<u8> {
         let options = GetOptions {
             range: Some(range),
             ..GetOptions::default()
         };
         let got = store.get_opts(path, options).await.unwrap();
-        assert_eq!(got.meta.size, 10_000);
+        assert_eq!(got.meta.size, LEN as u64);
         got.bytes().await.unwrap().to_vec()
     }
 
@@ -310,10 +355,10 @@ mod tests {
     async fn a_read_is_the_files_bytes_in_its_range_and_a_closed_handle_reopens() {
         let tmp = tempfile::tempdir().unwrap();
         let file = tmp.path().join("data.lance");
-        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let data: Vec<u8> = (0..LEN as u32).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&file, &data).unwrap();
         let path = object_store::path::Path::from_absolute_path(&file).unwrap();
-        let store = PreadStore::default();
+        let store = MappedStore::default();
 
         assert_eq!(
             get(&store, &path, GetRange::Bounded(100..4200)).await,
@@ -325,12 +370,17 @@ mod tests {
         );
         assert_eq!(
             get(&store, &path, GetRange::Suffix(16)).await,
-            data[10_000 - 16..]
+            data[LEN - 16..]
         );
         // Past the end: the rest of the file, as object stores answer.
         assert_eq!(
-            get(&store, &path, GetRange::Bounded(9_990..20_000)).await,
-            data[9_990..]
+            get(
+                &store,
+                &path,
+                GetRange::Bounded(LEN as u64 - 10..LEN as u64 + 10_000)
+            )
+            .await,
+            data[LEN - 10..]
         );
         let whole = store.get_opts(&path, GetOptions::default()).await.unwrap();
         assert_eq!(whole.bytes().await.unwrap().to_vec(), data);
@@ -338,15 +388,28 @@ mod tests {
 
         // A read past its last byte is refused, and nothing else changes.
         let past = GetOptions {
-            range: Some(GetRange::Bounded(10_000..10_010)),
+            range: Some(GetRange::Bounded(LEN as u64..LEN as u64 + 10)),
             ..GetOptions::default()
         };
         assert!(store.get_opts(&path, past).await.is_err());
 
-        // Bytes read before a file is closed stay readable: they hold its
-        // mapping.
+        // Bytes read before a file is closed stay readable: a long read holds
+        // its mapping, a short one is a copy.
         let held = store
             .get_opts(&path, GetOptions::default())
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let short = store
+            .get_opts(
+                &path,
+                GetOptions {
+                    range: Some(GetRange::Bounded(0..COPY_BELOW as u64 - 1)),
+                    ..GetOptions::default()
+                },
+            )
             .await
             .unwrap()
             .bytes()
@@ -355,6 +418,10 @@ mod tests {
         store.keep_only(&Default::default());
         assert_eq!(store.open_files(), 0);
         assert_eq!(held.to_vec(), data);
+        assert_eq!(store.mapped_files(), 1, "a view keeps its file mapped");
+        drop(held);
+        assert_eq!(store.mapped_files(), 0, "a copy does not");
+        assert_eq!(short.to_vec(), data[..COPY_BELOW - 1]);
         assert_eq!(
             get(&store, &path, GetRange::Bounded(0..10)).await,
             data[..10]
