@@ -84,9 +84,56 @@ fn doc_terms(text: &str) -> Vec<String> {
 /// of alphanumeric characters. Every filter after the tokenizer (length
 /// limit, lower case, stemming, stop words, ASCII folding) takes one token
 /// at a time, so a word's terms do not depend on its neighbours.
-fn doc_words(text: &str) -> impl Iterator<Item = &str> {
-    text.split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
+fn doc_words(text: &str) -> DocWords<'_> {
+    DocWords { text, at: 0 }
+}
+
+/// The runs of alphanumeric characters of a text, as
+/// `text.split(|c: char| !c.is_alphanumeric())` without its empty parts:
+/// ASCII bytes judged as bytes, only other characters decoded (a load splits
+/// every memory's text; decoding each character was a fifth of building
+/// its postings).
+struct DocWords<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl DocWords<'_> {
+    /// Whether the character at byte `i` is alphanumeric, and its length.
+    fn alnum_at(&self, i: usize) -> (bool, usize) {
+        let b = self.text.as_bytes()[i];
+        if b.is_ascii() {
+            return (b.is_ascii_alphanumeric(), 1);
+        }
+        let c = self.text[i..].chars().next().expect("i is a char boundary");
+        (c.is_alphanumeric(), c.len_utf8())
+    }
+}
+
+impl<'a> Iterator for DocWords<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let len = self.text.len();
+        let mut i = self.at;
+        while i < len {
+            let (alnum, n) = self.alnum_at(i);
+            if alnum {
+                break;
+            }
+            i += n;
+        }
+        let start = i;
+        while i < len {
+            let (alnum, n) = self.alnum_at(i);
+            if !alnum {
+                break;
+            }
+            i += n;
+        }
+        self.at = i;
+        (start < i).then(|| &self.text[start..i])
+    }
 }
 
 /// Call `f` with each term of one word: worked out once per thread, not once
@@ -112,11 +159,11 @@ fn each_word_term(words: &mut Words, word: &str, mut f: impl FnMut(&str)) {
 /// compares bytes beside the hash, not behind a pointer (a load looks up
 /// every word of every memory, and chasing each key's pointer was most of
 /// the postings' build).
+///
+/// Its bytes, then zeros, then its length in the last byte, as three words:
+/// compared and hashed a word at a time, not by a call to `memcmp`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct ShortWord {
-    len: u8,
-    bytes: [u8; SHORT_WORD],
-}
+struct ShortWord([u64; 3]);
 
 const SHORT_WORD: usize = 23;
 
@@ -126,12 +173,12 @@ impl ShortWord {
         if b.len() > SHORT_WORD {
             return None;
         }
-        let mut bytes = [0; SHORT_WORD];
+        let mut bytes = [0; SHORT_WORD + 1];
         bytes[..b.len()].copy_from_slice(b);
-        Some(ShortWord {
-            len: b.len() as u8,
-            bytes,
-        })
+        bytes[SHORT_WORD] = b.len() as u8;
+        let word =
+            |i: usize| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().expect("eight bytes"));
+        Some(ShortWord([word(0), word(1), word(2)]))
     }
 }
 
@@ -218,10 +265,47 @@ impl TextIndex {
     pub fn apply(&mut self, id: impl Into<Id>, text: &str, meta: Meta) {
         let id: Id = id.into();
         self.remove(&id);
-        // The text's term ids, sorted: equal ids side by side are counted
-        // (in a list kept from one memory to the next).
+        // The text's term ids, sorted (in a list kept from one memory to
+        // the next).
         let mut tids = std::mem::take(&mut self.scratch);
         tids.clear();
+        let (start, tokens) = self.doc_terms(text, &mut tids);
+        self.insert(id, &tids[start..], tokens, meta);
+        self.scratch = tids;
+    }
+
+    /// Insert or replace the texts of a load's memories, in order: as
+    /// [`TextIndex::apply`] each, with every term's postings grown once to
+    /// what the memories add to it, not doubled as they come.
+    pub fn apply_all<'a>(&mut self, docs: impl IntoIterator<Item = (Id, &'a str, Meta)>) {
+        let docs: Vec<(Id, &str, Meta)> = docs.into_iter().collect();
+        let mut tids: Vec<u32> = Vec::new();
+        let mut spans: Vec<(usize, usize)> = Vec::with_capacity(docs.len());
+        for (_, text, _) in &docs {
+            let (start, tokens) = self.doc_terms(text, &mut tids);
+            spans.push((start, tokens));
+        }
+        let mut adds = vec![0u32; self.postings.len()];
+        for (i, &(start, _)) in spans.iter().enumerate() {
+            let end = spans.get(i + 1).map_or(tids.len(), |s| s.0);
+            for run in tids[start..end].chunk_by(|a, b| a == b) {
+                adds[run[0] as usize] += 1;
+            }
+        }
+        for (list, &n) in self.postings.iter_mut().zip(&adds) {
+            list.reserve(n as usize);
+        }
+        for (i, ((id, _, meta), &(start, tokens))) in docs.into_iter().zip(&spans).enumerate() {
+            let end = spans.get(i + 1).map_or(tids.len(), |s| s.0);
+            self.remove(&id);
+            self.insert(id, &tids[start..end], tokens, meta);
+        }
+    }
+
+    /// Append `text`'s term ids to `tids`, sorted, repeats kept: where they
+    /// start, and the text's token count.
+    fn doc_terms(&mut self, text: &str, tids: &mut Vec<u32>) -> (usize, usize) {
+        let start = tids.len();
         WORDS.with(|memo| {
             for word in doc_words(text) {
                 let short = ShortWord::new(word);
@@ -249,8 +333,13 @@ impl TextIndex {
                 }
             }
         });
-        let tokens = tids.len();
-        tids.sort_unstable();
+        tids[start..].sort_unstable();
+        (start, tids.len() - start)
+    }
+
+    /// A new slot for memory `id`, whose text's sorted term ids are `tids`
+    /// (`tokens` of them): equal ids side by side are counted.
+    fn insert(&mut self, id: Id, tids: &[u32], tokens: usize, meta: Meta) {
         let slot = self.slots.len() as u32;
         let mut distinct: Vec<u32> = Vec::with_capacity(tids.len());
         for run in tids.chunk_by(|a, b| a == b) {
@@ -260,7 +349,6 @@ impl TextIndex {
             distinct.push(tid);
         }
         self.posting_count += distinct.len();
-        self.scratch = tids;
         self.lens.push(tokens as u32);
         self.slot_of.insert(id.clone(), slot);
         self.slots.push(Some(Doc {
@@ -496,6 +584,27 @@ mod tests {
         );
         assert_eq!(query_terms("running runs RUN"), ["run"]);
         assert!(query_terms("the of and").is_empty());
+    }
+
+    #[test]
+    fn words_are_the_runs_of_alphanumeric_characters() {
+        for text in [
+            "",
+            "   ",
+            "plain words here",
+            "Café naïve — 42x, ½ 東京 ﬁne émoji🙂ok a_b a-b\tc\nd  ",
+            "--edge--",
+            "x",
+            "ÀÉÎ",
+            "١٢٣ arabic digits, Ⅻ roman, ² super",
+            "e\u{301}tude combining",
+        ] {
+            let split: Vec<&str> = text
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .collect();
+            assert_eq!(doc_words(text).collect::<Vec<_>>(), split, "{text:?}");
+        }
     }
 
     #[test]

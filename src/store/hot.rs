@@ -476,9 +476,7 @@ impl StreamIndex {
             });
             // Here, not on the new thread: the analyzer's word memo is
             // this thread's.
-            for (id, content, meta) in texts {
-                text.apply(id, content, meta);
-            }
+            text.apply_all(texts);
             filed.join().expect("the rows' thread does not panic");
         });
         self.text = text;
