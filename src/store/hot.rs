@@ -204,8 +204,7 @@ impl Doc {
 /// A load's batch of rows, its columns looked up once: what each row
 /// gives the index ([`Loaded::row`]).
 pub(super) struct Loaded<'a> {
-    /// The batch without its embeddings, which the index holds apart.
-    rows: Arc<RecordBatch>,
+    batch: &'a RecordBatch,
     id: Col<'a, StringArray>,
     content: Col<'a, StringArray>,
     created_at: Col<'a, TimestampMicrosecondArray>,
@@ -223,7 +222,7 @@ pub(super) struct Loaded<'a> {
 }
 
 /// A loaded row, as [`StreamIndex::put_all`] files it.
-pub(super) struct LoadRow<'a> {
+struct LoadRow<'a> {
     id: Id,
     doc: Doc,
     content: &'a str,
@@ -241,26 +240,10 @@ impl<'a> Loaded<'a> {
     /// leaves out being empty); an error names a column it lacks.
     pub fn new(batch: &'a RecordBatch) -> Result<Loaded<'a>, ModelError> {
         let c = Columns::new(batch);
-        let mut rows = batch.clone();
-        if let Ok(i) = batch.schema().index_of("embedding") {
-            rows.remove_column(i);
-        }
-        // Copied into buffers of their own: a column Lance decodes may be
-        // a view of the bytes it read, which for a local table are the
-        // data file's mapping ([`super::mapped`]); kept, it would keep a
-        // merged-away file's disk space for as long as the stream stays
-        // loaded.
-        let all = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
-        let columns = rows
-            .columns()
-            .iter()
-            .map(|col| take(col.as_ref(), &all, None))
-            .collect::<Result<Vec<_>, _>>()?;
-        let rows = RecordBatch::try_new(rows.schema(), columns)?;
         let s = |name: &str| c.col::<StringArray>(name);
         let t = |name: &str| c.col::<TimestampMicrosecondArray>(name);
         Ok(Loaded {
-            rows: Arc::new(rows),
+            batch,
             id: c.required_col("id")?,
             content: c.required_col("content")?,
             created_at: c.required_col("created_at")?,
@@ -279,17 +262,42 @@ impl<'a> Loaded<'a> {
     }
 
     pub fn len(&self) -> usize {
-        self.rows.num_rows()
+        self.batch.num_rows()
     }
 
-    /// Row `row`; its vector takes part in vector reads when `admitted`
-    /// says so of its embedding model.
-    pub fn row(&self, row: usize, admitted: impl Fn(Option<&str>) -> bool) -> LoadRow<'a> {
-        // As `batch_to_chunks` reads each column, nulls and all.
-        let id = self.id.str(row).unwrap_or_default();
-        let content = self.content.str(row).unwrap_or_default();
-        let stream = self.stream.str(row).unwrap_or_default();
-        let meta = Meta {
+    /// The batch as the index keeps it: without its embeddings, which the
+    /// index holds apart, and copied into buffers of its own (a column
+    /// Lance decodes may be a view of the bytes it read, which for a local
+    /// table are the data file's mapping, [`super::mapped`]; kept, it would
+    /// keep a merged-away file's disk space for as long as the stream
+    /// stays loaded).
+    fn kept(&self) -> Result<Arc<RecordBatch>, ModelError> {
+        let mut rows = self.batch.clone();
+        if let Ok(i) = self.batch.schema().index_of("embedding") {
+            rows.remove_column(i);
+        }
+        let all = UInt32Array::from_iter_values(0..self.len() as u32);
+        let columns = rows
+            .columns()
+            .iter()
+            .map(|col| take(col.as_ref(), &all, None))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(RecordBatch::try_new(rows.schema(), columns)?))
+    }
+
+    /// Row `row`'s id and text, as `batch_to_chunks` reads them (nulls
+    /// and all).
+    fn id(&self, row: usize) -> &'a str {
+        self.id.str(row).unwrap_or_default()
+    }
+
+    fn content(&self, row: usize) -> &'a str {
+        self.content.str(row).unwrap_or_default()
+    }
+
+    /// Row `row`'s filter columns, as [`Meta::of`] its `Chunk`.
+    fn meta(&self, row: usize) -> Meta {
+        Meta {
             current: self.superseded_by.str(row).is_none(),
             expires_at: self.expires_at.value(row),
             created_at: self.created_at.value(row).unwrap_or(0),
@@ -298,18 +306,26 @@ impl<'a> Loaded<'a> {
             memory_type: self.memory_type.str(row).unwrap_or_default().to_string(),
             subject: self.subject.str(row).map(str::to_lowercase),
             confidence: self.confidence.value(row).unwrap_or(1.0),
-        };
+        }
+    }
+
+    /// Row `row`, a row of `kept` (this batch as [`Loaded::kept`] keeps
+    /// it); its vector takes part in vector reads when `admitted` says so
+    /// of its embedding model.
+    fn row(&self, kept: &Arc<RecordBatch>, row: usize, admitted: &Admitted<'_>) -> LoadRow<'a> {
+        let (id, content) = (self.id(row), self.content(row));
+        let stream = self.stream.str(row).unwrap_or_default();
         LoadRow {
             id: Id::from(id),
             doc: Doc::Loaded {
-                rows: Arc::clone(&self.rows),
+                rows: Arc::clone(kept),
                 row: row as u32,
                 chunk: OnceLock::new(),
             },
             content,
             content_hash: self.content_hash.str(row).unwrap_or_default(),
             bytes: CHUNK_BYTES + content.len() + id.len() + stream.len(),
-            meta,
+            meta: self.meta(row),
             vector: self
                 .vectors
                 .floats_in_place(row)
@@ -317,6 +333,10 @@ impl<'a> Loaded<'a> {
         }
     }
 }
+
+/// Whether a vector of an embedding model (None: unnamed) takes part in
+/// vector reads.
+pub(super) type Admitted<'f> = dyn Fn(Option<&str>) -> bool + Sync + 'f;
 
 /// Bytes a memory's row costs beside its text.
 const CHUNK_BYTES: usize = 512;
@@ -451,35 +471,56 @@ impl StreamIndex {
         self.put_rest(id, Doc::Chunk(chunk), &hash, bytes, meta, vector);
     }
 
-    /// A load's rows, in order: [`StreamIndex::put`] for each, the postings
-    /// built on this thread while a second one files the rows and their
-    /// vectors (the two halves share nothing; on two cores a load takes
-    /// about the longer half's time). Small loads stay on this thread.
-    pub fn put_all(&mut self, rows: Vec<LoadRow<'_>>) {
-        if rows.len() < SPLIT_LOAD_ROWS {
-            for row in rows {
-                self.put_loaded(row);
+    /// A load's batches' rows, in order: [`StreamIndex::put`] for each, the
+    /// postings built on this thread while a second one reads out and files
+    /// the rows and their vectors (the two halves share nothing; on two
+    /// cores a load takes about the longer half's time). Small loads stay
+    /// on this thread.
+    pub fn put_all(
+        &mut self,
+        batches: &[Loaded<'_>],
+        admitted: &Admitted<'_>,
+    ) -> Result<(), ModelError> {
+        if batches.iter().map(Loaded::len).sum::<usize>() < SPLIT_LOAD_ROWS {
+            for b in batches {
+                let kept = b.kept()?;
+                for r in 0..b.len() {
+                    self.put_loaded(b.row(&kept, r, admitted));
+                }
             }
-            return;
+            return Ok(());
         }
-        let texts: Vec<(Id, &str, Meta)> = rows
-            .iter()
-            .map(|r| (r.id.clone(), r.content, r.meta.clone()))
-            .collect();
         let mut text = std::mem::take(&mut self.text);
         let rest = &mut *self;
-        std::thread::scope(|s| {
-            let filed = s.spawn(move || {
-                for r in rows {
-                    rest.put_rest(r.id, r.doc, r.content_hash, r.bytes, r.meta, r.vector);
+        let filed = std::thread::scope(|s| {
+            // Each row read out on the thread that files it: the two read
+            // their own columns (and each makes the ids it holds).
+            let filed = s.spawn(move || -> Result<(), ModelError> {
+                for b in batches {
+                    let kept = b.kept()?;
+                    for r in 0..b.len() {
+                        let row = b.row(&kept, r, admitted);
+                        rest.put_rest(
+                            row.id,
+                            row.doc,
+                            row.content_hash,
+                            row.bytes,
+                            row.meta,
+                            row.vector,
+                        );
+                    }
                 }
+                Ok(())
             });
             // Here, not on the new thread: the analyzer's word memo is
             // this thread's.
-            text.apply_all(texts);
-            filed.join().expect("the rows' thread does not panic");
+            text.apply_all(batches.iter().flat_map(|b| {
+                (0..b.len()).map(move |r| (Id::from(b.id(r)), b.content(r), b.meta(r)))
+            }));
+            filed.join().expect("the rows' thread does not panic")
         });
         self.text = text;
+        filed
     }
 
     /// One loaded row: [`StreamIndex::put`] without a `Chunk`.
@@ -1463,9 +1504,9 @@ mod tests {
         }
         // The same rows as a load reads them: one batch.
         let batch = crate::core::model::chunks_to_batch(&chunks, dim).unwrap();
-        let loaded = Loaded::new(&batch).unwrap();
         let mut two = StreamIndex::new(dim);
-        two.put_all((0..loaded.len()).map(|r| loaded.row(r, |_| true)).collect());
+        two.put_all(&[Loaded::new(&batch).unwrap()], &|_| true)
+            .unwrap();
         assert_eq!(one.len(), two.len());
         assert_eq!(one.bytes(), two.bytes());
         // Each row as the batch held it, made a `Chunk` when asked for.

@@ -1312,28 +1312,20 @@ impl Store {
         }
         let began = Instant::now();
         index.reserve(rows);
-        let mut filed = Vec::with_capacity(rows);
-        for batch in group.iter() {
-            self.load_rows(batch, &mut filed)?;
-        }
+        let loaded = group
+            .iter()
+            .map(hot::Loaded::new)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let read_out = began.elapsed();
-        index.put_all(filed);
-        group.clear();
-        times.read_out += read_out;
-        times.filed += began.elapsed() - read_out;
-        Ok(())
-    }
-
-    /// A loaded batch's rows, as the hot index takes them: the vectors
-    /// straight from Lance's batch into the index's matrix, the rows kept
-    /// as the batch holds them.
-    fn load_rows<'a>(&self, batch: &'a RecordBatch, out: &mut Vec<hot::LoadRow<'a>>) -> Result<()> {
-        let loaded = hot::Loaded::new(batch)?;
         let admitted = |model: Option<&str>| match &self.embed_model {
             Some(m) => model == Some(m.as_str()),
             None => true,
         };
-        out.extend((0..loaded.len()).map(|row| loaded.row(row, admitted)));
+        index.put_all(&loaded, &admitted)?;
+        drop(loaded);
+        group.clear();
+        times.read_out += read_out;
+        times.filed += began.elapsed() - read_out;
         Ok(())
     }
 
