@@ -282,23 +282,20 @@ impl TextIndex {
         let mut tids: Vec<u32> = Vec::new();
         let mut spans: Vec<(usize, usize)> = Vec::with_capacity(docs.len());
         for (_, text, _) in &docs {
-            let (start, tokens) = self.doc_terms(text, &mut tids);
-            spans.push((start, tokens));
+            spans.push(self.doc_terms(text, &mut tids));
         }
         let mut adds = vec![0u32; self.postings.len()];
-        for (i, &(start, _)) in spans.iter().enumerate() {
-            let end = spans.get(i + 1).map_or(tids.len(), |s| s.0);
-            for run in tids[start..end].chunk_by(|a, b| a == b) {
+        for &(start, tokens) in &spans {
+            for run in tids[start..start + tokens].chunk_by(|a, b| a == b) {
                 adds[run[0] as usize] += 1;
             }
         }
         for (list, &n) in self.postings.iter_mut().zip(&adds) {
             list.reserve(n as usize);
         }
-        for (i, ((id, _, meta), &(start, tokens))) in docs.into_iter().zip(&spans).enumerate() {
-            let end = spans.get(i + 1).map_or(tids.len(), |s| s.0);
+        for ((id, _, meta), &(start, tokens)) in docs.into_iter().zip(&spans) {
             self.remove(&id);
-            self.insert(id, &tids[start..end], tokens, meta);
+            self.insert(id, &tids[start..start + tokens], tokens, meta);
         }
     }
 

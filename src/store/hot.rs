@@ -458,14 +458,7 @@ impl StreamIndex {
     /// from where it lies (a load reads it from Lance's batch in place).
     pub fn put(&mut self, chunk: Arc<Chunk>, meta: Meta, vector: Option<&[f32]>) {
         let id = Id::from(chunk.id.as_str());
-        // A row whose text is unchanged (an access count, a supersession)
-        // keeps its postings.
-        match self.docs.get(&id) {
-            Some(old) if old.chunk().content == chunk.content => {
-                self.text.set_meta(&id, meta.clone())
-            }
-            _ => self.text.apply(id.clone(), &chunk.content, meta.clone()),
-        }
+        self.put_text(&id, &chunk.content, &meta);
         let hash = chunk.content_hash.clone();
         let bytes = chunk_bytes(&chunk);
         self.put_rest(id, Doc::Chunk(chunk), &hash, bytes, meta, vector);
@@ -525,13 +518,17 @@ impl StreamIndex {
 
     /// One loaded row: [`StreamIndex::put`] without a `Chunk`.
     fn put_loaded(&mut self, r: LoadRow<'_>) {
-        match self.docs.get(&r.id) {
-            Some(old) if old.chunk().content == r.content => {
-                self.text.set_meta(&r.id, r.meta.clone())
-            }
-            _ => self.text.apply(r.id.clone(), r.content, r.meta.clone()),
-        }
+        self.put_text(&r.id, r.content, &r.meta);
         self.put_rest(r.id, r.doc, r.content_hash, r.bytes, r.meta, r.vector);
+    }
+
+    /// The postings of memory `id`'s text: a row whose text is unchanged
+    /// (an access count, a supersession) keeps its postings.
+    fn put_text(&mut self, id: &Id, content: &str, meta: &Meta) {
+        match self.docs.get(id) {
+            Some(old) if old.chunk().content == content => self.text.set_meta(id, meta.clone()),
+            _ => self.text.apply(id.clone(), content, meta.clone()),
+        }
     }
 
     /// [`StreamIndex::put`] but the postings: `doc`, whose text hashes to

@@ -88,7 +88,6 @@ pub(super) struct MappedStore {
 /// changes).
 struct Opened {
     map: Mapped,
-    len: u64,
     modified: chrono::DateTime<chrono::Utc>,
 }
 
@@ -196,7 +195,6 @@ impl MappedStore {
         let meta = file.metadata().map_err(generic)?;
         let file = Arc::new(Opened {
             map: Mapped::new(&file, meta.len(), &self.mapped).map_err(generic)?,
-            len: meta.len(),
             modified: meta.modified().map_err(generic)?.into(),
         });
         self.files
@@ -263,7 +261,7 @@ impl ObjectStore for MappedStore {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         let file = self.file(location)?;
-        let len = file.len;
+        let len = file.map.len as u64;
         let range = match &options.range {
             Some(r) => r.as_range(len).map_err(generic)?,
             None => 0..len,
